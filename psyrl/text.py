@@ -1,0 +1,75 @@
+"""Answer text: normalisation, extraction, token-set F1 and option matching (paper eq. 4-5, SPEC §2, §7).
+
+One definition shared by the rewards (training) and the evaluation, so a model is scored the
+same way in both places.
+"""
+
+from __future__ import annotations
+
+import regex
+
+# Unicode punctuation (P*) and symbols (S*) become spaces: "don't" -> "don t" (SPEC §2, eq. 5).
+_PUNCT_OR_SYMBOL = regex.compile(r"[\p{P}\p{S}]+")
+_THINK_BLOCK = regex.compile(r"<think>.*?</think>", regex.DOTALL)
+_TAG = regex.compile(r"</?(?:think|answer)>")
+
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def normalize(text: str) -> list[str]:
+    """Eq. 5 normalisation: lowercase, punctuation/symbols to spaces, split on whitespace."""
+    return _PUNCT_OR_SYMBOL.sub(" ", text.lower()).split()
+
+
+def extract_answer(response: str) -> str:
+    """The content of the last `<answer>...</answer>` block, else the response without its
+    `<think>...</think>` blocks; leftover tag text is then removed (SPEC §2)."""
+    close = response.rfind(ANSWER_CLOSE)
+    open_ = response.rfind(ANSWER_OPEN, 0, close) if close >= 0 else -1
+    if open_ >= 0:
+        text = response[open_ + len(ANSWER_OPEN) : close]
+    else:
+        text = _THINK_BLOCK.sub("", response)
+    return _TAG.sub("", text).strip()
+
+
+def think_text(response: str) -> str | None:
+    """The content of the first `<think>...</think>` block, or None when there is no closed block."""
+    start = response.find(THINK_OPEN)
+    if start < 0:
+        return None
+    end = response.find(THINK_CLOSE, start + len(THINK_OPEN))
+    if end < 0:
+        return None
+    return response[start + len(THINK_OPEN) : end]
+
+
+def set_f1(pred: set[str] | frozenset[str], gold: set[str] | frozenset[str]) -> float:
+    """Eq. 4-5 on token sets. Both empty -> 1.0, one empty or nothing shared -> 0.0."""
+    if not pred and not gold:
+        return 1.0
+    common = len(pred & gold)
+    if common == 0:
+        return 0.0
+    # 2PR/(P+R) with P = c/|pred|, R = c/|gold| is 2c/(|pred|+|gold|): one rounding, so equal
+    # rational scores are equal floats and option ties (SPEC §7) are detected exactly.
+    return 2.0 * common / (len(pred) + len(gold))
+
+
+def token_f1(pred: str, gold: str) -> float:
+    """Token-set F1 between two texts (eq. 4-5): `set_f1` of their normalised token sets."""
+    return set_f1(set(normalize(pred)), set(normalize(gold)))
+
+
+def best_option(pred: str, options: list[str]) -> int | None:
+    """Index of the option with the highest F1 to `pred`; None (the paper's "E", not applicable)
+    when the top score is shared by several options or is 0 (no option matches at all)."""
+    if not options:
+        raise ValueError("best_option needs at least one option")
+    pred_set = set(normalize(pred))
+    scores = [set_f1(pred_set, set(normalize(option))) for option in options]
+    top = max(scores)
+    if top == 0.0 or scores.count(top) > 1:
+        return None
+    return scores.index(top)
