@@ -1,0 +1,144 @@
+"""psyrl.config: TOML tables, defaults, and errors that name the file, the line and the key."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import tomli
+from click.testing import CliRunner
+
+from psyrl.cli import README_END, README_START, main
+from psyrl.config import Config, ConfigError, config_reference, dump_config, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = sorted(ROOT.glob("configs/**/*.toml"))
+
+
+def write(tmp_path, text, name="c.toml"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shipped_config_loads_and_its_resolved_form_reads_back(path, tmp_path):
+    config = load_config(path)
+    assert load_config(write(tmp_path, dump_config(config))) == config
+
+
+def test_some_config_ships():
+    assert SHIPPED, "configs/ holds no TOML file"
+
+
+def test_defaults_are_the_spec_values():
+    c = load_config(None)
+    assert (c.reward.variant, c.reward.w_f1, c.reward.w_fmt, c.reward.delta) == ("bilateral", 0.5, 0.5, 0.1)
+    assert (c.reward.tau_low, c.reward.tau_high, c.reward.tau_rep, c.reward.l_plus, c.reward.s_minus) == (
+        0.75,
+        1.25,
+        0.5,
+        2.0,
+        0.5,
+    )
+    assert (c.reward.w_len, c.reward.w_short, c.reward.eps, c.reward.short_reward_literal) == (0.1, 0.1, 1e-6, False)
+    assert (c.cache.size, c.advantage.scope, c.advantage.eps) == (4, "cache", 1e-6)
+    assert (c.loss.eps_low, c.loss.eps_high, c.loss.dual_clip, c.loss.kl_coef) == (0.2, 0.3, 3.0, 1e-2)
+
+
+def error(path, overrides=()):
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides)
+    return str(info.value)
+
+
+def test_syntax_error_names_file_and_line(tmp_path):
+    path = write(tmp_path, '[run]\nname = "x"\n\n[reward]\nw_f1 = = 0.5\n')
+    assert error(path).startswith(f"{path}:5: invalid TOML")
+
+
+def test_unknown_key_names_line_and_suggests(tmp_path):
+    path = write(tmp_path, '[run]\nname = "x"\n\n[reward]\nvariant = "base"\nw_fl = 0.5\n')
+    message = error(path)
+    assert message.startswith(f"{path}:6: unknown key 'w_fl' in [reward]")
+    assert "did you mean 'w_f1'?" in message
+
+
+def test_unknown_table(tmp_path):
+    path = write(tmp_path, "[run]\nseed = 1\n[rewards]\nw_f1 = 0.5\n")
+    assert error(path).startswith(f"{path}:3: unknown table [rewards]; did you mean 'reward'?")
+
+
+def test_wrong_types(tmp_path):
+    path = write(tmp_path, '[reward]\nvariant = "base"\n\n[loss]\nkl_coef = "0.01"\n')
+    assert error(path) == f"{path}:5: [loss] kl_coef: expected float, got string '0.01'"
+    path = write(tmp_path, "[cache]\nsize = 2.5\n")
+    assert error(path) == f"{path}:2: [cache] size: expected int, got float 2.5"
+    path = write(tmp_path, "[cache]\nsize = true\n")  # TOML bools are not ints
+    assert error(path) == f"{path}:2: [cache] size: expected int, got bool True"
+    path = write(tmp_path, "[reward]\nshort_reward_literal = 1\n")
+    assert error(path) == f"{path}:2: [reward] short_reward_literal: expected bool, got int 1"
+    path = write(tmp_path, "reward = 3\n")
+    assert error(path) == f"{path}:1: 'reward' must be a table, got int"
+    path = write(tmp_path, '[advantage]\nscope = "grop"\n')
+    assert (
+        error(path)
+        == f"{path}:2: [advantage] scope: expected one of 'cache', 'batch', 'group', got 'grop'; did you mean 'group'?"
+    )
+
+
+def test_out_of_range_values(tmp_path):
+    path = write(tmp_path, "[run]\nseed = 1\n\n[loss]\n# clip\neps_low = 1.5\n")
+    assert error(path) == f"{path}:6: [loss] eps_low: expected 0 <= eps_low < 1, got 1.5"
+    path = write(tmp_path, "[cache]\nsize = 0\n")
+    assert error(path) == f"{path}:2: [cache] size: expected >= 1, got 0"
+    path = write(tmp_path, "[loss]\ndual_clip = 0.5\n")
+    assert "dual_clip: expected 0 (off) or > 1" in error(path)
+
+
+def test_int_is_accepted_for_float(tmp_path):
+    path = write(tmp_path, "[reward]\nw_f1 = 1\n")
+    assert load_config(path).reward.w_f1 == 1.0 and isinstance(load_config(path).reward.w_f1, float)
+
+
+def test_overrides_are_type_checked(tmp_path):
+    path = write(tmp_path, "[reward]\nw_f1 = 0.5\n")
+    c = load_config(path, ["reward.w_f1=0.25", "run.name=my-run", "cache.size=2", 'reward.variant="base"'])
+    assert (c.reward.w_f1, c.run.name, c.cache.size, c.reward.variant) == (0.25, "my-run", 2, "base")
+    assert error(path, ["reward.w_f1=abc"]) == "--set reward.w_f1=abc: [reward] w_f1: expected float, got string 'abc'"
+    assert error(path, ["cache.size=-1"]) == "--set cache.size=-1: [cache] size: expected >= 1, got -1"
+    assert error(path, ["reward.wf1=1"]).startswith(
+        "--set reward.wf1=1: unknown key 'wf1' in [reward]; did you mean 'w_f1'?"
+    )
+    assert error(path, ["rewrd.w_f1=1"]).startswith("--set rewrd.w_f1=1: unknown table [rewrd]; did you mean 'reward'?")
+    assert "expected table.key=value" in error(path, ["w_f1=1"])
+    assert "expected table.key=value" in error(path, ["reward.w_f1"])
+
+
+def test_missing_or_unreadable_file(tmp_path):
+    assert error(tmp_path / "nope.toml").startswith(f"{tmp_path / 'nope.toml'}: cannot read config file")
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes(b'[run]\nname = "caf\xe9"\n')
+    assert error(bad).startswith(f"{bad}: cannot read config file")
+
+
+def test_dump_round_trips_awkward_strings():
+    c = load_config(None)
+    c = dataclasses.replace(c, run=dataclasses.replace(c.run, name='a "quoted" \\ näme\twith\nnewline'))
+    assert Config(**{k: type(getattr(c, k))(**v) for k, v in tomli.loads(dump_config(c)).items()}) == c
+
+
+def test_readme_config_reference_is_generated_from_the_code():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    start, end = readme.index(README_START) + len(README_START), readme.index(README_END)
+    assert readme[start:end].strip() == config_reference().strip(), "run `make docs` to regenerate it"
+
+
+def test_cli_config_show(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(
+        main, ["config", "show", "--config", str(write(tmp_path, "[cache]\nsize = 2\n")), "--set", "loss.kl_coef=0"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "[cache]\nsize = 2\n" in result.output and "kl_coef = 0.0" in result.output
+    result = runner.invoke(main, ["config", "show", "--set", "cache.size=x"])
+    assert result.exit_code == 1 and "--set cache.size=x: [cache] size: expected int" in result.output
