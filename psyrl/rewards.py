@@ -33,30 +33,25 @@ def format_reward(response: str, mode: str) -> float:
     """Eq. 6: 1.0 iff the response is exactly `<think>A</think><answer>B</answer>` (`cot`) or
     `<answer>B</answer>` (`direct`): each tag once, only whitespace outside, A and B non-empty."""
     if mode == "cot":
-        tags = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
+        blocks = [(THINK_OPEN, THINK_CLOSE), (ANSWER_OPEN, ANSWER_CLOSE)]
     elif mode == "direct":
         if THINK_OPEN in response or THINK_CLOSE in response:
             return 0.0
-        tags = (ANSWER_OPEN, ANSWER_CLOSE)
+        blocks = [(ANSWER_OPEN, ANSWER_CLOSE)]
     else:
         raise ValueError(f"unknown prompt mode {mode!r}: expected 'cot' or 'direct'")
-    if any(response.count(tag) != 1 for tag in tags):  # two <answer> blocks is a known reward hack
+    if any(response.count(tag) != 1 for block in blocks for tag in block):  # two <answer> blocks: a known hack
         return 0.0
-    starts = [response.index(tag) for tag in tags]
-    if starts != sorted(starts):
-        return 0.0
-    ends = [start + len(tag) for start, tag in zip(starts, tags)]
-    outside = [response[: starts[0]], response[ends[-1] :]]
-    inside = []
-    for i in range(0, len(tags), 2):  # (open, close) pairs: content inside, whitespace before the next pair
-        inside.append(response[ends[i] : starts[i + 1]])
-        if i + 2 < len(tags):
-            outside.append(response[ends[i + 1] : starts[i + 2]])
-    ok = all(not text.strip() for text in outside) and all(text.strip() for text in inside)
-    return 1.0 if ok else 0.0
+    rest = response
+    for open_tag, close_tag in blocks:
+        before, opened, rest = rest.partition(open_tag)
+        content, closed, rest = rest.partition(close_tag)
+        if before.strip() or not opened or not closed or not content.strip():
+            return 0.0
+    return 0.0 if rest.strip() else 1.0
 
 
-def repetition_penalty(think: str | None, cap: float, eps: float) -> float:
+def repetition_penalty(think: str | None, cap: float, eps: float = RewardConfig.eps) -> float:
     """Eq. 9 as a non-negative penalty: min(tau_rep, repeated 4-grams / (total 4-grams + eps)) over
     the normalised words of the think text. Eq. 9 writes r_rep = -min(...) and eq. 3 subtracts it;
     that double negative would reward repetition, so the penalty is positive and subtracted once."""

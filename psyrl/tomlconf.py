@@ -164,6 +164,9 @@ def _find_line(text: str, table: str, key: str | None) -> int | None:
             return number
         elif current is None and dotted.match(line):
             return number
+    if key is not None:  # a sub-table `[table.key]` where a scalar was expected
+        subtable = re.compile(rf"^\s*\[\s*{re.escape(table)}\s*\.\s*{re.escape(key)}\s*\]")
+        return next((n for n, line in enumerate(text.splitlines(), start=1) if subtable.match(line)), None)
     return None
 
 

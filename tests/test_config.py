@@ -77,6 +77,8 @@ def test_wrong_types(tmp_path):
     assert error(path) == f"{path}:2: [cache] size: expected int, got bool True"
     path = write(tmp_path, "[reward]\nshort_reward_literal = 1\n")
     assert error(path) == f"{path}:2: [reward] short_reward_literal: expected bool, got int 1"
+    path = write(tmp_path, "[reward]\nw_f1 = 1\n\n[reward.w_fmt]\nx = 1\n")
+    assert error(path) == f"{path}:4: [reward] w_fmt: expected float, got table {{'x': 1}}"
     path = write(tmp_path, "reward = 3\n")
     assert error(path) == f"{path}:1: 'reward' must be a table, got int"
     path = write(tmp_path, '[advantage]\nscope = "grop"\n')

@@ -72,6 +72,20 @@ def test_format_reward_direct(response, expected):
     assert format_reward(response, "direct") == expected
 
 
+content = st.text(alphabet=st.characters(blacklist_characters="<>"), min_size=0, max_size=20)
+space = st.sampled_from(["", " ", "\n", " \n\t "])
+
+
+@given(space, content, space, content, space)
+def test_format_reward_property(ws0, think, ws1, answer, ws2):
+    response = f"{ws0}<think>{think}</think>{ws1}<answer>{answer}</answer>{ws2}"
+    assert format_reward(response, "cot") == float(bool(think.strip()) and bool(answer.strip()))
+    # any extra tag, anywhere, breaks it
+    for tag in ("<think>", "</think>", "<answer>", "</answer>"):
+        assert format_reward(response + tag, "cot") == 0.0
+        assert format_reward(tag + response, "cot") == 0.0
+
+
 def test_format_reward_unknown_mode():
     with pytest.raises(ValueError, match="cot"):
         format_reward("<answer>x</answer>", "verbose")
