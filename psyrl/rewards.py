@@ -74,7 +74,7 @@ def answer_components(responses: Sequence[str], golds: Sequence[str], mode: str,
             gold_sets[gold] = set(normalize(gold))
         f1.append(set_f1(set(normalize(extract_answer(response))), gold_sets[gold]))
         fmt.append(format_reward(response, mode))
-        rep.append(repetition_penalty(think_text(response), cfg.tau_rep, cfg.eps) if mode == "cot" else 0.0)
+        rep.append(repetition_penalty(think_text(response), cfg.tau_rep, cfg.eps))
     as_tensor = lambda values: torch.tensor(values, dtype=torch.float64)  # noqa: E731
     return {"f1": as_tensor(f1), "fmt": as_tensor(fmt), "rep": as_tensor(rep)}
 
@@ -129,7 +129,9 @@ def final_rewards(
     """The configured variant's r^Final per sample, plus every component (for logging).
     `mean_length`, `mean_f1` are the cache's L-bar and r-bar_F1 (eq. 7), current step included."""
     c = dict(components)
-    c["length"] = torch.as_tensor(lengths, dtype=torch.float64)
+    c["length"] = torch.as_tensor(lengths, dtype=torch.float64).flatten()
+    if c["length"].shape != c["f1"].shape:
+        raise ValueError(f"{c['length'].numel()} lengths for {c['f1'].numel()} responses")
     c["ratio"] = length_ratio(c["length"], mean_length)
     c["br"], c["br_short"], c["br_long"] = bilateral_bonus(c["f1"], c["ratio"], mean_f1, cfg)
     c["len"] = length_reward(c["f1"], c["ratio"], mean_f1, cfg)

@@ -53,14 +53,16 @@ def low_var_kl(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of x over the positions where mask is 1 (0 when there are none)."""
-    return (x * mask).sum() / mask.sum().clamp(min=1)
+    """Mean of x over the positions where mask is set (0 when there are none)."""
+    mask = mask.bool()
+    return torch.where(mask, x, 0.0).sum() / mask.sum().clamp(min=1)  # where, not x*mask: -inf pads stay out
 
 
 def seq_mean_token_mean(x: torch.Tensor, mask: torch.Tensor, normalizer: float) -> torch.Tensor:
     """Eq. 1's aggregation: (1/|o_i|) sum over each response's tokens, summed over responses and
     divided by `normalizer` (the mini-batch's response count, see `loss_normalizer`)."""
-    per_sequence = (x * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)  # [N]
+    mask = mask.bool()
+    per_sequence = torch.where(mask, x, 0.0).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)  # [N]
     return per_sequence.sum() / normalizer
 
 
@@ -87,11 +89,13 @@ def tgrpo_loss(
     clip for A < 0 (loss capped at -c A), plus beta * low_var_kl, sequence-mean-token-mean.
 
     logp, logp_old, logp_ref: [N, T] token log-probs (current, sampling-time, reference policy);
-    advantages: [N]; mask: [N, T]. Metrics are detached token means over this call's response
-    tokens (`tokens` gives the count, to combine micro-batches).
+    advantages: [N]; mask: [N, T] (bool or 0/1). Detached metrics of this call: `pg_loss` and `kl`
+    are means over responses of their token means (the loss's aggregation), weight `sequences`;
+    the rest are means over response tokens, weight `tokens`. clip_frac_high + clip_frac_low is
+    verl's `pg_clipfrac`; dual_clip_frac is verl's `pg_clipfrac_lower`.
     """
     logp = logp.float()
-    mask = mask.float()  # [N, T]
+    mask = mask.bool()  # [N, T]
     log_ratio = (logp - logp_old.float()).clamp(-20.0, 20.0)  # [N, T]
     ratio = torch.exp(log_ratio)  # [N, T], r_t of eq. 2
     adv = advantages.float().unsqueeze(-1)  # [N, 1], broadcast over tokens
@@ -113,14 +117,15 @@ def tgrpo_loss(
 
     with torch.no_grad():
         metrics = {
-            "pg_loss": masked_mean(pg, mask),
-            "kl": masked_mean(kl, mask),
-            "clip_frac_high": masked_mean(((adv > 0) & (ratio > 1.0 + cfg.eps_high)).float(), mask),
-            "clip_frac_low": masked_mean(((adv < 0) & (ratio < 1.0 - cfg.eps_low)).float(), mask),
+            "pg_loss": seq_mean_token_mean(pg, mask, len(mask)),
+            "kl": seq_mean_token_mean(kl, mask, len(mask)),
+            "clip_frac_high": masked_mean(((adv > 0) & (ratio > 1.0 + cfg.eps_high)).float(), mask),  # upper bound
+            "clip_frac_low": masked_mean(((adv < 0) & (ratio < 1.0 - cfg.eps_low)).float(), mask),  # lower bound
             "dual_clip_frac": masked_mean(dual.float(), mask),
             "ratio_mean": masked_mean(ratio, mask),
             "ppo_kl": masked_mean(-log_ratio, mask),  # mean of logp_old - logp
             "entropy": masked_mean(-logp, mask),  # -log pi of sampled tokens estimates the entropy
             "tokens": mask.sum(),
+            "sequences": torch.tensor(len(mask)),
         }
     return loss, {k: v.detach() for k, v in metrics.items()}

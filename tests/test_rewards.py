@@ -190,24 +190,30 @@ def test_score_batch_under_reward_hacking_outputs():
         "<answer>ＪＯＹ！</answer>",  # fullwidth letters stay a different word
         "<think>" + "the same words again " * 50_000 + "</think><answer>joy</answer>",  # ~1 MB
         "",
+        "<think>" * 150_000 + "joy",  # ~1 MB of unclosed think tags (a lazy regex is quadratic here)
     ]
     final, c = score_batch(responses, [gold] * len(responses), [10] * len(responses), 10.0, 0.5, CFG)
-    assert c["f1"].tolist() == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0]
-    assert c["fmt"].tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+    assert c["f1"].tolist() == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    assert c["fmt"].tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0]
     # 1 MB think: 200,000 words repeating a 4-word cycle: 4 unique 4-grams of 199,997 -> capped at 0.5
-    assert c["rep"].tolist() == [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5, 0.0]
+    assert c["rep"].tolist() == [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5, 0.0, 0.0]
     # all lengths equal L-bar: no BR; bilateral = 0.5 f1 + 0.5 fmt - rep
-    assert final.tolist() == pytest.approx([1.0, 0.5, 0.0, 0.5, 0.5, 0.0, 0.5, 0.0])
+    assert final.tolist() == pytest.approx([1.0, 0.5, 0.0, 0.5, 0.5, 0.0, 0.5, 0.0, 0.5])
 
 
-def test_answer_components_direct_mode_has_no_repetition_penalty():
+def test_answer_components_direct_mode():
     c = answer_components(["<answer>a a a a a a</answer>"], ["a"], "direct", CFG)
     assert c["fmt"].tolist() == [1.0] and c["rep"].tolist() == [0.0] and c["f1"].tolist() == [1.0]
+    # a think block in direct mode: format 0, and its repetition is penalised like anywhere else (SPEC §2)
+    c = answer_components(["<think>a a a a a a</think><answer>a</answer>"], ["a"], "direct", CFG)
+    assert c["fmt"].tolist() == [0.0] and c["rep"].tolist() == [0.5]
 
 
 def test_answer_components_length_mismatch():
     with pytest.raises(ValueError, match="2 responses but 1 gold"):
         answer_components(["a", "b"], ["a"], "cot", CFG)
+    with pytest.raises(ValueError, match="3 lengths for 1 responses"):
+        score_batch(["a"], ["a"], [1, 2, 3], 2.0, 0.5, CFG)
 
 
 def test_reward_metrics_fractions():

@@ -38,6 +38,18 @@ def test_group_scope_with_cache_size_one_is_standard_grpo():
     assert got[5:10].abs().max() < 1e-9
 
 
+def test_group_scope_float32_is_bit_identical_to_verls_rule():
+    # verl's grpo estimator works in float32, one prompt at a time: torch.mean, torch.std (unbiased),
+    # (score - mean) / (std + 1e-6). Same dtype in, the same bits out.
+    rewards = torch.rand(512 * 5, generator=torch.Generator().manual_seed(1))  # float32
+    expected = rewards.clone()
+    for start in range(0, len(rewards), 5):
+        group = rewards[start : start + 5]
+        expected[start : start + 5] = (group - torch.mean(group)) / (torch.std(group) + 1e-6)
+    got = advantages(rewards, "group", group_size=5, eps=1e-6)
+    assert got.dtype == torch.float32 and torch.equal(got, expected)
+
+
 def test_batch_scope_hand_values():
     # rewards 1, 0, 0.5, 0.5: mean 0.5; unbiased var = (0.25 + 0.25 + 0 + 0) / 3 = 1/6, std = 0.4082483
     # A = +-0.5 / (0.4082483 + 1e-6) = +-1.2247419
@@ -204,6 +216,23 @@ def test_gradient_does_not_depend_on_world_size():
     assert torch.allclose(whole, (rank0 + rank1) / 2, atol=1e-6, rtol=0)
     with pytest.raises(ValueError):
         loss_normalizer(0, 1)
+
+
+def test_padding_with_minus_inf_log_probs_stays_out_of_the_loss():
+    logp = torch.tensor([[-1.0, -0.5, float("-inf")]], requires_grad=True)
+    mask = torch.tensor([[True, True, False]])
+    ref = torch.tensor([[-1.2, -0.4, float("-inf")]])
+    loss, m = tgrpo_loss(logp, logp.detach(), torch.tensor([1.0]), mask, 1, LossConfig(), logp_ref=ref)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all() and logp.grad[0, 2] == 0
+    assert all(torch.isfinite(v) for v in m.values())
+
+
+def test_pg_loss_metric_uses_the_loss_aggregation():
+    logits, gather, logp_old, logp_ref, adv, mask = make_batch()
+    loss, m = tgrpo_loss(gather(torch.log_softmax(logits, -1)), logp_old, adv, mask, len(adv), NO_KL)
+    assert m["pg_loss"].item() == pytest.approx(loss.item(), abs=1e-6)
+    assert m["sequences"].item() == len(adv) and m["tokens"].item() == mask.sum().item()
 
 
 def test_dual_clip_engages_only_for_negative_advantages():
