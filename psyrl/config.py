@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from psyrl import tomlconf
-from psyrl.tomlconf import ConfigError, require
+from psyrl.tomlconf import ConfigError, check_choices, require
 
 __all__ = ["Config", "ConfigError", "load_config", "dump_config", "config_reference"]
 
@@ -31,7 +31,10 @@ class RunConfig:
     """Number of steps; a T-GRPO step is one rollout (SPEC §9). 315 in the paper (A.3)."""
 
     def __post_init__(self):
-        require(self.name != "" and "/" not in self.name, "name", "expected a non-empty name without '/'")
+        bad_name = self.name in ("", ".", "..") or any(c in self.name for c in "/\\")
+        require(not bad_name, "name", f"expected a directory name (not '.', '..', no slashes), got {self.name!r}")
+        require(self.output_dir != "", "output_dir", "expected a directory, got an empty string")
+        require(self.seed >= 0, "seed", f"expected >= 0, got {self.seed}")
         require(self.steps >= 1, "steps", f"expected >= 1, got {self.steps}")
 
 
@@ -66,6 +69,7 @@ class RewardConfig:
     """Eq. 14 as printed (reward grows with L/L-bar) instead of SPEC §2's reading (grows with L-bar/L)."""
 
     def __post_init__(self):
+        check_choices(self)
         for key in ("w_f1", "w_fmt", "w_len", "w_short", "delta", "tau_rep"):
             require(getattr(self, key) >= 0, key, f"expected >= 0, got {getattr(self, key)}")
         require(0 < self.tau_low <= 1, "tau_low", f"expected 0 < tau_low <= 1, got {self.tau_low}")
@@ -92,6 +96,7 @@ class AdvantageConfig:
     """epsilon of eq. 2 (verl's GRPO value)."""
 
     def __post_init__(self):
+        check_choices(self)
         require(self.eps > 0, "eps", f"expected > 0, got {self.eps}")
 
 

@@ -24,7 +24,7 @@ def advantages(
     prompt by prompt). Unbiased std everywhere (verl's GRPO); a pool of fewer than 2 samples
     gives A = 0 (torch.std of one value is NaN).
     """
-    rewards = torch.as_tensor(rewards)
+    rewards = _as_float(rewards)  # [N]
     if scope == "group":
         if group_size < 2:
             raise ValueError("advantage scope 'group' needs G >= 2 samples per prompt (std of one sample is undefined)")
@@ -38,11 +38,17 @@ def advantages(
     elif scope == "cache":
         if pool is None:
             raise ValueError("advantage scope 'cache' needs the cache's rewards as `pool`")
+        pool = _as_float(pool)
     else:
         raise ValueError(f"unknown advantage scope {scope!r}: expected one of {', '.join(SCOPES)}")
     if pool.numel() < 2:
         return torch.zeros_like(rewards)
     return (rewards - pool.mean()) / (pool.std() + eps)  # [N]
+
+
+def _as_float(x) -> torch.Tensor:
+    x = torch.as_tensor(x)
+    return x if x.is_floating_point() else x.double()
 
 
 def low_var_kl(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:

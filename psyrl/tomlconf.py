@@ -11,8 +11,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
-import json
-import re
+import math
 import textwrap
 import typing
 from collections.abc import Sequence
@@ -39,6 +38,17 @@ def require(ok: bool, key: str, message: str) -> None:
         raise FieldError(key, message)
 
 
+def check_choices(table) -> None:
+    """Raise FieldError for a `Literal[...]` field of a dataclass holding a value outside its choices."""
+    for name, hint in typing.get_type_hints(type(table)).items():
+        if typing.get_origin(hint) is Literal and getattr(table, name) not in typing.get_args(hint):
+            choices = [str(c) for c in typing.get_args(hint)]
+            value = getattr(table, name)
+            close = difflib.get_close_matches(str(value), choices, n=1)
+            hint_text = f"; did you mean {close[0]!r}?" if close else ""
+            raise FieldError(name, f"expected one of {', '.join(map(repr, choices))}, got {value!r}{hint_text}")
+
+
 def table_classes(root: type) -> dict[str, type]:
     """TOML table name -> its dataclass, in the root's field order."""
     hints = typing.get_type_hints(root)
@@ -53,8 +63,10 @@ def load(root: type, path: str | Path | None, overrides: Sequence[str] = ()):
     raw, text, source = {}, "", "<defaults>"
     if path is not None:
         source = str(path)
+        if not source:
+            raise ConfigError("the config path is empty")
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            text = Path(path).read_text(encoding="utf-8-sig")  # -sig: a byte-order mark is not TOML
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"{source}: cannot read config file: {e}") from None
         try:
@@ -62,12 +74,6 @@ def load(root: type, path: str | Path | None, overrides: Sequence[str] = ()):
         except tomli.TOMLDecodeError as e:
             raise ConfigError(f"{source}:{e.lineno}: invalid TOML: {e.msg} (column {e.colno})") from None
     where = {}  # (table, key) -> "--set ..." for overridden values
-    for override in overrides:
-        table, key, value = _parse_override(override)
-        if not isinstance(raw.setdefault(table, {}), dict):
-            raise ConfigError(f"--set {override}: '{table}' is not a table")
-        raw[table][key] = value
-        where[table, key] = f"--set {override}"
 
     def locate(table: str, key: str | None) -> str:
         if (table, key) in where:
@@ -80,14 +86,28 @@ def load(root: type, path: str | Path | None, overrides: Sequence[str] = ()):
         return f"{source}:{line}" if line else source
 
     classes = table_classes(root)
+    for table, values in raw.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"{locate(table, None)}: {_not_a_table(table, values, classes)}")
+    for override in overrides:
+        table, key, value = _parse_override(override)
+        raw.setdefault(table, {})[key] = value
+        where[table, key] = f"--set {override}"
     built = {}
     for table, values in raw.items():
         if table not in classes:
             raise ConfigError(f"{locate(table, None)}: unknown table [{table}]{_suggest(table, classes)}")
-        if not isinstance(values, dict):
-            raise ConfigError(f"{locate(table, None)}: '{table}' must be a table, got {_type_name(values)}")
         built[table] = _build_table(table, classes[table], values, locate)
     return root(**built)
+
+
+def _not_a_table(name: str, value, classes: dict[str, type]) -> str:
+    if name in classes:
+        return f"'{name}' must be a table ([{name}]), got {_type_name(value)}"
+    owners = [t for t, cls in classes.items() if name in typing.get_type_hints(cls)]
+    if owners:
+        return f"key '{name}' is outside any table; it belongs under [{owners[0]}]"
+    return f"unknown key '{name}' outside any table (tables: {', '.join(classes)})"
 
 
 def _parse_override(override: str) -> tuple[str, str, object]:
@@ -97,7 +117,9 @@ def _parse_override(override: str) -> tuple[str, str, object]:
         raise ConfigError(f"--set {override}: expected table.key=value, e.g. --set reward.variant=base")
     try:  # a TOML value (1, 0.5, true, "text"); anything else is taken as a bare string
         parsed = tomli.loads(f"v = {value}")["v"]
-    except tomli.TOMLDecodeError:
+    except tomli.TOMLDecodeError as e:
+        if value.strip()[:1] in ("'", '"', "[", "{"):  # meant as TOML, but broken
+            raise ConfigError(f"--set {override}: invalid TOML value: {e.msg}") from None
         parsed = value
     return table, key.strip(), parsed
 
@@ -111,7 +133,9 @@ def _build_table(table: str, cls: type, values: dict, locate) -> object:
         try:
             kwargs[key] = _check_type(hints[key], value)
         except TypeError as e:
-            raise ConfigError(f"{locate(table, key)}: [{table}] {key}: {e}") from None
+            where = locate(table, key)
+            tip = " (--set values are TOML: 0.5, true, '\"quoted text\"')" if where.startswith("--set") else ""
+            raise ConfigError(f"{where}: [{table}] {key}: {e}{tip}") from None
     try:
         return cls(**kwargs)
     except FieldError as e:
@@ -119,18 +143,18 @@ def _build_table(table: str, cls: type, values: dict, locate) -> object:
 
 
 def _check_type(hint, value):
-    """The value as the field's type (int -> float is the only conversion), else TypeError."""
+    """The value as the field's type (int -> float is the only conversion), else TypeError.
+    Literal choices are checked by the table itself (`check_choices`)."""
     if typing.get_origin(hint) is Literal:
-        choices = typing.get_args(hint)
-        if value not in choices:
-            close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise TypeError(f"expected one of {', '.join(repr(c) for c in choices)}, got {value!r}{hint}")
-        return value
+        hint = type(typing.get_args(hint)[0])
     if isinstance(value, bool) != (hint is bool):  # bool is an int subclass: keep them apart
         raise TypeError(f"expected {hint.__name__}, got {_type_name(value)} {value!r}")
     if hint is float and isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise TypeError(f"expected a finite float, got {value!r}")
         return float(value)
+    if hint is int and isinstance(value, int) and not -(2**63) <= value < 2**63:
+        raise TypeError(f"expected a 64-bit int, got {value!r}")
     if isinstance(value, hint):
         return value
     raise TypeError(f"expected {hint.__name__}, got {_type_name(value)} {value!r}")
@@ -148,25 +172,19 @@ def _suggest(name: str, valid) -> str:
 
 
 def _find_line(text: str, table: str, key: str | None) -> int | None:
-    """Line number of `key =` inside `[table]` (or of the header, or a dotted `table.key =`)."""
-    header = re.compile(rf"^\s*\[\s*{re.escape(table)}\s*\]\s*(#.*)?$")
-    assign = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=") if key else None
-    dotted = re.compile(
-        rf"^\s*{re.escape(table)}\s*(\.\s*{re.escape(key)}\s*)?=" if key else rf"^\s*{re.escape(table)}\s*[.=]"
-    )
-    current = None  # the table whose body we are in; None before the first header
-    for number, line in enumerate(text.splitlines(), start=1):
-        if re.match(r"^\s*\[", line):
-            current = table if header.match(line) else ""
-            if key is None and current == table:
-                return number
-        elif current == table and assign is not None and assign.match(line):
+    """First line whose prefix of the file, parsed as TOML, defines `table` (or `table.key`):
+    exact for every TOML spelling (headers, dotted keys, inline tables). Runs only on errors."""
+    lines = text.splitlines(keepends=True)
+    for number in range(1, len(lines) + 1):
+        try:
+            doc = tomli.loads("".join(lines[:number]))
+        except tomli.TOMLDecodeError:
+            continue  # cut inside a multi-line value
+        node = doc.get(table)
+        if key is None and table in doc:
             return number
-        elif current is None and dotted.match(line):
+        if key is not None and isinstance(node, dict) and key in node:
             return number
-    if key is not None:  # a sub-table `[table.key]` where a scalar was expected
-        subtable = re.compile(rf"^\s*\[\s*{re.escape(table)}\s*\.\s*{re.escape(key)}\s*\]")
-        return next((n for n, line in enumerate(text.splitlines(), start=1) if subtable.match(line)), None)
     return None
 
 
@@ -184,12 +202,15 @@ def dump(config) -> str:
     return "\n".join(out)
 
 
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r", "\b": "\\b", "\f": "\\f"}
+
+
 def _toml_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)  # JSON string escapes are valid TOML basic-string escapes
-    return repr(value)  # int, or float: repr round-trips exactly (inf and nan are TOML too)
+    if isinstance(value, str):  # a TOML basic string: control characters (DEL too) as \uXXXX escapes
+        return '"' + "".join(_ESCAPES.get(c, f"\\u{ord(c):04x}" if c < " " or c == "\x7f" else c) for c in value) + '"'
+    return repr(value)  # int, or a finite float: repr round-trips exactly
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -4,11 +4,10 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-import tomli
 from click.testing import CliRunner
 
 from psyrl.cli import README_END, README_START, main
-from psyrl.config import Config, ConfigError, config_reference, dump_config, load_config
+from psyrl.config import ConfigError, config_reference, dump_config, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(ROOT.glob("configs/**/*.toml"))
@@ -80,7 +79,7 @@ def test_wrong_types(tmp_path):
     path = write(tmp_path, "[reward]\nw_f1 = 1\n\n[reward.w_fmt]\nx = 1\n")
     assert error(path) == f"{path}:4: [reward] w_fmt: expected float, got table {{'x': 1}}"
     path = write(tmp_path, "reward = 3\n")
-    assert error(path) == f"{path}:1: 'reward' must be a table, got int"
+    assert error(path) == f"{path}:1: 'reward' must be a table ([reward]), got int"
     path = write(tmp_path, '[advantage]\nscope = "grop"\n')
     assert (
         error(path)
@@ -106,7 +105,10 @@ def test_overrides_are_type_checked(tmp_path):
     path = write(tmp_path, "[reward]\nw_f1 = 0.5\n")
     c = load_config(path, ["reward.w_f1=0.25", "run.name=my-run", "cache.size=2", 'reward.variant="base"'])
     assert (c.reward.w_f1, c.run.name, c.cache.size, c.reward.variant) == (0.25, "my-run", 2, "base")
-    assert error(path, ["reward.w_f1=abc"]) == "--set reward.w_f1=abc: [reward] w_f1: expected float, got string 'abc'"
+    assert error(path, ["reward.w_f1=abc"]) == (
+        "--set reward.w_f1=abc: [reward] w_f1: expected float, got string 'abc'"
+        " (--set values are TOML: 0.5, true, '\"quoted text\"')"
+    )
     assert error(path, ["cache.size=-1"]) == "--set cache.size=-1: [cache] size: expected >= 1, got -1"
     assert error(path, ["reward.wf1=1"]).startswith(
         "--set reward.wf1=1: unknown key 'wf1' in [reward]; did you mean 'w_f1'?"
@@ -123,10 +125,63 @@ def test_missing_or_unreadable_file(tmp_path):
     assert error(bad).startswith(f"{bad}: cannot read config file")
 
 
-def test_dump_round_trips_awkward_strings():
+def test_dump_round_trips_awkward_strings(tmp_path):
     c = load_config(None)
-    c = dataclasses.replace(c, run=dataclasses.replace(c.run, name='a "quoted" \\ näme\twith\nnewline'))
-    assert Config(**{k: type(getattr(c, k))(**v) for k, v in tomli.loads(dump_config(c)).items()}) == c
+    awkward = 'a "quoted" \\ dïr\twith\nnewline, DEL \x7f, NUL \x00 😀'  # TOML forbids raw control characters
+    c = dataclasses.replace(c, run=dataclasses.replace(c.run, name="näme 😀", output_dir=awkward))
+    assert load_config(write(tmp_path, dump_config(c))) == c
+
+
+def test_line_numbers_for_every_toml_spelling(tmp_path):
+    cases = [
+        ('[run]\nname = """\nsteps = 1\n"""\nsteps = 0\n', 5, "[run] steps: expected >= 1"),  # multi-line string
+        ('["reward"]\nw_fmt = 0.5\nw_f1 = -1\n', 3, "[reward] w_f1: expected >= 0"),  # quoted header
+        ("[reward]\nw_f1.value = 0.3\n", 2, "[reward] w_f1: expected float, got table"),  # dotted key
+        ('[run]\nname = "a"\n\n[cache]\nsize = 2\n[loss]\nkl_coef = -1\n', 7, "[loss] kl_coef"),
+        ("reward = { w_f1 = 0.3, tau_low = 2.0 }\n", 1, "[reward] tau_low: expected 0 < tau_low <= 1"),  # inline
+        ("reward.delta = -1\n", 1, "[reward] delta: expected >= 0"),  # top-level dotted key
+        ("[[reward]]\nw_f1 = 0.3\n", 1, "'reward' must be a table ([reward]), got array"),
+        ("steps = 40\n[run]\nname = 'a'\n", 1, "key 'steps' is outside any table; it belongs under [run]"),
+        ("colour = 1\n", 1, "unknown key 'colour' outside any table"),
+    ]
+    for text, line, message in cases:
+        path = write(tmp_path, text)
+        assert error(path).startswith(f"{path}:{line}: {message}"), (text, error(path))
+
+
+def test_values_a_run_cannot_use(tmp_path):
+    for text, message in [
+        ("[reward]\nw_f1 = inf\n", "w_f1: expected a finite float, got inf"),
+        ("[loss]\neps_high = nan\n", "eps_high: expected a finite float, got nan"),
+        ("[run]\nsteps = 99999999999999999999\n", "steps: expected a 64-bit int"),
+        ('[run]\nname = ".."\n', "name: expected a directory name"),
+        ('[run]\nname = "a/b"\n', "name: expected a directory name"),
+        ('[run]\noutput_dir = ""\n', "output_dir: expected a directory"),
+        ("[run]\nseed = -5\n", "seed: expected >= 0"),
+    ]:
+        assert message in error(write(tmp_path, text)), text
+
+
+def test_byte_order_mark_and_empty_path(tmp_path):
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf[cache]\nsize = 3\n")
+    assert load_config(path).cache.size == 3
+    assert error("") == "the config path is empty"
+
+
+def test_override_blames_the_file_when_the_file_is_wrong(tmp_path):
+    path = write(tmp_path, "run = 3\n")
+    assert error(path, ["run.name=x"]) == f"{path}:1: 'run' must be a table ([run]), got int"
+    assert "invalid TOML value" in error(None, ['run.name="unterminated'])
+    assert load_config(None, ["run.name='single quoted'"]).run.name == "single quoted"
+
+
+def test_tables_check_their_choices_when_built_in_code():
+    from psyrl.config import RewardConfig
+    from psyrl.tomlconf import FieldError
+
+    with pytest.raises(FieldError, match="variant: expected one of .* got 'nope'"):
+        RewardConfig(variant="nope")
 
 
 def test_readme_config_reference_is_generated_from_the_code():

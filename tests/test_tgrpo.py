@@ -71,6 +71,14 @@ def test_cache_scope_across_three_steps_with_c2():
     assert got.tolist() == pytest.approx([(0.5 - mean) / (std + 1e-6), (0.25 - mean) / (std + 1e-6)], abs=1e-12)
 
 
+def test_integer_rewards_and_list_pools_are_accepted():
+    # 1, 2, 3: mean 2, unbiased std 1 -> A = -1, 0, 1 (over 1 + 1e-6)
+    expected = [-1 / (1 + 1e-6), 0.0, 1 / (1 + 1e-6)]
+    assert advantages(torch.tensor([1, 2, 3]), "batch", 3).tolist() == pytest.approx(expected, abs=1e-12)
+    # a list of floats becomes float32 (torch's default): float32 precision
+    assert advantages([1.0, 2.0, 3.0], "cache", 3, pool=[1, 2, 3]).tolist() == pytest.approx(expected, abs=1e-6)
+
+
 def test_pool_of_one_gives_zero_and_bad_inputs_raise():
     one = torch.tensor([0.3], dtype=torch.float64)
     assert advantages(one, "batch", group_size=1).tolist() == [0.0]
