@@ -6,15 +6,21 @@ response tokens the loss counts (end-of-turn token included when generated).
 
 from __future__ import annotations
 
+import typing
+
 import torch
 
-from psyrl.config import LossConfig
+from psyrl.config import AdvantageConfig, LossConfig
 
-SCOPES = ("cache", "batch", "group")
+SCOPES = typing.get_args(typing.get_type_hints(AdvantageConfig)["scope"])  # one list: the config's choices
 
 
 def advantages(
-    rewards: torch.Tensor, scope: str, group_size: int, pool: torch.Tensor | None = None, eps: float = 1e-6
+    rewards: torch.Tensor,
+    scope: str,
+    group_size: int,
+    pool: torch.Tensor | None = None,
+    eps: float = AdvantageConfig.eps,
 ) -> torch.Tensor:
     """Eq. 2: A_i = (r_i - r-bar) / (sigma_r + eps), one scalar per response ([N] -> [N]).
 
