@@ -199,3 +199,13 @@ def test_cli_config_show(tmp_path):
     assert "[cache]\nsize = 2\n" in result.output and "kl_coef = 0.0" in result.output
     result = runner.invoke(main, ["config", "show", "--set", "cache.size=x"])
     assert result.exit_code == 1 and "--set cache.size=x: [cache] size: expected int" in result.output
+
+
+def test_cli_config_reference_writes_between_the_markers(tmp_path):
+    readme = write(tmp_path, f"# title\n{README_START}\nstale\n{README_END}\ntail\n", name="README.md")
+    result = CliRunner().invoke(main, ["config", "reference", "--write-readme", str(readme)])
+    assert result.exit_code == 0, result.output
+    assert readme.read_text() == f"# title\n{README_START}\n{config_reference()}\n{README_END}\ntail\n"
+    no_markers = write(tmp_path, "# nothing here\n", name="OTHER.md")
+    result = CliRunner().invoke(main, ["config", "reference", "--write-readme", str(no_markers)])
+    assert result.exit_code == 1 and "markers" in result.output
