@@ -106,6 +106,8 @@ def tgrpo_loss(
     the rest are means over response tokens, weight `tokens`. clip_frac_high + clip_frac_low is
     verl's `pg_clipfrac`; dual_clip_frac is verl's `pg_clipfrac_lower`.
     """
+    if logp_ref is None and cfg.kl_coef > 0:
+        raise ValueError("kl_coef > 0 needs the reference log-probs `logp_ref`")
     logp = logp.float()
     mask = mask.bool()  # [N, T]
     log_ratio = (logp - logp_old.float()).clamp(-20.0, 20.0)  # [N, T]
@@ -118,14 +120,8 @@ def tgrpo_loss(
         cap = -cfg.dual_clip * adv  # [N, 1]
         dual = (adv < 0) & (pg > cap)  # [N, T]
         pg = torch.where(dual, cap, pg)
-    token_loss = pg
-    kl = torch.zeros_like(pg)
-    if logp_ref is not None:
-        kl = low_var_kl(logp, logp_ref)  # [N, T]
-        token_loss = pg + cfg.kl_coef * kl
-    elif cfg.kl_coef > 0:
-        raise ValueError("kl_coef > 0 needs the reference log-probs `logp_ref`")
-    loss = seq_mean_token_mean(token_loss, mask, normalizer)
+    kl = low_var_kl(logp, logp_ref) if logp_ref is not None else torch.zeros_like(pg)  # [N, T]
+    loss = seq_mean_token_mean(pg + cfg.kl_coef * kl, mask, normalizer)
 
     with torch.no_grad():
         metrics = {
@@ -140,4 +136,4 @@ def tgrpo_loss(
             "tokens": mask.sum(),
             "sequences": torch.tensor(len(mask)),
         }
-    return loss, {k: v.detach() for k, v in metrics.items()}
+    return loss, metrics
