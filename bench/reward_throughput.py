@@ -19,6 +19,7 @@ import torch
 
 from psyrl.config import load_config
 from psyrl.rewards import answer_components, final_rewards
+from psyrl.text import normalize, think_text
 from psyrl.trajectory_cache import TrajectoryCache
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,6 +65,11 @@ def main(n, words, repeats, config):
         cache.push_rewards(final)
         times.append(time.perf_counter() - start)
     best = min(times)
+    thinks = [think_text(r) for r in responses]
+    start = time.perf_counter()
+    for think in thinks:
+        normalize(think)
+    normalize_s = time.perf_counter() - start  # the repetition penalty's share, timed alone
     chars = sum(map(len, responses)) / n
     print(
         f"{platform.processor() or platform.machine()}, python {platform.python_version()}, torch {torch.__version__}"
@@ -71,6 +77,7 @@ def main(n, words, repeats, config):
     print(f"scored {n} responses of ~{words} words ({chars:.0f} chars) with the '{cfg.variant}' reward")
     runs = ", ".join(f"{t:.3f}" for t in times)
     print(f"best of {repeats}: {best:.3f} s = {n / best:,.0f} responses/s (all runs: {runs} s)")
+    print(f"per response: {best / n * 1e6:.0f} us, of which normalising the think text {normalize_s / n * 1e6:.0f} us")
 
 
 if __name__ == "__main__":
