@@ -28,7 +28,9 @@ class RunConfig:
     seed: int = 0
     """Seed of every random generator of the run (data order, sampling, init)."""
     steps: int = 315
-    """Number of steps; a T-GRPO step is one rollout (SPEC §9). 315 in the paper (A.3)."""
+    """Number of steps: an SFT step is one optimiser step, a T-GRPO step one rollout (SPEC §9). 315 in the paper."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model computes: `auto` takes CUDA when available, else the CPU."""
 
     def __post_init__(self):
         bad_name = self.name in ("", ".", "..") or any(c in self.name for c in "/\\")
@@ -36,6 +38,151 @@ class RunConfig:
         require(self.output_dir != "", "output_dir", "expected a directory, got an empty string")
         require(self.seed >= 0, "seed", f"expected >= 0, got {self.seed}")
         require(self.steps >= 1, "steps", f"expected >= 1, got {self.steps}")
+        check_choices(self)
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""
+    """Local Hugging Face causal-LM directory (e.g. Qwen2.5-0.5B-Instruct); empty = a tiny random-init Qwen2
+    built from the keys below, seeded by run.seed."""
+    tokenizer: str = ""
+    """`tiny` (psyrl's small BPE), `qwen2.5` (shipped Qwen2.5 files), or a directory; empty = the model
+    directory's own tokenizer, or `tiny` when `path` is empty."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Compute dtype of forward passes (bf16 autocast on GPU in appendix A.4); master weights stay float32."""
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    """transformers attention kernel."""
+    gradient_checkpointing: bool = False
+    """Recompute decoder-layer activations in the backward pass (less memory, ~30% more compute)."""
+    hidden_size: int = 128
+    """Tiny model only: hidden size."""
+    num_layers: int = 2
+    """Tiny model only: decoder layers."""
+    num_heads: int = 4
+    """Tiny model only: attention heads."""
+    num_kv_heads: int = 2
+    """Tiny model only: key/value heads (grouped-query attention as in Qwen2.5)."""
+    intermediate_size: int = 256
+    """Tiny model only: MLP width."""
+    max_position_embeddings: int = 4096
+    """Tiny model only: longest sequence the rotary embedding is built for."""
+
+    def __post_init__(self):
+        check_choices(self)
+        for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                    "max_position_embeddings"):
+            require(getattr(self, key) >= 1, key, f"expected >= 1, got {getattr(self, key)}")
+        require(self.hidden_size % self.num_heads == 0, "hidden_size",
+                f"expected a multiple of num_heads = {self.num_heads}, got {self.hidden_size}")
+        require(self.num_heads % self.num_kv_heads == 0, "num_kv_heads",
+                f"expected a divisor of num_heads = {self.num_heads}, got {self.num_kv_heads}")
+
+
+@dataclass
+class DataConfig:
+    train_file: str = "data/demo/train.jsonl"
+    """Training records (StimuliQA JSONL, SPEC §6), relative to the working directory."""
+    valid_file: str = "data/demo/test.jsonl"
+    """Held-out StimuliQA records scored at every checkpoint (F1, format, loss); empty = no validation."""
+    valid_items: int = 0
+    """Validate on a fixed seeded sample of this many held-out items; 0 = all of them."""
+    max_length: int = 2048
+    """Longest prompt + response in tokens (A.3/A.4: 2048); longer training examples are dropped and counted."""
+    shuffle: bool = True
+    """Draw training examples in a fresh seeded order every epoch (else file order)."""
+
+    def __post_init__(self):
+        require(self.train_file != "", "train_file", "expected a JSONL file, got an empty string")
+        require(self.valid_items >= 0, "valid_items", f"expected >= 0, got {self.valid_items}")
+        require(self.max_length >= 2, "max_length", f"expected >= 2, got {self.max_length}")
+
+
+@dataclass
+class PromptConfig:
+    mode: Literal["cot", "direct"] = "cot"
+    """Instruction of appendix A.1: `cot` (think, then answer, in tags) or `direct` (answer tag only)."""
+    placement: Literal["user", "system"] = "user"
+    """Where the instruction goes: after the content in the user turn (EasyR1's template, SPEC §5) or as the
+    system message."""
+    options: Literal["paper", "all", "none"] = "paper"
+    """Append a multiple-choice item's options to its question: `paper` = SimpleToM and SocialIQa only (§4.1)."""
+
+    def __post_init__(self):
+        check_choices(self)
+
+
+@dataclass
+class RolloutConfig:
+    max_new_tokens: int = 2048
+    """Longest generated response in tokens (A.3: 2048)."""
+    valid_temperature: float = 0.5
+    """Sampling temperature of validation generations (A.3: 0.5); 0 = greedy."""
+    valid_batch: int = 1024
+    """Prompts generated together during validation (A.3: validation batch 1024)."""
+
+    def __post_init__(self):
+        require(self.max_new_tokens >= 1, "max_new_tokens", f"expected >= 1, got {self.max_new_tokens}")
+        require(self.valid_temperature >= 0, "valid_temperature", f"expected >= 0, got {self.valid_temperature}")
+        require(self.valid_batch >= 1, "valid_batch", f"expected >= 1, got {self.valid_batch}")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    """Peak learning rate of AdamW (A.4 SFT: 1e-5; A.3 GRPO: 1e-6)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay, on matrices only (A.3 GRPO: 1e-2; A.4 states none for SFT)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.999
+    """AdamW beta2."""
+    adam_eps: float = 1e-8
+    """AdamW epsilon."""
+    schedule: Literal["cosine", "constant"] = "cosine"
+    """Learning-rate schedule after the warm-up (A.4 SFT: cosine to 0; A.3 GRPO: constant)."""
+    warmup_ratio: float = 0.1
+    """Linear warm-up over int(warmup_ratio x run.steps) steps (A.4: 10 % = 31 of 315 steps)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (A.3: 1.0); 0 = no clipping (the norm is still logged)."""
+    global_batch: int = 8
+    """Per optimiser step, over all ranks: SFT sequences (A.4: 1 per device x 2 accumulation x 4 GPUs = 8);
+    T-GRPO prompts, each with its G responses (A.3: 128)."""
+    micro_batch: int = 1
+    """Sequences per forward/backward on one rank (A.4 SFT: 1; A.3 update: 4); gradients accumulate."""
+
+    def __post_init__(self):
+        check_choices(self)
+        require(self.lr > 0, "lr", f"expected > 0, got {self.lr}")
+        require(self.weight_decay >= 0, "weight_decay", f"expected >= 0, got {self.weight_decay}")
+        for key in ("beta1", "beta2"):
+            require(0 <= getattr(self, key) < 1, key, f"expected 0 <= {key} < 1, got {getattr(self, key)}")
+        require(self.adam_eps > 0, "adam_eps", f"expected > 0, got {self.adam_eps}")
+        require(0 <= self.warmup_ratio < 1, "warmup_ratio", f"expected 0 <= warmup_ratio < 1, got {self.warmup_ratio}")
+        require(self.grad_clip >= 0, "grad_clip", f"expected >= 0, got {self.grad_clip}")
+        require(self.global_batch >= 1, "global_batch", f"expected >= 1, got {self.global_batch}")
+        require(self.micro_batch >= 1, "micro_batch", f"expected >= 1, got {self.micro_batch}")
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0
+    """Every this many steps: validate and save `checkpoints/step-N/` (an HF export + validation.json);
+    0 = only the final export at `hf/`. Appendix B picks the SFT checkpoint with the median F1."""
+
+    def __post_init__(self):
+        require(self.every >= 0, "every", f"expected >= 0, got {self.every}")
+
+
+@dataclass
+class LogConfig:
+    every: int = 1
+    """Print the one-line step summary every this many steps (`metrics.jsonl` gets every step)."""
+    progress: bool = True
+    """Show tqdm progress bars (rank 0)."""
+
+    def __post_init__(self):
+        require(self.every >= 1, "every", f"expected >= 1, got {self.every}")
 
 
 @dataclass
@@ -123,10 +270,17 @@ class LossConfig:
 @dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    prompt: PromptConfig = field(default_factory=PromptConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:

@@ -1,0 +1,137 @@
+"""Models and tokenizers: a local Hugging Face causal LM or a tiny seeded Qwen2, and memory-bounded log-probs.
+
+`token_logprobs` is the one place a policy's token log-probabilities are computed (SFT loss,
+T-GRPO's logp_old / logp_ref / logp_theta): the LM head and log-softmax run in chunks of rows and
+each chunk is recomputed in the backward pass, so full-vocabulary fp32 logits never exist for a
+whole batch (vocab 151,936 x 8 x 256 tokens: ~1.2 GiB per copy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from importlib import resources
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+from psyrl.config import ModelConfig
+
+SHIPPED_TOKENIZERS = ("tiny", "qwen2.5")
+LOGPROB_CHUNK = 256  # rows per chunk: [256, 151936] fp32 logits are 156 MB
+
+
+def shipped_tokenizer_dir(name: str) -> Path:
+    """Directory of a tokenizer that ships inside the package (`tiny` or `qwen2.5`)."""
+    if name not in SHIPPED_TOKENIZERS:
+        raise ValueError(f"unknown shipped tokenizer {name!r}; expected one of {', '.join(SHIPPED_TOKENIZERS)}")
+    return Path(str(resources.files("psyrl") / "assets" / "tokenizers" / name))
+
+
+def _model_dir(path: str) -> Path:
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise FileNotFoundError(f"no such model directory: {p} (model.path must be a local Hugging Face "
+                                "model directory; psyrl never downloads from the hub)")
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"{p} is not a Hugging Face model directory: it has no config.json")
+    return p
+
+
+def load_tokenizer(cfg: ModelConfig):
+    """The tokenizer `model.tokenizer` names (see its docstring); padding on the left for generation."""
+    name = cfg.tokenizer or ("tiny" if not cfg.path else "")
+    if name in SHIPPED_TOKENIZERS:
+        directory = shipped_tokenizer_dir(name)
+    elif name:
+        directory = Path(name).expanduser()
+    else:
+        directory = _model_dir(cfg.path)
+    if not directory.is_dir():  # else transformers would try the hub and report a confusing repo-id error
+        raise FileNotFoundError(f"no such tokenizer directory: {directory} (model.tokenizer is "
+                                f"{', '.join(SHIPPED_TOKENIZERS)}, a directory, or empty)")
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None or tokenizer.chat_template is None:
+        raise ValueError(f"tokenizer in {directory} needs a pad token, an eos token and a chat template")
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def tiny_config(cfg: ModelConfig, tokenizer) -> Qwen2Config:
+    """A Qwen2 architecture of the configured size; vocabulary padded to a multiple of 64 as Qwen2.5 pads."""
+    return Qwen2Config(
+        vocab_size=-(-len(tokenizer) // 64) * 64,
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def load_model(cfg: ModelConfig, tokenizer, seed: int = 0, device: str | torch.device = "cpu"):
+    """Float32 master weights: from `model.path`, or a tiny Qwen2 whose random init depends only on `seed`."""
+    if cfg.path:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(_model_dir(cfg.path)), dtype=torch.float32, attn_implementation=cfg.attn_implementation
+        )
+    else:
+        with torch.random.fork_rng(devices=[]):  # seeded init that leaves the caller's RNG untouched
+            torch.manual_seed(seed)
+            model = Qwen2ForCausalLM._from_config(
+                tiny_config(cfg, tokenizer), dtype=torch.float32, attn_implementation=cfg.attn_implementation
+            )
+    if model.get_output_embeddings().weight.shape[0] < len(tokenizer):
+        raise ValueError(f"the model's vocabulary ({model.get_output_embeddings().weight.shape[0]}) is smaller "
+                         f"than the tokenizer's ({len(tokenizer)})")
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.to(device)
+
+
+def autocast(cfg: ModelConfig, device: torch.device):
+    """bf16 autocast when `model.dtype = "bfloat16"` (weights stay fp32), else a no-op context."""
+    if cfg.dtype == "bfloat16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _chunk_logprobs(hidden, weight, bias, targets, temperature: float):
+    logits = F.linear(hidden, weight, bias).float() / temperature  # [rows, V]
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [rows]
+
+
+def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, positions=None,
+                   chunk: int = LOGPROB_CHUNK):
+    """log softmax(logits / T) over the full vocabulary: out[b, t] = log p(ids[b, t+1] | ids[b, :t+1]).
+
+    input_ids, attention_mask: [B, T]; positions: [B, T-1] bool, the targets to score (default: every
+    non-padding target); returns float32 [B, T-1], 0 where positions is False.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for log-probabilities, got {temperature}")
+    if positions is None:
+        positions = attention_mask[:, 1:].bool()  # [B, T-1]
+    decoder = model.get_decoder()
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state  # [B,T,H]
+    rows = hidden[:, :-1][positions]  # [N, H]
+    targets = input_ids[:, 1:][positions]  # [N]
+    head = model.get_output_embeddings()
+    pieces = []
+    for start in range(0, rows.shape[0], chunk):
+        args = (rows[start:start + chunk], head.weight, head.bias, targets[start:start + chunk], temperature)
+        if torch.is_grad_enabled():  # recompute the chunk's logits in backward instead of keeping them
+            pieces.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
+        else:
+            pieces.append(_chunk_logprobs(*args))
+    values = torch.cat(pieces) if pieces else rows.new_zeros(0, dtype=torch.float32)  # [N]
+    return torch.zeros(positions.shape, dtype=torch.float32, device=values.device).masked_scatter(positions, values)
