@@ -8,7 +8,10 @@ from pathlib import Path
 
 import click
 
+from psyrl.checkpoint import select_checkpoint
 from psyrl.config import ConfigError, config_reference, dump_config, load_config
+from psyrl.data import DataError, load_records
+from psyrl.demo_data import demo_data_command
 
 README_START, README_END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 
@@ -56,6 +59,57 @@ def reference(write_readme):
         raise click.ClickException(f"{path}: markers {README_START} ... {README_END} not found")
     path.write_text(pattern.sub(lambda _: f"{README_START}\n{text}\n{README_END}", readme), encoding="utf-8")
     click.echo(f"wrote the config reference into {path}", err=True)
+
+
+@main.group()
+def data():
+    """Validate data files (StimuliQA records, benchmark items)."""
+
+
+@data.command("check")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(dir_okay=False))
+def data_check(paths):
+    """Validate JSONL files line by line (schema from the first record); print the record count of each."""
+    failed = False
+    for path in paths:
+        try:
+            records = load_records(path)
+        except DataError as e:
+            click.echo(str(e), err=True)
+            failed = True
+            continue
+        click.echo(f"{path}: {len(records)} {type(records[0]).__name__} records, all valid")
+    if failed:
+        raise SystemExit(1)
+
+
+@main.command("select-checkpoint")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--rule", type=click.Choice(["median", "best", "last"]), default="median", show_default=True,
+              help="median = appendix B's choice for the GRPO start: the checkpoint with the median valid F1.")
+def select_checkpoint_command(run_dir, rule):
+    """Print the HF directory of the chosen SFT checkpoint (by validation F1) of a train_sft.py run."""
+    try:
+        step, score, path = select_checkpoint(run_dir, rule)
+    except FileNotFoundError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"step {step}: valid F1 {score:.4f}", err=True)
+    click.echo(path / "hf")
+
+
+@main.command("tiny-tokenizer")
+@click.option("--demo-dir", default="data/demo", show_default=True, type=click.Path(file_okay=False),
+              help="Demo set whose texts train the BPE.")
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="Output directory (default: the copy shipped in psyrl/assets/tokenizers/tiny).")
+def tiny_tokenizer_command(demo_dir, out):
+    """Rebuild psyrl's small tokenizer (Qwen2.5 special tokens and chat template, ~4k BPE vocabulary)."""
+    from psyrl.tiny_tokenizer import build_shipped  # trains a BPE: only when asked
+
+    click.echo(f"wrote {build_shipped(demo_dir, out)}")
+
+
+main.add_command(demo_data_command)
 
 
 if __name__ == "__main__":

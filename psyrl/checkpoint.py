@@ -1,0 +1,72 @@
+"""What a run leaves on disk: Hugging Face exports written atomically, and the appendix-B checkpoint choice.
+
+Every directory is written under a temporary name and renamed into place, so a crash mid-save never
+leaves a half-written export that is later loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+from pathlib import Path
+
+CHECKPOINT_GLOB = "step-*"
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    old = final.with_name(final.name + ".old")
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def export_hf(model, tokenizer, out_dir: str | Path) -> Path:
+    """config.json, safetensors weights, generation config and tokenizer files: loadable as they are by
+    `transformers.AutoModelForCausalLM.from_pretrained` (and by vLLM)."""
+    out = Path(out_dir)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    tokenizer.save_pretrained(str(tmp))
+    _replace_dir(tmp, out)
+    return out
+
+
+def write_json(path: str | Path, obj) -> None:
+    """JSON written to a temporary file then renamed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def checkpoint_scores(run_dir: str | Path, metric: str = "valid/f1") -> list[tuple[int, float, Path]]:
+    """(step, score, directory) of every checkpoint with a validation.json, by step."""
+    found = []
+    for d in Path(run_dir, "checkpoints").glob(CHECKPOINT_GLOB):
+        scores = d / "validation.json"
+        if d.is_dir() and scores.is_file():
+            found.append((int(d.name.split("-", 1)[1]), json.loads(scores.read_text())[metric], d))
+    return sorted(found)
+
+
+def select_checkpoint(run_dir: str | Path, rule: str = "median", metric: str = "valid/f1") -> tuple[int, float, Path]:
+    """Appendix B: GRPO starts from "the SFT checkpoint that achieves the median F1". `median` takes the lower
+    median of the scores (a real checkpoint; the earlier step on ties); `best` the highest; `last` the latest."""
+    scores = checkpoint_scores(run_dir, metric)
+    if not scores:
+        raise FileNotFoundError(f"{run_dir}: no checkpoints/step-N/validation.json (set checkpoint.every > 0)")
+    if rule == "last":
+        return scores[-1]
+    if rule == "best":
+        return max(scores, key=lambda s: (s[1], -s[0]))
+    if rule != "median":
+        raise ValueError(f"unknown rule {rule!r}; expected median, best or last")
+    by_score = sorted(scores, key=lambda s: (s[1], s[0]))
+    target = statistics.median_low([s[1] for s in by_score])
+    return next(s for s in by_score if s[1] == target)

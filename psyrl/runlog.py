@@ -1,0 +1,50 @@
+"""Run logging: `metrics.jsonl` (one JSON object per step, flushed) and the fixed-format console line."""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import sys
+from pathlib import Path
+
+import torch
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak accelerator memory on CUDA, else the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return kib / (2**30 if sys.platform == "darwin" else 2**20)
+
+
+class MetricsFile:
+    """Appends one JSON line per call and flushes it, so a crash loses nothing already logged."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = self.path.open("a", encoding="utf-8")
+
+    def write(self, row: dict) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        self._f.write(json.dumps(clean) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    with Path(path).open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def step_line(row: dict, fields: list[tuple[str, str, str]]) -> str:
+    """`step 12/315 | loss 2.3456 | ...` from (label, key, format spec) triples; missing keys are skipped."""
+    parts = [f"step {row['step']}/{row['steps']}"]
+    for label, key, spec in fields:
+        if row.get(key) is not None:
+            parts.append(f"{label} {row[key]:{spec}}")
+    return " | ".join(parts)

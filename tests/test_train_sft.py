@@ -1,0 +1,81 @@
+"""`train_sft.py` end to end on a tiny model: it learns, exports, and refuses bad input before training."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from psyrl.config import load_config
+from psyrl.runlog import read_metrics
+
+SHORT = [  # a smaller, shorter version of configs/sft/tiny.toml
+    "model.hidden_size=64", "model.num_layers=2", "model.intermediate_size=128", "run.steps=60", "optim.lr=3e-3",
+    "optim.global_batch=8", "optim.micro_batch=4", "checkpoint.every=20", "data.valid_items=16",
+    "rollout.max_new_tokens=24", "rollout.valid_batch=16", "log.progress=false",
+]
+
+
+def run_sft(tmp_path, *extra, config="configs/sft/tiny.toml"):
+    sets = [f"run.output_dir={json.dumps(str(tmp_path / 'runs'))}", *SHORT, *extra]
+    args = [sys.executable, "train_sft.py", "--config", config] + [a for s in sets for a in ("--set", s)]
+    return subprocess.run(args, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_tiny_sft_learns_and_exports(tmp_path):
+    result = run_sft(tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "runs" / "tiny-sft"
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(61))
+    first, last = rows[0], rows[-1]
+    # measured here: valid loss 8.19 (untrained, ~ln 3520) -> 4.13 after 60 steps (F1 needs longer: README)
+    assert last["valid/loss"] < first["valid/loss"] - 3.0, (first, last)
+    assert all(r["train/skipped_updates"] == 0 for r in rows[1:])
+    assert "step 60/60 | loss" in result.stdout and "median-F1 checkpoint" in result.stdout
+
+    resolved = load_config(run / "config.resolved.toml")
+    assert resolved.run.steps == 60 and resolved.model.hidden_size == 64
+    for step in (20, 40, 60):
+        scores = json.loads((run / "checkpoints" / f"step-{step}" / "validation.json").read_text())
+        assert scores["step"] == step and 0 <= scores["valid/f1"] <= 1
+        lines = (run / "checkpoints" / f"step-{step}" / "validation.jsonl").read_text().splitlines()
+        assert len(lines) == 16 and {"id", "answer", "response", "tokens"} <= json.loads(lines[0]).keys()
+
+    final = AutoModelForCausalLM.from_pretrained(run / "hf")
+    last_checkpoint = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step-60" / "hf")
+    ids = torch.arange(3, 40)[None]
+    with torch.no_grad():
+        assert torch.equal(final(ids).logits, last_checkpoint(ids).logits)
+
+    chosen = subprocess.run([sys.executable, "-m", "psyrl.cli", "select-checkpoint", str(run)],
+                            capture_output=True, text=True)
+    assert chosen.returncode == 0 and Path(chosen.stdout.strip()).parent.parent == run / "checkpoints"
+
+    again = run_sft(tmp_path)  # an existing run is never overwritten silently
+    assert again.returncode != 0 and "--overwrite" in again.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("content, expected", [
+    ('{"id": "a", "stimuli": "s"\n', ":1: invalid JSON"),
+    ('{"id": "a", "stimuli": "s", "question": "q", "answer": "a", "variable": "v", "dimension": '
+     '"emotional reactions", "subdimension": "specific emotions", "reasoning": 5}\n', ":1: key 'reasoning': expected"),
+    ("", "holds no records"),
+])
+def test_bad_training_data_trains_nothing(tmp_path, content, expected):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(content)
+    result = run_sft(tmp_path, f"data.train_file={json.dumps(str(bad))}")
+    assert result.returncode != 0
+    assert str(bad) in result.stderr and expected in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_help_explains():
+    out = subprocess.run([sys.executable, "train_sft.py", "--help"], capture_output=True, text=True).stdout
+    assert "--config" in out and "--set" in out and "--overwrite" in out

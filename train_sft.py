@@ -1,0 +1,170 @@
+"""SFT / knowledge injection (paper §4.1 "Implementation Details", appendix A.4, appendix B).
+
+    python train_sft.py --config configs/sft/tiny.toml [--set table.key=value ...]
+
+Loss on response tokens only (the SFT target of SPEC §6 plus the end-of-turn token), normalised by
+the response-token count of the whole optimiser step; AdamW; linear warm-up then cosine; gradient
+clipping; a non-finite gradient norm skips the update and is logged. Every `checkpoint.every` steps
+the model is validated on held-out items (F1, format, loss) and exported to
+`runs/<name>/checkpoints/step-N/hf/`; appendix B starts GRPO from the checkpoint with the median F1
+(`psyrl select-checkpoint runs/<name>`). The final export is `runs/<name>/hf/`.
+Departures from the paper's stack (LLaMA-Factory + DeepSpeed ZeRO-3): the loss is a token mean over
+the whole optimiser step rather than per micro-batch; over-long examples are dropped, not truncated.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import click
+import torch
+import transformers
+from tqdm import tqdm
+
+from psyrl.checkpoint import export_hf, select_checkpoint, write_json
+from psyrl.config import ConfigError, dump_config, load_config
+from psyrl.data import Cursor, DataError, load_stimuliqa, next_indices
+from psyrl.model import autocast, load_model, load_tokenizer, token_logprobs
+from psyrl.optim import build_optimizer, clipped_step, lr_factor, set_lr
+from psyrl.runlog import MetricsFile, peak_memory_gib, step_line
+from psyrl.sft import build_examples, collate, response_tokens, sft_loss
+from psyrl.validation import sample_items, validate
+
+LINE_FIELDS = [("loss", "train/loss", ".4f"), ("grad", "train/grad_norm", ".3f"), ("lr", "train/lr", ".2e"),
+               ("tok/s", "perf/tokens_per_s", ".0f"), ("peak GiB", "perf/peak_mem_gib", ".2f"),
+               ("valid f1", "valid/f1", ".4f"), ("valid loss", "valid/loss", ".4f")]
+
+
+def say(line: str) -> None:
+    """One console line that does not break the progress bar, flushed (logs are read while a run goes)."""
+    tqdm.write(line, file=sys.stdout)
+    sys.stdout.flush()
+
+
+def resolve_device(choice: str) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("run.device = 'cuda' but no CUDA device is available")
+    return torch.device("cuda" if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()) else "cpu")
+
+
+def save_checkpoint(run_dir: Path, step: int, model, tokenizer, metrics: dict, outputs, records) -> None:
+    final = run_dir / "checkpoints" / f"step-{step}"
+    tmp = final.with_name(f".{final.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    export_hf(model, tokenizer, tmp / "hf")
+    with (tmp / "validation.jsonl").open("w", encoding="utf-8") as f:  # what the model wrote, for people to read
+        for r, (ids, text) in zip(records, outputs):
+            f.write(json.dumps({"id": r.id, "answer": r.answer, "response": text, "tokens": len(ids)}) + "\n")
+    write_json(tmp / "validation.json", {"step": step, **metrics})
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True,
+              help="TOML run config, e.g. configs/sft/tiny.toml.")
+@click.option("--set", "overrides", multiple=True, metavar="TABLE.KEY=VALUE", help="Override one key; repeatable.")
+@click.option("--overwrite", is_flag=True, help="Delete an existing runs/<name>/ and start over.")
+def main(config_path, overrides, overwrite):
+    """Supervised fine-tuning on StimuliQA-format records (SFT target: <think>reasoning</think><answer>…)."""
+    transformers.utils.logging.disable_progress_bar()  # no per-save bars inside psyrl's own progress bar
+    # ---------------------------------------------------------------- setup
+    try:
+        cfg = load_config(config_path, overrides)
+        device = resolve_device(cfg.run.device)
+        train_records = load_stimuliqa(cfg.data.train_file)
+        valid_records = load_stimuliqa(cfg.data.valid_file) if cfg.data.valid_file else []
+    except (ConfigError, DataError) as e:
+        raise click.ClickException(str(e)) from None
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    if (run_dir / "metrics.jsonl").exists():
+        if not overwrite:
+            raise click.ClickException(f"{run_dir} already holds a run; pass --overwrite to start over")
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.resolved.toml").write_text(dump_config(cfg), encoding="utf-8")
+
+    tokenizer = load_tokenizer(cfg.model)
+    model = load_model(cfg.model, tokenizer, seed=cfg.run.seed, device=device)
+    model.train()
+    examples, counts = build_examples(train_records, tokenizer, cfg.prompt, cfg.data.max_length)
+    if not examples:
+        raise click.ClickException(f"{cfg.data.train_file}: no usable training example ({counts})")
+    valid_records = sample_items(valid_records, cfg.data.valid_items, cfg.run.seed)
+    optimizer = build_optimizer(model, cfg.optim)
+    amp = autocast(cfg.model, device)
+    steps, batch, micro = cfg.run.steps, cfg.optim.global_batch, cfg.optim.micro_batch
+    params = sum(p.numel() for p in model.parameters())
+    print(f"sft: {params / 1e6:.2f}M parameters on {device}; {counts['kept']} training examples "
+          f"(skipped: {counts['no_reasoning']} without reasoning, {counts['too_long']} over "
+          f"{cfg.data.max_length} tokens); {len(valid_records)} validation items; {steps} steps of {batch} "
+          f"sequences; run directory {run_dir}", flush=True)
+
+    metrics_file = MetricsFile(run_dir / "metrics.jsonl")
+    cursor, skipped_updates = Cursor(), 0
+    bar = tqdm(total=steps, desc="sft", unit="step", disable=not cfg.log.progress, file=sys.stdout)
+
+    def checkpoint_step(step: int, row: dict) -> None:
+        if not valid_records:
+            return
+        metrics, outputs = validate(model, tokenizer, valid_records, cfg, device)
+        row.update(metrics)
+        save_checkpoint(run_dir, step, model, tokenizer, metrics, outputs, valid_records)
+
+    if valid_records:  # the untrained model's scores: the baseline every later row is compared with
+        metrics, _ = validate(model, tokenizer, valid_records, cfg, device)
+        metrics_file.write({"step": 0, "steps": steps, **metrics})
+        say(step_line({"step": 0, "steps": steps, **metrics}, LINE_FIELDS))
+
+    for step in range(1, steps + 1):
+        # ---------------------------------------------------------------- one optimiser step
+        t0 = time.perf_counter()
+        lr = cfg.optim.lr * lr_factor(step - 1, cfg.optim, steps)
+        set_lr(optimizer, lr)
+        indices, cursor = next_indices(cursor, len(examples), batch, cfg.run.seed, cfg.data.shuffle)
+        step_examples = [examples[i] for i in indices]
+        normalizer = response_tokens(step_examples)  # global: the gradient does not depend on micro-batching
+        loss_sum = 0.0
+        for start in range(0, len(step_examples), micro):
+            input_ids, attention_mask, loss_mask = collate(step_examples[start:start + micro], tokenizer.pad_token_id)
+            input_ids, attention_mask, loss_mask = input_ids.to(device), attention_mask.to(device), loss_mask.to(device)
+            with amp:
+                logp = token_logprobs(model, input_ids, attention_mask, 1.0, loss_mask)  # [b, T-1]
+            loss = sft_loss(logp, loss_mask, normalizer)
+            loss.backward()
+            loss_sum += loss.item()
+        grad_norm, applied = clipped_step(model, optimizer, cfg.optim.grad_clip)
+        if not applied:
+            skipped_updates += 1
+            say(f"step {step}: non-finite gradient norm {grad_norm}; update skipped")
+        elapsed = time.perf_counter() - t0
+
+        # ---------------------------------------------------------------- log, validate, export
+        row = {"step": step, "steps": steps, "train/loss": loss_sum, "train/grad_norm": grad_norm, "train/lr": lr,
+               "train/tokens": sum(len(e.input_ids) for e in step_examples), "train/response_tokens": normalizer,
+               "train/skipped_updates": skipped_updates, "data/epoch": cursor.epoch,
+               "perf/step_s": elapsed, "perf/peak_mem_gib": peak_memory_gib(device)}
+        row["perf/tokens_per_s"] = row["train/tokens"] / elapsed
+        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 or step == steps:
+            checkpoint_step(step, row)
+        metrics_file.write(row)
+        bar.update(1)
+        if step % cfg.log.every == 0 or step == steps:
+            say(step_line(row, LINE_FIELDS))
+    bar.close()
+    metrics_file.close()
+
+    # ---------------------------------------------------------------- final export
+    export_hf(model, tokenizer, run_dir / "hf")
+    print(f"sft: done; final model in {run_dir / 'hf'}", flush=True)
+    if valid_records and cfg.checkpoint.every:
+        step, score, path = select_checkpoint(run_dir, "median")
+        print(f"sft: median-F1 checkpoint (appendix B): step {step}, valid F1 {score:.4f}, {path / 'hf'}")
+
+
+if __name__ == "__main__":
+    main()
