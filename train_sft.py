@@ -14,6 +14,7 @@ the whole optimiser step rather than per micro-batch; over-long examples are dro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
@@ -25,7 +26,7 @@ import torch
 import transformers
 from tqdm import tqdm
 
-from psyrl.checkpoint import export_hf, select_checkpoint, write_json
+from psyrl.checkpoint import export_hf, json_text, save_checkpoint, select_checkpoint, tidy
 from psyrl.config import ConfigError, dump_config, load_config
 from psyrl.data import Cursor, DataError, load_stimuliqa, next_indices
 from psyrl.model import autocast, load_model, load_tokenizer, token_logprobs
@@ -51,17 +52,10 @@ def resolve_device(choice: str) -> torch.device:
     return torch.device("cuda" if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()) else "cpu")
 
 
-def save_checkpoint(run_dir: Path, step: int, model, tokenizer, metrics: dict, outputs, records) -> None:
-    final = run_dir / "checkpoints" / f"step-{step}"
-    tmp = final.with_name(f".{final.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    export_hf(model, tokenizer, tmp / "hf")
-    with (tmp / "validation.jsonl").open("w", encoding="utf-8") as f:  # what the model wrote, for people to read
-        for r, (ids, text) in zip(records, outputs):
-            f.write(json.dumps({"id": r.id, "answer": r.answer, "response": text, "tokens": len(ids)}) + "\n")
-    write_json(tmp / "validation.json", {"step": step, **metrics})
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+def validation_lines(records, outputs) -> str:
+    """What the model wrote for each held-out item, one JSON object per line, for people to read."""
+    return "".join(json.dumps({"id": r.id, "answer": r.answer, "response": text, "tokens": len(ids)}) + "\n"
+                   for r, (ids, text) in zip(records, outputs))
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -72,98 +66,105 @@ def save_checkpoint(run_dir: Path, step: int, model, tokenizer, metrics: dict, o
 def main(config_path, overrides, overwrite):
     """Supervised fine-tuning on StimuliQA-format records (SFT target: <think>reasoning</think><answer>…)."""
     transformers.utils.logging.disable_progress_bar()  # no per-save bars inside psyrl's own progress bar
-    # ---------------------------------------------------------------- setup
+    # ---------------------------------------------------------------- setup: everything checked before any write
     try:
         cfg = load_config(config_path, overrides)
         device = resolve_device(cfg.run.device)
         train_records = load_stimuliqa(cfg.data.train_file)
         valid_records = load_stimuliqa(cfg.data.valid_file) if cfg.data.valid_file else []
-    except (ConfigError, DataError) as e:
+        tokenizer = load_tokenizer(cfg.model)
+        model = load_model(cfg.model, tokenizer, seed=cfg.run.seed, device=device)
+    except (ConfigError, DataError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
+    examples, counts = build_examples(train_records, tokenizer, cfg.prompt, cfg.data.max_length)
+    if not examples:
+        raise click.ClickException(f"{cfg.data.train_file}: no usable training example ({counts})")
+    valid_records = sample_items(valid_records, cfg.data.valid_items, cfg.run.seed)
+    shared = {r.id for r in train_records} & {r.id for r in valid_records}
+    if shared:
+        say(f"warning: {len(shared)} validation id(s) are also training ids (e.g. {min(shared)}): not held out")
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
     if (run_dir / "metrics.jsonl").exists():
         if not overwrite:
             raise click.ClickException(f"{run_dir} already holds a run; pass --overwrite to start over")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.resolved.toml").write_text(dump_config(cfg), encoding="utf-8")
+    tidy(run_dir)
+    resolved = dump_config(cfg)
+    (run_dir / "config.resolved.toml").write_text(resolved, encoding="utf-8")
 
-    tokenizer = load_tokenizer(cfg.model)
-    model = load_model(cfg.model, tokenizer, seed=cfg.run.seed, device=device)
     model.train()
-    examples, counts = build_examples(train_records, tokenizer, cfg.prompt, cfg.data.max_length)
-    if not examples:
-        raise click.ClickException(f"{cfg.data.train_file}: no usable training example ({counts})")
-    valid_records = sample_items(valid_records, cfg.data.valid_items, cfg.run.seed)
     optimizer = build_optimizer(model, cfg.optim)
     amp = autocast(cfg.model, device)
     steps, batch, micro = cfg.run.steps, cfg.optim.global_batch, cfg.optim.micro_batch
     params = sum(p.numel() for p in model.parameters())
-    print(f"sft: {params / 1e6:.2f}M parameters on {device}; {counts['kept']} training examples "
-          f"(skipped: {counts['no_reasoning']} without reasoning, {counts['too_long']} over "
-          f"{cfg.data.max_length} tokens); {len(valid_records)} validation items; {steps} steps of {batch} "
-          f"sequences; run directory {run_dir}", flush=True)
+    say(f"sft: {params / 1e6:.2f}M parameters on {device}; {counts['kept']} training examples "
+        f"(skipped: {counts['no_reasoning']} without reasoning, {counts['too_long']} over "
+        f"{cfg.data.max_length} tokens); {len(valid_records)} validation items; {steps} steps of {batch} "
+        f"sequences; run directory {run_dir}")
 
-    metrics_file = MetricsFile(run_dir / "metrics.jsonl")
-    cursor, skipped_updates = Cursor(), 0
-    bar = tqdm(total=steps, desc="sft", unit="step", disable=not cfg.log.progress, file=sys.stdout)
+    with contextlib.ExitStack() as stack:  # the metrics file and the bar close on any exit
+        metrics_file = stack.enter_context(contextlib.closing(MetricsFile(run_dir / "metrics.jsonl")))
+        bar = stack.enter_context(tqdm(total=steps, desc="sft", unit="step", disable=not cfg.log.progress,
+                                       file=sys.stdout))
+        cursor, skipped_updates = Cursor(), 0
+        if valid_records:  # the untrained model's scores: the baseline every later row is compared with
+            metrics, _ = validate(model, tokenizer, valid_records, cfg, device, cfg.log.progress)
+            metrics_file.write({"step": 0, "steps": steps, **metrics})
+            say(step_line({"step": 0, "steps": steps, **metrics}, LINE_FIELDS))
 
-    def checkpoint_step(step: int, row: dict) -> None:
-        if not valid_records:
-            return
-        metrics, outputs = validate(model, tokenizer, valid_records, cfg, device)
-        row.update(metrics)
-        save_checkpoint(run_dir, step, model, tokenizer, metrics, outputs, valid_records)
+        for step in range(1, steps + 1):
+            # ---------------------------------------------------------------- one optimiser step
+            t0 = time.perf_counter()
+            lr = cfg.optim.lr * lr_factor(step - 1, cfg.optim, steps)
+            set_lr(optimizer, lr)
+            indices, cursor = next_indices(cursor, len(examples), batch, cfg.run.seed, cfg.data.shuffle)
+            step_examples = [examples[i] for i in indices]
+            normalizer = response_tokens(step_examples)  # global: the gradient does not depend on micro-batching
+            loss_sum = 0.0
+            for start in range(0, len(step_examples), micro):
+                input_ids, attention_mask, loss_mask = collate(step_examples[start:start + micro],
+                                                               tokenizer.pad_token_id)
+                input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+                loss_mask = loss_mask.to(device)
+                with amp:
+                    logp = token_logprobs(model, input_ids, attention_mask, 1.0, loss_mask)  # [b, T-1]
+                loss = sft_loss(logp, loss_mask, normalizer)
+                loss.backward()
+                loss_sum += loss.item()
+            grad_norm, applied = clipped_step(model, optimizer, cfg.optim.grad_clip)
+            if not applied:
+                skipped_updates += 1
+                say(f"step {step}: non-finite gradient norm {grad_norm}; update skipped")
+            elapsed = time.perf_counter() - t0
 
-    if valid_records:  # the untrained model's scores: the baseline every later row is compared with
-        metrics, _ = validate(model, tokenizer, valid_records, cfg, device)
-        metrics_file.write({"step": 0, "steps": steps, **metrics})
-        say(step_line({"step": 0, "steps": steps, **metrics}, LINE_FIELDS))
-
-    for step in range(1, steps + 1):
-        # ---------------------------------------------------------------- one optimiser step
-        t0 = time.perf_counter()
-        lr = cfg.optim.lr * lr_factor(step - 1, cfg.optim, steps)
-        set_lr(optimizer, lr)
-        indices, cursor = next_indices(cursor, len(examples), batch, cfg.run.seed, cfg.data.shuffle)
-        step_examples = [examples[i] for i in indices]
-        normalizer = response_tokens(step_examples)  # global: the gradient does not depend on micro-batching
-        loss_sum = 0.0
-        for start in range(0, len(step_examples), micro):
-            input_ids, attention_mask, loss_mask = collate(step_examples[start:start + micro], tokenizer.pad_token_id)
-            input_ids, attention_mask, loss_mask = input_ids.to(device), attention_mask.to(device), loss_mask.to(device)
-            with amp:
-                logp = token_logprobs(model, input_ids, attention_mask, 1.0, loss_mask)  # [b, T-1]
-            loss = sft_loss(logp, loss_mask, normalizer)
-            loss.backward()
-            loss_sum += loss.item()
-        grad_norm, applied = clipped_step(model, optimizer, cfg.optim.grad_clip)
-        if not applied:
-            skipped_updates += 1
-            say(f"step {step}: non-finite gradient norm {grad_norm}; update skipped")
-        elapsed = time.perf_counter() - t0
-
-        # ---------------------------------------------------------------- log, validate, export
-        row = {"step": step, "steps": steps, "train/loss": loss_sum, "train/grad_norm": grad_norm, "train/lr": lr,
-               "train/tokens": sum(len(e.input_ids) for e in step_examples), "train/response_tokens": normalizer,
-               "train/skipped_updates": skipped_updates, "data/epoch": cursor.epoch,
-               "perf/step_s": elapsed, "perf/peak_mem_gib": peak_memory_gib(device)}
-        row["perf/tokens_per_s"] = row["train/tokens"] / elapsed
-        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 or step == steps:
-            checkpoint_step(step, row)
-        metrics_file.write(row)
-        bar.update(1)
-        if step % cfg.log.every == 0 or step == steps:
-            say(step_line(row, LINE_FIELDS))
-    bar.close()
-    metrics_file.close()
+            # ---------------------------------------------------------------- log, validate, checkpoint
+            row = {"step": step, "steps": steps, "train/loss": loss_sum, "train/grad_norm": grad_norm,
+                   "train/lr": lr, "train/tokens": sum(len(e.input_ids) for e in step_examples),
+                   "train/response_tokens": normalizer, "train/skipped_updates": skipped_updates,
+                   "data/epoch": cursor.epoch, "perf/step_s": elapsed, "perf/peak_mem_gib": peak_memory_gib(device)}
+            row["perf/tokens_per_s"] = row["train/tokens"] / elapsed
+            save = cfg.checkpoint.every > 0 and (step % cfg.checkpoint.every == 0 or step == steps)
+            if valid_records and (save or step == steps):
+                metrics, outputs = validate(model, tokenizer, valid_records, cfg, device, cfg.log.progress)
+                row.update(metrics)
+            if save:
+                files = {"config.resolved.toml": resolved}
+                if valid_records:
+                    files["validation.json"] = json_text({"step": step, **metrics})
+                    files["validation.jsonl"] = validation_lines(valid_records, outputs)
+                save_checkpoint(run_dir, step, model, tokenizer, files)
+            metrics_file.write(row)
+            bar.update(1)
+            if step % cfg.log.every == 0 or step == steps:
+                say(step_line(row, LINE_FIELDS))
 
     # ---------------------------------------------------------------- final export
     export_hf(model, tokenizer, run_dir / "hf")
-    print(f"sft: done; final model in {run_dir / 'hf'}", flush=True)
+    say(f"sft: done; final model in {run_dir / 'hf'}")
     if valid_records and cfg.checkpoint.every:
         step, score, path = select_checkpoint(run_dir, "median")
-        print(f"sft: median-F1 checkpoint (appendix B): step {step}, valid F1 {score:.4f}, {path / 'hf'}")
+        say(f"sft: median-F1 checkpoint (appendix B): step {step}, valid F1 {score:.4f}, {path / 'hf'}")
 
 
 if __name__ == "__main__":

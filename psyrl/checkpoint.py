@@ -15,7 +15,15 @@ from pathlib import Path
 CHECKPOINT_GLOB = "step-*"
 
 
+def _temporary(final: Path) -> Path:
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return tmp
+
+
 def _replace_dir(tmp: Path, final: Path) -> None:
+    """Move a finished directory into place. The previous version is renamed to `<name>.old` first and deleted
+    last: at every instant one complete version exists under `final` or `<name>.old` (`tidy` restores it)."""
     old = final.with_name(final.name + ".old")
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
@@ -24,16 +32,48 @@ def _replace_dir(tmp: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def tidy(directory: str | Path) -> None:
+    """After a crash: delete unfinished `.<name>.tmp-<pid>` directories and files; put back a `<name>.old`
+    whose replacement never arrived."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return
+    for path in sorted(directory.rglob(".*.tmp-*")):
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    for old in sorted(directory.rglob("*.old")):
+        final = old.with_name(old.name[: -len(".old")])
+        if final.exists():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.rename(final)
+
+
+def _save_hf(model, tokenizer, directory: Path) -> None:
+    model.save_pretrained(str(directory), safe_serialization=True)
+    tokenizer.save_pretrained(str(directory))
+
+
 def export_hf(model, tokenizer, out_dir: str | Path) -> Path:
     """config.json, safetensors weights, generation config and tokenizer files: loadable as they are by
     `transformers.AutoModelForCausalLM.from_pretrained` (and by vLLM)."""
     out = Path(out_dir)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp), safe_serialization=True)
-    tokenizer.save_pretrained(str(tmp))
+    tmp = _temporary(out)
+    _save_hf(model, tokenizer, tmp)
     _replace_dir(tmp, out)
     return out
+
+
+def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, files: dict[str, str]) -> Path:
+    """`checkpoints/step-N/`: `hf/` (an HF export) plus the given text files (resolved config, validation
+    scores, ...), assembled in one temporary directory and moved into place in one rename."""
+    final = Path(run_dir) / "checkpoints" / f"step-{step}"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary(final)
+    _save_hf(model, tokenizer, tmp / "hf")
+    for name, text in files.items():
+        (tmp / name).write_text(text, encoding="utf-8")
+    _replace_dir(tmp, final)
+    return final
 
 
 def write_json(path: str | Path, obj) -> None:
@@ -41,8 +81,12 @@ def write_json(path: str | Path, obj) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.write_text(json_text(obj), encoding="utf-8")
     tmp.replace(path)
+
+
+def json_text(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True) + "\n"
 
 
 def checkpoint_scores(run_dir: str | Path, metric: str = "valid/f1") -> list[tuple[int, float, Path]]:

@@ -103,7 +103,8 @@ def select_checkpoint_command(run_dir, rule):
 @click.option("--out", default=None, type=click.Path(file_okay=False),
               help="Output directory (default: the copy shipped in psyrl/assets/tokenizers/tiny).")
 def tiny_tokenizer_command(demo_dir, out):
-    """Rebuild psyrl's small tokenizer (Qwen2.5 special tokens and chat template, ~4k BPE vocabulary)."""
+    """Rebuild psyrl's small tokenizer: Qwen2.5's special tokens and chat template, a few thousand BPE tokens
+    trained on data/demo/train.jsonl."""
     from psyrl.tiny_tokenizer import build_shipped  # trains a BPE: only when asked
 
     click.echo(f"wrote {build_shipped(demo_dir, out)}")

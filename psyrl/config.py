@@ -2,8 +2,8 @@
 
 `load_config` reads a TOML file plus `--set table.key=value` overrides and returns a `Config`;
 every bad input raises one `ConfigError` naming the file, the line and the key. The README's
-config reference is generated from the docstrings below (`psyrl config reference`); the
-TOML plumbing itself is in `psyrl.tomlconf`.
+config reference is generated from the docstrings below and in `psyrl.config_tgrpo` (the T-GRPO
+tables: reward, cache, advantage, loss, rollout); the TOML plumbing itself is in `psyrl.tomlconf`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from psyrl import tomlconf
+from psyrl.config_tgrpo import AdvantageConfig, CacheConfig, LossConfig, RewardConfig, RolloutConfig
 from psyrl.tomlconf import ConfigError, check_choices, require
 
 __all__ = ["Config", "ConfigError", "load_config", "dump_config", "config_reference"]
@@ -113,21 +114,6 @@ class PromptConfig:
 
 
 @dataclass
-class RolloutConfig:
-    max_new_tokens: int = 2048
-    """Longest generated response in tokens (A.3: 2048)."""
-    valid_temperature: float = 0.5
-    """Sampling temperature of validation generations (A.3: 0.5); 0 = greedy."""
-    valid_batch: int = 1024
-    """Prompts generated together during validation (A.3: validation batch 1024)."""
-
-    def __post_init__(self):
-        require(self.max_new_tokens >= 1, "max_new_tokens", f"expected >= 1, got {self.max_new_tokens}")
-        require(self.valid_temperature >= 0, "valid_temperature", f"expected >= 0, got {self.valid_temperature}")
-        require(self.valid_batch >= 1, "valid_batch", f"expected >= 1, got {self.valid_batch}")
-
-
-@dataclass
 class OptimConfig:
     lr: float = 1e-5
     """Peak learning rate of AdamW (A.4 SFT: 1e-5; A.3 GRPO: 1e-6)."""
@@ -150,6 +136,8 @@ class OptimConfig:
     T-GRPO prompts, each with its G responses (A.3: 128)."""
     micro_batch: int = 1
     """Sequences per forward/backward on one rank (A.4 SFT: 1; A.3 update: 4); gradients accumulate."""
+    logprob_micro_batch: int = 16
+    """Sequences per gradient-free forward on one rank: log-probs, validation loss (A.3 experience: 16)."""
 
     def __post_init__(self):
         check_choices(self)
@@ -162,13 +150,15 @@ class OptimConfig:
         require(self.grad_clip >= 0, "grad_clip", f"expected >= 0, got {self.grad_clip}")
         require(self.global_batch >= 1, "global_batch", f"expected >= 1, got {self.global_batch}")
         require(self.micro_batch >= 1, "micro_batch", f"expected >= 1, got {self.micro_batch}")
+        require(self.logprob_micro_batch >= 1, "logprob_micro_batch", f"expected >= 1, got {self.logprob_micro_batch}")
 
 
 @dataclass
 class CheckpointConfig:
     every: int = 0
-    """Every this many steps: validate and save `checkpoints/step-N/` (an HF export + validation.json);
-    0 = only the final export at `hf/`. Appendix B picks the SFT checkpoint with the median F1."""
+    """Every this many steps and at the last one: save `checkpoints/step-N/` (HF export, resolved config, held-out
+    scores when there is a valid_file); 0 = only the final export `hf/`. Appendix B: GRPO starts from the SFT
+    checkpoint with the median F1 (`psyrl select-checkpoint`)."""
 
     def __post_init__(self):
         require(self.every >= 0, "every", f"expected >= 0, got {self.every}")
@@ -183,88 +173,6 @@ class LogConfig:
 
     def __post_init__(self):
         require(self.every >= 1, "every", f"expected >= 1, got {self.every}")
-
-
-@dataclass
-class RewardConfig:
-    variant: Literal["base", "length", "short", "length_rp", "bilateral"] = "bilateral"
-    """Final reward: `base` (eq. 11), `length` (eq. 12-13), `short` (eq. 12, 14), `length_rp` (eq. 15),
-    `bilateral` (eq. 3, the paper's BR)."""
-    w_f1: float = 0.5
-    """Weight of the answer F1, w^F1 (eq. 3). Not stated in the paper: EasyR1's r1v scorer weighs accuracy 0.5."""
-    w_fmt: float = 0.5
-    """Weight of the format reward, w^fmt (eq. 3). Not stated in the paper: EasyR1's r1v scorer weighs format 0.5."""
-    w_len: float = 0.1
-    """Weight of the length reward, w^length (eq. 12, 15). Not stated in the paper."""
-    w_short: float = 0.1
-    """Weight of the short reward, w^short (eq. 12). Not stated in the paper."""
-    delta: float = 0.1
-    """Bilateral bonus delta for a short or long response that beats the mean F1 (eq. 8). Not stated in the paper."""
-    tau_low: float = 0.75
-    """tau_-: L/L-bar below this counts as short (eq. 8). Not stated in the paper."""
-    tau_high: float = 1.25
-    """tau_+: L/L-bar above this counts as long (eq. 8). Not stated in the paper."""
-    l_plus: float = 2.0
-    """L_+: the length reward is 0 when L/L-bar exceeds this (eq. 13). Not stated in the paper."""
-    s_minus: float = 0.5
-    """S_-: the short reward is 0 when L/L-bar is below this (eq. 14). Not stated in the paper."""
-    tau_rep: float = 0.5
-    """tau_rep: cap of the repetition penalty (eq. 9). Not stated in the paper."""
-    eps: float = 1e-6
-    """epsilon of eq. 9 and of r_F1/(r-bar_F1 + eps) in eq. 13-14. Not stated in the paper."""
-    short_reward_literal: bool = False
-    """Eq. 14 as printed (reward grows with L/L-bar) instead of SPEC §2's reading (grows with L-bar/L)."""
-
-    def __post_init__(self):
-        check_choices(self)
-        for key in ("w_f1", "w_fmt", "w_len", "w_short", "delta", "tau_rep"):
-            require(getattr(self, key) >= 0, key, f"expected >= 0, got {getattr(self, key)}")
-        require(0 < self.tau_low <= 1, "tau_low", f"expected 0 < tau_low <= 1, got {self.tau_low}")
-        require(self.tau_high >= 1, "tau_high", f"expected >= 1, got {self.tau_high}")
-        require(self.l_plus > 0, "l_plus", f"expected > 0, got {self.l_plus}")
-        require(self.s_minus > 0, "s_minus", f"expected > 0 (L-bar/L needs L > 0), got {self.s_minus}")
-        require(self.eps > 0, "eps", f"expected > 0, got {self.eps}")
-
-
-@dataclass
-class CacheConfig:
-    size: int = 4
-    """C, the number of recent steps the trajectory cache keeps (B_c = B x C, section 3.2). Not stated in the paper."""
-
-    def __post_init__(self):
-        require(self.size >= 1, "size", f"expected >= 1, got {self.size}")
-
-
-@dataclass
-class AdvantageConfig:
-    scope: Literal["cache", "batch", "group"] = "cache"
-    """Pool of eq. 2's mean and std: `cache` (paper), `batch` (current step), `group` (standard GRPO, per prompt)."""
-    eps: float = 1e-6
-    """epsilon of eq. 2 (verl's GRPO value)."""
-
-    def __post_init__(self):
-        check_choices(self)
-        require(self.eps > 0, "eps", f"expected > 0, got {self.eps}")
-
-
-@dataclass
-class LossConfig:
-    eps_low: float = 0.2
-    """Lower clip range: the ratio is clipped below at 1 - eps_low (eq. 1; EasyR1 v0.3.1 default)."""
-    eps_high: float = 0.3
-    """Upper clip range: the ratio is clipped above at 1 + eps_high (eq. 1 has eps_high = eps_low; EasyR1 uses 0.3)."""
-    dual_clip: float = 3.0
-    """Dual-clip c: for negative advantages the loss is capped at -c*A; 0 disables it (eq. 1 as printed)."""
-    kl_coef: float = 1e-2
-    """beta: weight of the low-variance KL to the reference model in the loss (eq. 1; A.3)."""
-
-    def __post_init__(self):
-        require(0 <= self.eps_low < 1, "eps_low", f"expected 0 <= eps_low < 1, got {self.eps_low}")
-        require(self.eps_high >= 0, "eps_high", f"expected >= 0, got {self.eps_high}")
-        require(
-            self.dual_clip == 0 or self.dual_clip > 1, "dual_clip", f"expected 0 (off) or > 1, got {self.dual_clip}"
-        )
-        require(self.kl_coef >= 0, "kl_coef", f"expected >= 0, got {self.kl_coef}")
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -42,9 +43,10 @@ class StimuliRecord:
     stimuli: str
     question: str
     answer: str
-    variable: str
-    dimension: str
-    subdimension: str
+    variable: str = ""
+    """The psychological variable's code (e.g. `B_disap`); "" when unlabelled (SFT-only sets)."""
+    dimension: str = ""
+    subdimension: str = ""
     reasoning: str | None = None
 
 
@@ -65,11 +67,10 @@ class BenchmarkRecord:
 
 # ---------------------------------------------------------------- validation of one JSON object
 # (key, type, may be empty); a type of `tuple` means a JSON list of strings
-_STIMULI_KEYS = {
-    "id": (str, False), "stimuli": (str, False), "question": (str, False), "answer": (str, False),
-    "variable": (str, False), "dimension": (str, False), "subdimension": (str, False),
-}
-_STIMULI_OPTIONAL = {"reasoning": (str, True)}
+_STIMULI_KEYS = {"id": (str, False), "stimuli": (str, False), "question": (str, False), "answer": (str, False)}
+# SPEC §6: SFT needs only stimuli, question, answer (+ reasoning); the labels group evaluation results
+_STIMULI_OPTIONAL = {"variable": (str, True), "dimension": (str, True), "subdimension": (str, True),
+                     "reasoning": (str, True)}
 _BENCHMARK_KEYS = {
     "id": (str, False), "benchmark": (str, False), "task": (str, True), "context": (str, True),
     "question": (str, False), "options": (tuple, False), "answer_index": (int, False), "answer": (str, False),
@@ -101,13 +102,14 @@ def stimuli_record(obj) -> StimuliRecord:
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
     problems = _check_keys(obj, _STIMULI_KEYS, _STIMULI_OPTIONAL)
     if not problems:
-        if obj["dimension"] not in DIMENSIONS:
+        if obj.get("dimension") and obj["dimension"] not in DIMENSIONS:
             problems.append(f"key 'dimension': {obj['dimension']!r} is not one of {', '.join(DIMENSIONS)}")
-        if obj["subdimension"] not in SUBDIMENSIONS:
+        if obj.get("subdimension") and obj["subdimension"] not in SUBDIMENSIONS:
             problems.append(f"key 'subdimension': {obj['subdimension']!r} is not one of {', '.join(SUBDIMENSIONS)}")
     if problems:
         raise ValueError("; ".join(problems))
-    return StimuliRecord(**obj)
+    labels = {k: obj.get(k) or "" for k in ("variable", "dimension", "subdimension")}
+    return StimuliRecord(**{**obj, **labels})
 
 
 def benchmark_record(obj) -> BenchmarkRecord:
@@ -131,28 +133,43 @@ def benchmark_record(obj) -> BenchmarkRecord:
 
 
 # ---------------------------------------------------------------- files
+def _lines(path: Path):
+    """(line number, bytes) of every non-blank line; bytes, so a bad encoding is reported with its line."""
+    with path.open("rb") as f:
+        for lineno, line in enumerate(f, start=1):
+            if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark
+                line = line[3:]
+            if line.strip():
+                yield lineno, line
+
+
+def _decode(line: bytes):
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not valid UTF-8 (byte {e.start + 1} of the line)") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"invalid JSON ({e.msg} at column {e.colno})") from None
+
+
 def _load(path: str | Path, parse) -> list:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such data file")
     records, errors, first_line_of = [], [], {}
-    with path.open(encoding="utf-8-sig") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = parse(json.loads(line))
-            except json.JSONDecodeError as e:
-                errors.append(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})")
-                continue
-            except ValueError as e:
-                errors.append(f"{path}:{lineno}: {e}")
-                continue
-            if record.id in first_line_of:
-                errors.append(f"{path}:{lineno}: duplicate id {record.id!r} (first on line {first_line_of[record.id]})")
-                continue
-            first_line_of[record.id] = lineno
-            records.append(record)
+    for lineno, line in _lines(path):
+        try:
+            record = parse(_decode(line))
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors too
+            errors.append(f"{path}:{lineno}: {e}")
+            continue
+        if record.id in first_line_of:
+            errors.append(f"{path}:{lineno}: duplicate id {record.id!r} (first on line {first_line_of[record.id]})")
+            continue
+        first_line_of[record.id] = lineno
+        records.append(record)
     if errors:
         shown = errors[:MAX_REPORTED_ERRORS]
         more = f"\n... and {len(errors) - len(shown)} more" if len(errors) > len(shown) else ""
@@ -177,19 +194,17 @@ def detect_schema(path: str | Path) -> str:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such data file")
-    with path.open(encoding="utf-8-sig") as f:
-        for lineno, line in enumerate(f, start=1):
-            if line.strip():
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
-                if isinstance(obj, dict) and "stimuli" in obj:
-                    return "stimuliqa"
-                if isinstance(obj, dict) and "options" in obj:
-                    return "benchmark"
-                raise DataError(f"{path}:{lineno}: neither a StimuliQA record (no 'stimuli' key) nor a benchmark "
-                                "record (no 'options' key)")
+    for lineno, line in _lines(path):
+        try:
+            obj = _decode(line)
+        except ValueError as e:
+            raise DataError(f"{path}:{lineno}: {e}") from None
+        if isinstance(obj, dict) and "stimuli" in obj:
+            return "stimuliqa"
+        if isinstance(obj, dict) and "options" in obj:
+            return "benchmark"
+        raise DataError(f"{path}:{lineno}: neither a StimuliQA record (no 'stimuli' key) nor a benchmark "
+                        "record (no 'options' key)")
     raise DataError(f"{path}: the file holds no records")
 
 
@@ -202,7 +217,7 @@ def write_jsonl(path: str | Path, records: Iterable) -> None:
     """One JSON object per line, fields in dataclass order, UTF-8; written to a temporary file then renamed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with tmp.open("w", encoding="utf-8") as f:
         for r in records:
             obj = dataclasses.asdict(r) if dataclasses.is_dataclass(r) else dict(r)

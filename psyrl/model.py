@@ -59,6 +59,11 @@ def load_tokenizer(cfg: ModelConfig):
     return tokenizer
 
 
+def stop_token_ids(tokenizer) -> list[int]:
+    """Tokens that end a response: end-of-turn, and end-of-text as Qwen2.5-Instruct's generation config lists."""
+    return list(dict.fromkeys([tokenizer.eos_token_id, tokenizer.pad_token_id]))
+
+
 def tiny_config(cfg: ModelConfig, tokenizer) -> Qwen2Config:
     """A Qwen2 architecture of the configured size; vocabulary padded to a multiple of 64 as Qwen2.5 pads."""
     return Qwen2Config(
@@ -91,7 +96,7 @@ def load_model(cfg: ModelConfig, tokenizer, seed: int = 0, device: str | torch.d
     if model.get_output_embeddings().weight.shape[0] < len(tokenizer):
         raise ValueError(f"the model's vocabulary ({model.get_output_embeddings().weight.shape[0]}) is smaller "
                          f"than the tokenizer's ({len(tokenizer)})")
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.eos_token_id = stop_token_ids(tokenizer)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -116,6 +121,8 @@ def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, p
 
     input_ids, attention_mask: [B, T]; positions: [B, T-1] bool, the targets to score (default: every
     non-padding target); returns float32 [B, T-1], 0 where positions is False.
+    Calls the decoder and the LM head directly (not the root module's forward), so a root-level
+    FSDP wrapper must gather the embedding, final norm and LM head itself.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for log-probabilities, got {temperature}")

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from psyrl.config import RewardConfig
+from psyrl.config_tgrpo import RewardConfig
 from psyrl.text import (
     ANSWER_CLOSE,
     ANSWER_OPEN,

@@ -10,7 +10,7 @@ import typing
 
 import torch
 
-from psyrl.config import AdvantageConfig, LossConfig
+from psyrl.config_tgrpo import AdvantageConfig, LossConfig
 
 SCOPES = typing.get_args(typing.get_type_hints(AdvantageConfig)["scope"])  # one list: the config's choices
 

@@ -1,5 +1,5 @@
 """psyrl's small tokenizer for tiny CPU models: Qwen2.5's pre-tokenizer, special tokens and chat template
-with a byte-level BPE vocabulary of a few thousand tokens trained on the demo set.
+with a byte-level BPE vocabulary of a few thousand tokens trained on the demo set's training split.
 
 Built deterministically from `data/demo/` by `psyrl tiny-tokenizer` and shipped in
 `psyrl/assets/tokenizers/tiny/`; a test rebuilds it and compares the bytes.
@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import PreTrainedTokenizerFast
 
 from psyrl.config import ModelConfig
-from psyrl.data import load_benchmark, load_stimuliqa, sft_target
+from psyrl.data import load_stimuliqa, sft_target
 from psyrl.model import load_tokenizer, shipped_tokenizer_dir
 from psyrl.prompts import INSTRUCTIONS, content
 
@@ -21,14 +21,11 @@ DEFAULT_VOCAB = 4096
 
 
 def demo_corpus(demo_dir: str | Path) -> list[str]:
-    """Every text the demo shows a model: prompts, SFT targets, options (file order, so the result is stable)."""
-    demo_dir = Path(demo_dir)
+    """The training split's prompts and SFT targets plus the instructions, in file order (a stable result);
+    held-out and multiple-choice items stay out, so even the vocabulary has not seen them."""
     texts = list(INSTRUCTIONS.values())
-    for name in ("train.jsonl", "test.jsonl"):
-        for r in load_stimuliqa(demo_dir / name):
-            texts += [content(r), sft_target(r, "cot") or "", sft_target(r, "direct")]
-    for r in load_benchmark(demo_dir / "mc.jsonl"):
-        texts += [content(r, "all")]
+    for r in load_stimuliqa(Path(demo_dir) / "train.jsonl"):
+        texts += [content(r), sft_target(r, "cot") or "", sft_target(r, "direct")]
     return texts
 
 

@@ -1,8 +1,9 @@
 """Held-out validation during training: generate answers, score them with the reward's own F1 and format
 checks (one definition, `psyrl.rewards`), and the teacher-forced loss of the SFT targets.
 
-Generation here is transformers' `generate` with a KV cache; the T-GRPO issue's sampler interface
-replaces it so that vLLM can serve it on GPU nodes.
+Generation here is transformers' `generate` with a KV cache and a fully explicit generation config (a
+model directory's own settings, such as Qwen2.5-Instruct's repetition penalty, never leak in); the
+T-GRPO issue's sampler interface replaces it so that vLLM can serve it on GPU nodes.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import random
 from collections.abc import Sequence
 
 import torch
+from tqdm import tqdm
+from transformers import GenerationConfig
 
 from psyrl import prompts
 from psyrl.config import Config
 from psyrl.data import StimuliRecord
-from psyrl.model import autocast, token_logprobs
+from psyrl.model import autocast, stop_token_ids, token_logprobs
 from psyrl.rewards import answer_components
 from psyrl.sft import build_examples, collate, response_tokens, sft_loss
 
@@ -28,17 +31,26 @@ def sample_items(records: Sequence, count: int, seed: int) -> list:
     return [records[i] for i in keep]
 
 
+def generation_config(tokenizer, max_new_tokens: int, temperature: float, top_p: float) -> GenerationConfig:
+    """Everything `generate` may use, stated: temperature 0 = greedy; no top-k, no repetition penalty."""
+    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0} if temperature > 0 else \
+        {"do_sample": False}
+    return GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=stop_token_ids(tokenizer),
+                            pad_token_id=tokenizer.pad_token_id, repetition_penalty=1.0, **sampling)
+
+
 @torch.no_grad()
-def generate(model, tokenizer, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, temperature: float,
-             seed: int, batch: int, device: torch.device, amp=None):
-    """Per prompt: (response token ids up to and including the first end-of-turn, decoded text without it).
-    Prompts are batched by length (less padding) and returned in input order; temperature 0 = greedy."""
-    stop_ids = [tokenizer.eos_token_id, tokenizer.pad_token_id]
+def generate(model, tokenizer, prompt_ids: Sequence[Sequence[int]], config: GenerationConfig, seed: int, batch: int,
+             device: torch.device, amp=None, progress: bool = False):
+    """Per prompt: (response token ids up to and including the first stop token, decoded text without it).
+    Prompts are batched by length (less padding) and returned in input order."""
+    stops = set(stop_token_ids(tokenizer))
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     results: list = [None] * len(prompt_ids)
+    starts = range(0, len(order), batch)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
-        for start in range(0, len(order), batch):
+        for start in tqdm(starts, desc="validate", unit="batch", leave=False, disable=not progress):
             chunk = order[start:start + batch]
             width = max(len(prompt_ids[i]) for i in chunk)
             ids = torch.full((len(chunk), width), tokenizer.pad_token_id, dtype=torch.long)  # [b, P] left-padded
@@ -46,30 +58,29 @@ def generate(model, tokenizer, prompt_ids: Sequence[Sequence[int]], max_new_toke
             for row, i in enumerate(chunk):
                 ids[row, width - len(prompt_ids[i]):] = torch.tensor(prompt_ids[i])
                 mask[row, width - len(prompt_ids[i]):] = 1
-            sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature > 0 \
-                else {"do_sample": False}
             with amp if amp is not None else torch.autocast(device.type, enabled=False):
                 out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                     max_new_tokens=max_new_tokens, eos_token_id=stop_ids,
-                                     pad_token_id=tokenizer.pad_token_id, **sampling)
+                                     generation_config=config)  # [b, P + new]
             for row, i in enumerate(chunk):
                 response = out[row, width:].tolist()
-                end = next((k for k, t in enumerate(response) if t in stop_ids), None)
+                end = next((k for k, t in enumerate(response) if t in stops), None)
                 response = response if end is None else response[:end + 1]
                 text_ids = response if end is None else response[:-1]
                 results[i] = (response, tokenizer.decode(text_ids, skip_special_tokens=False))
     return results
 
 
-def validate(model, tokenizer, records: Sequence[StimuliRecord], cfg: Config, device: torch.device) -> dict:
+def validate(model, tokenizer, records: Sequence[StimuliRecord], cfg: Config, device: torch.device,
+             progress: bool = False):
     """(metrics, outputs): valid/f1 (eq. 4-5 on the extracted answer), valid/format (eq. 6), valid/length (tokens),
     valid/loss (NLL per response token of the SFT targets); outputs as `generate` returns them, in record order."""
     was_training = model.training
     model.eval()
     amp = autocast(cfg.model, device)
     ids = [prompts.prompt_ids(tokenizer, r, cfg.prompt) for r in records]
-    outputs = generate(model, tokenizer, ids, cfg.rollout.max_new_tokens, cfg.rollout.valid_temperature,
-                       cfg.run.seed, cfg.rollout.valid_batch, device, amp)
+    config = generation_config(tokenizer, cfg.rollout.max_new_tokens, cfg.rollout.valid_temperature,
+                               cfg.rollout.top_p)
+    outputs = generate(model, tokenizer, ids, config, cfg.run.seed, cfg.rollout.valid_batch, device, amp, progress)
     parts = answer_components([text for _, text in outputs], [r.answer for r in records], cfg.prompt.mode, cfg.reward)
     metrics = {
         "valid/f1": parts["f1"].mean().item(),
@@ -77,13 +88,12 @@ def validate(model, tokenizer, records: Sequence[StimuliRecord], cfg: Config, de
         "valid/length": sum(len(resp) for resp, _ in outputs) / len(outputs),
         "valid/items": len(records),
     }
-    examples, _ = build_examples(records, tokenizer, cfg.prompt, max_length=10**9)
+    examples, _ = build_examples(records, tokenizer, cfg.prompt, cfg.data.max_length)
     if examples:
-        total, normalizer = 0.0, response_tokens(examples)
+        total, normalizer, step = 0.0, response_tokens(examples), cfg.optim.logprob_micro_batch
         with torch.no_grad(), amp:
-            for start in range(0, len(examples), cfg.rollout.valid_batch):
-                input_ids, attention_mask, loss_mask = collate(examples[start:start + cfg.rollout.valid_batch],
-                                                               tokenizer.pad_token_id)
+            for start in range(0, len(examples), step):
+                input_ids, attention_mask, loss_mask = collate(examples[start:start + step], tokenizer.pad_token_id)
                 loss_mask = loss_mask.to(device)
                 logp = token_logprobs(model, input_ids.to(device), attention_mask.to(device), 1.0, loss_mask)
                 total += sft_loss(logp, loss_mask, normalizer).item()

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from psyrl.checkpoint import export_hf, select_checkpoint, write_json
+from psyrl.checkpoint import export_hf, select_checkpoint, tidy, write_json
 from psyrl.config import ModelConfig
 from psyrl.model import load_model, load_tokenizer
 
@@ -50,4 +50,17 @@ def test_export_reloads_with_identical_logits(tmp_path):
     with torch.no_grad():
         assert torch.equal(model(ids).logits, reloaded(ids).logits)
     assert AutoTokenizer.from_pretrained(out)("I felt proud")["input_ids"] == tokenizer("I felt proud")["input_ids"]
-    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == tokenizer.eos_token_id
+    stops = json.loads((out / "generation_config.json").read_text())["eos_token_id"]
+    assert stops == [tokenizer.eos_token_id, tokenizer.pad_token_id]  # <|im_end|>, <|endoftext|> as in Qwen2.5
+
+
+def test_tidy_removes_temporaries_and_restores_an_orphaned_old_version(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    (checkpoints / ".step-9.tmp-4242" / "hf").mkdir(parents=True)  # a save that crashed half-way
+    (checkpoints / "step-5.old").mkdir()  # crashed between the two renames of a replacement
+    (checkpoints / "step-5.old" / "validation.json").write_text("{}")
+    (checkpoints / "step-7").mkdir()
+    (checkpoints / "step-7.old").mkdir()  # the replacement arrived: the old copy just goes
+    tidy(tmp_path)
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-5", "step-7"]
+    assert (checkpoints / "step-5" / "validation.json").exists()

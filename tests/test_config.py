@@ -177,7 +177,7 @@ def test_override_blames_the_file_when_the_file_is_wrong(tmp_path):
 
 
 def test_tables_check_their_choices_when_built_in_code():
-    from psyrl.config import RewardConfig
+    from psyrl.config_tgrpo import RewardConfig
     from psyrl.tomlconf import FieldError
 
     with pytest.raises(FieldError, match="variant: expected one of .* got 'nope'"):

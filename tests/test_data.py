@@ -76,6 +76,21 @@ def test_every_bad_line_is_reported_and_duplicates_caught(tmp_path):
     assert f"{path}:5: key 'question'" in message
 
 
+def test_bad_encoding_is_a_line_error_and_a_bom_is_fine(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(GOOD).encode() + b"\n" + json.dumps({**GOOD, "id": "a/2"}).encode()
+                     .replace(b"sad", b"s\xe9d") + b"\n")
+    with pytest.raises(DataError, match=r"s\.jsonl:2: not valid UTF-8 \(byte \d+ of the line\)"):
+        load_stimuliqa(path)
+
+
+def test_labels_are_optional_for_sft_sets(tmp_path):
+    minimal = {"id": "r/1", "stimuli": "s", "question": "q", "answer": "a", "reasoning": "r"}
+    (record,) = load_stimuliqa(write_lines(tmp_path / "s.jsonl", [minimal]))
+    assert (record.variable, record.dimension, record.subdimension) == ("", "", "")
+    assert sft_target(record, "cot") == "<think>r</think><answer>a</answer>"
+
+
 def test_empty_and_missing_files(tmp_path):
     with pytest.raises(DataError, match="holds no records"):
         load_stimuliqa(write_lines(tmp_path / "e.jsonl", []))
@@ -129,4 +144,4 @@ def test_order_is_seeded_and_resumable():
         pieces += got
     assert pieces == drawn and c == cursor
     assert next_indices(Cursor(), 5, 5, seed=3, shuffle=False)[0] == [0, 1, 2, 3, 4]
-    assert next_indices(Cursor(), 5, 5, seed=4)[0] != drawn[:5] or next_indices(Cursor(), 5, 5, seed=5)[0] != drawn[:5]
+    assert next_indices(Cursor(), 50, 50, seed=4)[0] != next_indices(Cursor(), 50, 50, seed=3)[0]  # seed matters

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from psyrl.config import RewardConfig
+from psyrl.config_tgrpo import RewardConfig
 from psyrl.rewards import (
     VARIANTS,
     answer_components,

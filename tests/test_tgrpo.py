@@ -6,7 +6,7 @@ import statistics
 import pytest
 import torch
 
-from psyrl.config import LossConfig
+from psyrl.config_tgrpo import LossConfig
 from psyrl.tgrpo import advantages, loss_normalizer, low_var_kl, seq_mean_token_mean, tgrpo_loss
 from psyrl.trajectory_cache import TrajectoryCache
 
