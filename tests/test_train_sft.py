@@ -79,6 +79,7 @@ def test_tiny_sft_learns_and_exports(tmp_path):
     ('{"id": "a", "stimuli": "s", "question": "q", "answer": "a", "variable": "v", "dimension": '
      '"emotional reactions", "subdimension": "specific emotions", "reasoning": 5}\n', ":1: key 'reasoning': expected"),
     ("", "holds no records"),
+    ('{"id": "a", "stimuli": "s", "question": "q"}\n', ":1: missing key 'answer'"),
 ])
 def test_bad_training_data_trains_nothing(tmp_path, content, expected):
     bad = tmp_path / "bad.jsonl"
