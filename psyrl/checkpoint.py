@@ -76,16 +76,8 @@ def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, files: dic
     return final
 
 
-def write_json(path: str | Path, obj) -> None:
-    """JSON written to a temporary file then renamed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json_text(obj), encoding="utf-8")
-    tmp.replace(path)
-
-
 def json_text(obj) -> str:
+    """Stable, readable JSON for the files of a checkpoint."""
     return json.dumps(obj, indent=2, sort_keys=True) + "\n"
 
 

@@ -79,7 +79,9 @@ _BENCHMARK_OPTIONAL = {"meta": (dict, True)}
 _TYPE_NAMES = {str: "a string", int: "an integer", tuple: "a list of strings", dict: "an object"}
 
 
-def _check_keys(obj: dict, required: dict, optional: dict) -> list[str]:
+def _check_keys(obj, required: dict, optional: dict) -> list[str]:
+    if not isinstance(obj, dict):
+        return [f"expected a JSON object, got {type(obj).__name__}"]
     problems = [f"missing key {k!r}" for k in required if k not in obj]
     problems += [f"unknown key {k!r} (expected {', '.join(list(required) + list(optional))})"
                  for k in obj if k not in required and k not in optional]
@@ -98,8 +100,6 @@ def _check_keys(obj: dict, required: dict, optional: dict) -> list[str]:
 
 def stimuli_record(obj) -> StimuliRecord:
     """Validate one decoded JSON line as a StimuliQA record; raises ValueError naming every problem."""
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
     problems = _check_keys(obj, _STIMULI_KEYS, _STIMULI_OPTIONAL)
     if not problems:
         if obj.get("dimension") and obj["dimension"] not in DIMENSIONS:
@@ -114,8 +114,6 @@ def stimuli_record(obj) -> StimuliRecord:
 
 def benchmark_record(obj) -> BenchmarkRecord:
     """Validate one decoded JSON line as a benchmark record; raises ValueError naming every problem."""
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
     problems = _check_keys(obj, _BENCHMARK_KEYS, _BENCHMARK_OPTIONAL)
     if not problems:
         options, index = obj["options"], obj["answer_index"]

@@ -6,14 +6,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from psyrl.checkpoint import export_hf, select_checkpoint, tidy, write_json
+from psyrl.checkpoint import export_hf, json_text, select_checkpoint, tidy
 from psyrl.config import ModelConfig
 from psyrl.model import load_model, load_tokenizer
 
 
 def make_run(tmp_path, scores):
     for step, f1 in scores.items():
-        write_json(tmp_path / "checkpoints" / f"step-{step}" / "validation.json", {"valid/f1": f1})
+        (tmp_path / "checkpoints" / f"step-{step}").mkdir(parents=True)
+        (tmp_path / "checkpoints" / f"step-{step}" / "validation.json").write_text(json_text({"valid/f1": f1}))
     (tmp_path / "checkpoints" / "step-99").mkdir()  # no validation.json: not a candidate
     return tmp_path
 
