@@ -69,6 +69,12 @@ def main(config_path, overrides, overwrite):
     # ---------------------------------------------------------------- setup: everything checked before any write
     try:
         cfg = load_config(config_path, overrides)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    if (run_dir / "metrics.jsonl").exists() and not overwrite:
+        raise click.ClickException(f"{run_dir} already holds a run; pass --overwrite to start over")
+    try:
         device = resolve_device(cfg.run.device)
         train_records = load_stimuliqa(cfg.data.train_file)
         valid_records = load_stimuliqa(cfg.data.valid_file) if cfg.data.valid_file else []
@@ -83,10 +89,7 @@ def main(config_path, overrides, overwrite):
     shared = {r.id for r in train_records} & {r.id for r in valid_records}
     if shared:
         say(f"warning: {len(shared)} validation id(s) are also training ids (e.g. {min(shared)}): not held out")
-    run_dir = Path(cfg.run.output_dir) / cfg.run.name
-    if (run_dir / "metrics.jsonl").exists():
-        if not overwrite:
-            raise click.ClickException(f"{run_dir} already holds a run; pass --overwrite to start over")
+    if overwrite and (run_dir / "metrics.jsonl").exists():  # only ever delete what a run wrote
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     tidy(run_dir)
