@@ -29,10 +29,10 @@ from tqdm import tqdm
 from psyrl.checkpoint import export_hf, json_text, save_checkpoint, select_checkpoint, tidy
 from psyrl.config import ConfigError, dump_config, load_config
 from psyrl.data import Cursor, DataError, load_stimuliqa, next_indices
-from psyrl.model import autocast, load_model, load_tokenizer, token_logprobs
+from psyrl.model import autocast, load_model, load_tokenizer
 from psyrl.optim import build_optimizer, clipped_step, lr_factor, set_lr
 from psyrl.runlog import MetricsFile, peak_memory_gib, step_line
-from psyrl.sft import build_examples, collate, response_tokens, sft_loss
+from psyrl.sft import build_examples, micro_batch_losses, response_tokens
 from psyrl.validation import sample_items, validate
 
 LINE_FIELDS = [("loss", "train/loss", ".4f"), ("grad", "train/grad_norm", ".3f"), ("lr", "train/lr", ".2e"),
@@ -124,17 +124,11 @@ def main(config_path, overrides, overwrite):
             indices, cursor = next_indices(cursor, len(examples), batch, cfg.run.seed, cfg.data.shuffle)
             step_examples = [examples[i] for i in indices]
             normalizer = response_tokens(step_examples)  # global: the gradient does not depend on micro-batching
-            loss_sum = 0.0
-            for start in range(0, len(step_examples), micro):
-                input_ids, attention_mask, loss_mask = collate(step_examples[start:start + micro],
-                                                               tokenizer.pad_token_id)
-                input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-                loss_mask = loss_mask.to(device)
-                with amp:
-                    logp = token_logprobs(model, input_ids, attention_mask, 1.0, loss_mask)  # [b, T-1]
-                loss = sft_loss(logp, loss_mask, normalizer)
+            loss_sum = torch.zeros((), device=device)
+            for loss in micro_batch_losses(model, step_examples, micro, tokenizer.pad_token_id, normalizer, device,
+                                           amp):
                 loss.backward()
-                loss_sum += loss.item()
+                loss_sum += loss.detach()  # read once per step: .item() per micro-batch would sync a GPU each time
             grad_norm, applied = clipped_step(model, optimizer, cfg.optim.grad_clip)
             if not applied:
                 skipped_updates += 1
@@ -142,7 +136,7 @@ def main(config_path, overrides, overwrite):
             elapsed = time.perf_counter() - t0
 
             # ---------------------------------------------------------------- log, validate, checkpoint
-            row = {"step": step, "steps": steps, "train/loss": loss_sum, "train/grad_norm": grad_norm,
+            row = {"step": step, "steps": steps, "train/loss": loss_sum.item(), "train/grad_norm": grad_norm,
                    "train/lr": lr, "train/tokens": sum(len(e.input_ids) for e in step_examples),
                    "train/response_tokens": normalizer, "train/skipped_updates": skipped_updates,
                    "data/epoch": cursor.epoch, "perf/step_s": elapsed, "perf/peak_mem_gib": peak_memory_gib(device)}

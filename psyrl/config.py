@@ -52,11 +52,11 @@ class ModelConfig:
     directory's own tokenizer, or `tiny` when `path` is empty."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Compute dtype of forward passes (bf16 autocast on GPU in appendix A.4); master weights stay float32.
-    For GPUs: on this project's CPU, bf16 autocast trained the tiny model ~25x slower than float32."""
+    For GPUs: on this project's CPU, bf16 autocast trained the tiny model at 191 tokens/s against ~5,400 in float32."""
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
     """transformers attention kernel."""
     gradient_checkpointing: bool = False
-    """Recompute decoder-layer activations in the backward pass (less memory, ~30% more compute)."""
+    """Recompute decoder-layer activations in the backward pass: less activation memory, more compute."""
     hidden_size: int = 128
     """Tiny model only: hidden size."""
     num_layers: int = 2

@@ -16,6 +16,7 @@ import torch
 from psyrl import prompts
 from psyrl.config import PromptConfig
 from psyrl.data import StimuliRecord, sft_target
+from psyrl.model import token_logprobs
 
 
 @dataclass(frozen=True)
@@ -67,3 +68,14 @@ def sft_loss(logp: torch.Tensor, loss_mask: torch.Tensor, normalizer: float) -> 
     """Summed negative log-likelihood of the response tokens over `normalizer`, the response-token count of the
     whole optimiser step (all micro-batches, all ranks): the gradient does not depend on how the step is split."""
     return -(logp * loss_mask).sum() / normalizer  # logp, loss_mask: [B, T-1]
+
+
+def micro_batch_losses(model, examples: Sequence[SFTExample], size: int, pad_id: int, normalizer: float,
+                       device: torch.device, amp):
+    """Each micro-batch's share of the step's SFT loss, in order; their sum is the loss of all `examples`.
+    Training calls backward on each, validation sums them under no_grad."""
+    for start in range(0, len(examples), size):
+        input_ids, attention_mask, loss_mask = (t.to(device) for t in collate(examples[start:start + size], pad_id))
+        with amp:
+            logp = token_logprobs(model, input_ids, attention_mask, 1.0, loss_mask)  # [b, T-1]
+        yield sft_loss(logp, loss_mask, normalizer)

@@ -18,9 +18,9 @@ from transformers import GenerationConfig
 from psyrl import prompts
 from psyrl.config import Config
 from psyrl.data import StimuliRecord
-from psyrl.model import autocast, stop_token_ids, token_logprobs
+from psyrl.model import autocast, stop_token_ids
 from psyrl.rewards import answer_components
-from psyrl.sft import build_examples, collate, response_tokens, sft_loss
+from psyrl.sft import build_examples, micro_batch_losses, response_tokens
 
 
 def sample_items(records: Sequence, count: int, seed: int) -> list:
@@ -90,13 +90,9 @@ def validate(model, tokenizer, records: Sequence[StimuliRecord], cfg: Config, de
     }
     examples, _ = build_examples(records, tokenizer, cfg.prompt, cfg.data.max_length)
     if examples:
-        total, normalizer, step = 0.0, response_tokens(examples), cfg.optim.logprob_micro_batch
-        with torch.no_grad(), amp:
-            for start in range(0, len(examples), step):
-                input_ids, attention_mask, loss_mask = collate(examples[start:start + step], tokenizer.pad_token_id)
-                loss_mask = loss_mask.to(device)
-                logp = token_logprobs(model, input_ids.to(device), attention_mask.to(device), 1.0, loss_mask)
-                total += sft_loss(logp, loss_mask, normalizer).item()
-        metrics["valid/loss"] = total
+        with torch.no_grad():
+            losses = micro_batch_losses(model, examples, cfg.optim.logprob_micro_batch, tokenizer.pad_token_id,
+                                        response_tokens(examples), device, amp)
+            metrics["valid/loss"] = torch.stack(list(losses)).sum().item()
     model.train(was_training)
     return metrics, outputs
