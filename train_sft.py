@@ -1,13 +1,16 @@
 """SFT / knowledge injection (paper §4.1 "Implementation Details", appendix A.4, appendix B).
 
-    python train_sft.py --config configs/sft/tiny.toml [--set table.key=value ...]
+    python train_sft.py --config configs/sft/tiny.toml [--set table.key=value ...] [--resume]
+    torchrun --nproc_per_node N train_sft.py --config ... [--resume]          (FSDP2, SPEC §1)
 
 Loss on response tokens only (the SFT target of SPEC §6 plus the end-of-turn token), normalised by
-the response-token count of the whole optimiser step; AdamW; linear warm-up then cosine; gradient
-clipping; a non-finite gradient norm skips the update and is logged. Every `checkpoint.every` steps
-the model is validated on held-out items (F1, format, loss) and exported to
-`runs/<name>/checkpoints/step-N/hf/`; appendix B starts GRPO from the checkpoint with the median F1
-(`psyrl select-checkpoint runs/<name>`). The final export is `runs/<name>/hf/`.
+the response-token count of the whole optimiser step over all ranks; AdamW; linear warm-up then cosine;
+gradient clipping; a non-finite gradient norm skips the update and is logged. Under torchrun each rank
+takes a contiguous share of every step's sequences on an FSDP2-sharded model (optionally CPU-offloaded,
+bf16 mixed precision). Every `checkpoint.every` steps the model is validated on held-out items (F1,
+format, loss) and saved to `runs/<name>/checkpoints/step-N/` (HF export + resumable state); appendix B
+starts GRPO from the checkpoint with the median F1 (`psyrl select-checkpoint runs/<name>`). The final
+export is `runs/<name>/hf/`. `--resume` continues from the newest complete checkpoint.
 Departures from the paper's stack (LLaMA-Factory + DeepSpeed ZeRO-3): the loss is a token mean over
 the whole optimiser step rather than per micro-batch; over-long examples are dropped, not truncated.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import sys
 import time
@@ -26,30 +30,46 @@ import torch
 import transformers
 from tqdm import tqdm
 
-from psyrl.checkpoint import export_hf, json_text, save_checkpoint, select_checkpoint, tidy
-from psyrl.config import ConfigError, dump_config, load_config
+from psyrl.checkpoint import (
+    CheckpointError,
+    export_hf,
+    find_resumable,
+    json_text,
+    load_checkpoint,
+    save_checkpoint,
+    select_checkpoint,
+    tidy,
+)
+from psyrl.config import ConfigError, config_changes, dump_config, load_config
 from psyrl.data import Cursor, DataError, load_stimuliqa, next_indices
-from psyrl.model import autocast, load_model, load_tokenizer
+from psyrl.distributed import (
+    ONE_PROCESS,
+    Dist,
+    all_reduce,
+    barrier,
+    cleanup,
+    gather_full_state_dict,
+    init_distributed,
+    load_sharded,
+    rank_share,
+)
+from psyrl.model import Policy, autocast, load_model, load_tokenizer, load_weights
 from psyrl.optim import build_optimizer, clipped_step, lr_factor, set_lr
-from psyrl.runlog import MetricsFile, peak_memory_gib, step_line
+from psyrl.runlog import MetricsFile, peak_memory_gib, step_line, truncate_metrics
 from psyrl.sft import build_examples, micro_batch_losses, response_tokens
 from psyrl.validation import sample_items, validate
 
 LINE_FIELDS = [("loss", "train/loss", ".4f"), ("grad", "train/grad_norm", ".3f"), ("lr", "train/lr", ".2e"),
                ("tok/s", "perf/tokens_per_s", ".0f"), ("peak GiB", "perf/peak_mem_gib", ".2f"),
                ("valid f1", "valid/f1", ".4f"), ("valid loss", "valid/loss", ".4f")]
+RESUME_FREE = ("run.name", "run.output_dir", "log", "checkpoint", "fsdp")  # may change on --resume: same numbers
 
 
-def say(line: str) -> None:
-    """One console line that does not break the progress bar, flushed (logs are read while a run goes)."""
-    tqdm.write(line, file=sys.stdout)
-    sys.stdout.flush()
-
-
-def resolve_device(choice: str) -> torch.device:
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("run.device = 'cuda' but no CUDA device is available")
-    return torch.device("cuda" if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()) else "cpu")
+def say(line: str, ctx: Dist = ONE_PROCESS) -> None:
+    """One console line on rank 0 that does not break the progress bar, flushed (logs are read while a run goes)."""
+    if ctx.is_main:
+        tqdm.write(line, file=sys.stdout)
+        sys.stdout.flush()
 
 
 def validation_lines(records, outputs) -> str:
@@ -58,29 +78,93 @@ def validation_lines(records, outputs) -> str:
                    for r, (ids, text) in zip(records, outputs))
 
 
+def build_policy(cfg, tokenizer, ctx: Dist) -> Policy:
+    """pi_theta: one process holds the whole model; under torchrun rank 0 reads it and FSDP2 shards it."""
+    if not ctx.sharded:
+        return Policy(load_model(cfg.model, tokenizer, seed=cfg.run.seed, device=ctx.device))
+    build = lambda empty: Policy(load_model(cfg.model, tokenizer, seed=cfg.run.seed, empty=empty))  # noqa: E731
+    return load_sharded(build, ctx, cfg.model.dtype, cfg.fsdp.offload, cfg.fsdp.reshard_after_forward)
+
+
+def generator_for(policy: Policy, cfg, tokenizer, ctx: Dist):
+    """The model validation samples from: `policy.lm` in one process; under FSDP a full copy on each rank, filled
+    one tensor at a time from the shards (the weight sync a colocated sampler receives)."""
+    if not ctx.sharded:
+        return policy.lm
+    lm = load_model(cfg.model, tokenizer, empty=True).to_empty(device=ctx.device)
+    load_weights(lm, gather_full_state_dict(policy, ctx.device, prefix="lm."))
+    for name, buffer in policy.lm.named_buffers():  # rotary inv_freq: not in the state dict
+        lm.get_buffer(name).copy_(buffer)
+    return lm
+
+
+def check_resume(run_dir: Path, cfg, ctx: Dist) -> Path:
+    """The checkpoint to resume from, after checking the run's config has not changed in a way that matters."""
+    checkpoint = find_resumable(run_dir, lambda line: say(line, ctx))
+    if checkpoint is None:
+        raise click.ClickException(f"--resume: {run_dir} holds no complete checkpoint with a training state "
+                                   "(checkpoint.every = 0 saves none; checkpoint.keep_state prunes older ones)")
+    saved = load_config(checkpoint / "config.resolved.toml")
+    changed = [k for k in config_changes(saved, cfg) if k not in RESUME_FREE and k.split(".")[0] not in RESUME_FREE]
+    if changed:
+        raise click.ClickException(f"--resume: the config differs from {checkpoint / 'config.resolved.toml'} in "
+                                   f"{', '.join(changed)}; resuming would not continue the same run")
+    return checkpoint
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True,
               help="TOML run config, e.g. configs/sft/tiny.toml.")
 @click.option("--set", "overrides", multiple=True, metavar="TABLE.KEY=VALUE", help="Override one key; repeatable.")
 @click.option("--overwrite", is_flag=True, help="Delete an existing runs/<name>/ and start over.")
-def main(config_path, overrides, overwrite):
-    """Supervised fine-tuning on StimuliQA-format records (SFT target: <think>reasoning</think><answer>…)."""
+@click.option("--resume", is_flag=True, help="Continue runs/<name>/ from its newest complete checkpoint (model, "
+              "optimiser, data position, RNG); the config may differ only in run.name, run.output_dir and the log, "
+              "checkpoint and fsdp tables.")
+def main(config_path, overrides, overwrite, resume):
+    """Supervised fine-tuning on StimuliQA-format records (SFT target: <think>reasoning</think><answer>…).
+    Run it with python (one process) or under torchrun (FSDP2 over all ranks)."""
+    try:
+        setup_and_train(config_path, overrides, overwrite, resume)
+    except click.ClickException as e:
+        if int(os.environ.get("RANK", "0")) != 0:  # every rank fails the same way: rank 0 says it once
+            raise SystemExit(e.exit_code) from None
+        raise
+
+
+def setup_and_train(config_path, overrides, overwrite: bool, resume: bool) -> None:
     transformers.utils.logging.disable_progress_bar()  # no per-save bars inside psyrl's own progress bar
-    # ---------------------------------------------------------------- setup: everything checked before any write
+    if overwrite and resume:
+        raise click.ClickException("--overwrite and --resume exclude each other")
     try:
         cfg = load_config(config_path, overrides)
-    except ConfigError as e:
+        ctx = init_distributed(cfg.run.device, cfg.fsdp.offload, cfg.fsdp.timeout_minutes)
+    except (ConfigError, ValueError) as e:
         raise click.ClickException(str(e)) from None
-    run_dir = Path(cfg.run.output_dir) / cfg.run.name
-    if (run_dir / "metrics.jsonl").exists() and not overwrite:
-        raise click.ClickException(f"{run_dir} already holds a run; pass --overwrite to start over")
     try:
-        device = resolve_device(cfg.run.device)
+        train(cfg, ctx, overwrite, resume)
+    finally:
+        cleanup(ctx)
+
+
+def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
+    # ---------------------------------------------------------------- setup: everything checked before any write
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    exists = (run_dir / "metrics.jsonl").exists()
+    if exists and not (overwrite or resume):
+        raise click.ClickException(f"{run_dir} already holds a run; pass --resume to continue it or --overwrite "
+                                   "to start over")
+    if resume and not exists:
+        raise click.ClickException(f"--resume: {run_dir} holds no run")
+    if cfg.optim.global_batch % ctx.world:
+        raise click.ClickException(f"optim.global_batch = {cfg.optim.global_batch} must be a multiple of the "
+                                   f"{ctx.world} ranks (each rank takes an equal share of every step)")
+    checkpoint = check_resume(run_dir, cfg, ctx) if resume else None
+    try:
         train_records = load_stimuliqa(cfg.data.train_file)
         valid_records = load_stimuliqa(cfg.data.valid_file) if cfg.data.valid_file else []
         tokenizer = load_tokenizer(cfg.model)
-        model = load_model(cfg.model, tokenizer, seed=cfg.run.seed, device=device)
-    except (ConfigError, DataError, OSError, ValueError) as e:
+        policy = build_policy(cfg, tokenizer, ctx)
+    except (ConfigError, DataError, OSError, ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
     examples, counts = build_examples(train_records, tokenizer, cfg.prompt, cfg.data.max_length)
     if not examples:
@@ -88,35 +172,56 @@ def main(config_path, overrides, overwrite):
     valid_records = sample_items(valid_records, cfg.data.valid_items, cfg.run.seed)
     shared = {r.id for r in train_records} & {r.id for r in valid_records}
     if shared:
-        say(f"warning: {len(shared)} validation id(s) are also training ids (e.g. {min(shared)}): not held out")
-    if overwrite and (run_dir / "metrics.jsonl").exists():  # only ever delete what a run wrote
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tidy(run_dir)
+        say(f"warning: {len(shared)} validation id(s) are also training ids (e.g. {min(shared)}): not held out", ctx)
     resolved = dump_config(cfg)
-    (run_dir / "config.resolved.toml").write_text(resolved, encoding="utf-8")
+    if ctx.is_main:
+        if overwrite and exists:  # only ever delete what a run wrote
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tidy(run_dir)
+        (run_dir / "config.resolved.toml").write_text(resolved, encoding="utf-8")
+    barrier(ctx)
 
-    model.train()
-    optimizer = build_optimizer(model, cfg.optim)
-    amp = autocast(cfg.model, device)
+    policy.train()
+    optimizer = build_optimizer(policy, cfg.optim)
+    amp = contextlib.nullcontext() if ctx.sharded else autocast(cfg.model, ctx.device)  # FSDP: MixedPrecisionPolicy
     steps, batch, micro = cfg.run.steps, cfg.optim.global_batch, cfg.optim.micro_batch
-    params = sum(p.numel() for p in model.parameters())
-    say(f"sft: {params / 1e6:.2f}M parameters on {device}; {counts['kept']} training examples "
-        f"(skipped: {counts['no_reasoning']} without reasoning, {counts['too_long']} over "
-        f"{cfg.data.max_length} tokens); {len(valid_records)} validation items; {steps} steps of {batch} "
-        f"sequences; run directory {run_dir}")
+    cursor, skipped_updates, first = Cursor(), 0, 1
+    if checkpoint is not None:
+        load_checkpoint(checkpoint, policy, optimizer, ctx, lambda line: say(line, ctx))
+        trainer = json.loads((checkpoint / "trainer.json").read_text(encoding="utf-8"))
+        cursor, skipped_updates = Cursor(**trainer["cursor"]), trainer["skipped_updates"]
+        first = trainer["step"] + 1
+        if ctx.is_main:
+            truncate_metrics(run_dir / "metrics.jsonl", trainer["step"])  # rows after the checkpoint are redone
+    params = sum(p.numel() for p in policy.parameters())
+    say(f"sft: {params / 1e6:.2f}M parameters on {ctx.world} x {ctx.device}"
+        f"{' (FSDP2' + (', CPU offload' if cfg.fsdp.offload else '') + ')' if ctx.sharded else ''}; "
+        f"{counts['kept']} training examples (skipped: {counts['no_reasoning']} without reasoning, "
+        f"{counts['too_long']} over {cfg.data.max_length} tokens); {len(valid_records)} validation items; "
+        f"{steps} steps of {batch} sequences; run directory {run_dir}"
+        f"{f'; resuming after step {first - 1} from {checkpoint}' if checkpoint else ''}", ctx)
 
     with contextlib.ExitStack() as stack:  # the metrics file and the bar close on any exit
-        metrics_file = stack.enter_context(contextlib.closing(MetricsFile(run_dir / "metrics.jsonl")))
-        bar = stack.enter_context(tqdm(total=steps, desc="sft", unit="step", disable=not cfg.log.progress,
-                                       file=sys.stdout))
-        cursor, skipped_updates = Cursor(), 0
-        if valid_records:  # the untrained model's scores: the baseline every later row is compared with
-            metrics, _ = validate(model, tokenizer, valid_records, cfg, device, cfg.log.progress)
-            metrics_file.write({"step": 0, "steps": steps, **metrics})
-            say(step_line({"step": 0, "steps": steps, **metrics}, LINE_FIELDS))
+        metrics_file = stack.enter_context(contextlib.closing(MetricsFile(run_dir / "metrics.jsonl"))) \
+            if ctx.is_main else None
+        bar = stack.enter_context(tqdm(total=steps, initial=first - 1, desc="sft", unit="step", file=sys.stdout,
+                                       disable=not (cfg.log.progress and ctx.is_main)))
 
-        for step in range(1, steps + 1):
+        def log(row):
+            if metrics_file:
+                metrics_file.write(row)
+
+        def run_validation():
+            generator = generator_for(policy, cfg, tokenizer, ctx)
+            return validate(policy, generator, tokenizer, valid_records, cfg, ctx, cfg.log.progress and ctx.is_main)
+
+        if valid_records and first == 1:  # the untrained model's scores: the baseline every later row is compared with
+            metrics, _ = run_validation()
+            log({"step": 0, "steps": steps, **metrics})
+            say(step_line({"step": 0, "steps": steps, **metrics}, LINE_FIELDS), ctx)
+
+        for step in range(first, steps + 1):
             # ---------------------------------------------------------------- one optimiser step
             t0 = time.perf_counter()
             lr = cfg.optim.lr * lr_factor(step - 1, cfg.optim, steps)
@@ -124,44 +229,55 @@ def main(config_path, overrides, overwrite):
             indices, cursor = next_indices(cursor, len(examples), batch, cfg.run.seed, cfg.data.shuffle)
             step_examples = [examples[i] for i in indices]
             normalizer = response_tokens(step_examples)  # global: the gradient does not depend on micro-batching
-            loss_sum = torch.zeros((), device=device)
-            for loss in micro_batch_losses(model, step_examples, micro, tokenizer.pad_token_id, normalizer, device,
-                                           amp):
+            loss_sum = torch.zeros((), device=ctx.device)
+            for loss in micro_batch_losses(policy, rank_share(step_examples, ctx), micro, tokenizer.pad_token_id,
+                                           normalizer, ctx.device, amp):
                 loss.backward()
                 loss_sum += loss.detach()  # read once per step: .item() per micro-batch would sync a GPU each time
-            grad_norm, applied = clipped_step(model, optimizer, cfg.optim.grad_clip)
+            grad_norm, applied = clipped_step(policy, optimizer, cfg.optim.grad_clip)
             if not applied:
                 skipped_updates += 1
-                say(f"step {step}: non-finite gradient norm {grad_norm}; update skipped")
+                say(f"step {step}: non-finite gradient norm {grad_norm}; update skipped", ctx)
             elapsed = time.perf_counter() - t0
 
             # ---------------------------------------------------------------- log, validate, checkpoint
-            row = {"step": step, "steps": steps, "train/loss": loss_sum.item(), "train/grad_norm": grad_norm,
-                   "train/lr": lr, "train/tokens": sum(len(e.input_ids) for e in step_examples),
+            peak = all_reduce(torch.tensor(peak_memory_gib(ctx.device)), ctx, "max")
+            row = {"step": step, "steps": steps, "train/loss": all_reduce(loss_sum, ctx).item(),
+                   "train/grad_norm": grad_norm, "train/lr": lr,
+                   "train/tokens": sum(len(e.input_ids) for e in step_examples),
                    "train/response_tokens": normalizer, "train/skipped_updates": skipped_updates,
-                   "data/epoch": cursor.epoch, "perf/step_s": elapsed, "perf/peak_mem_gib": peak_memory_gib(device)}
+                   "data/epoch": cursor.epoch, "perf/step_s": elapsed, "perf/peak_mem_gib": float(peak)}
             row["perf/tokens_per_s"] = row["train/tokens"] / elapsed
             save = cfg.checkpoint.every > 0 and (step % cfg.checkpoint.every == 0 or step == steps)
             if valid_records and (save or step == steps):
-                metrics, outputs = validate(model, tokenizer, valid_records, cfg, device, cfg.log.progress)
+                metrics, outputs = run_validation()
                 row.update(metrics)
             if save:
-                files = {"config.resolved.toml": resolved}
+                files = {"config.resolved.toml": resolved,
+                         "trainer.json": json_text({"step": step, "cursor": vars(cursor),
+                                                    "skipped_updates": skipped_updates})}
                 if valid_records:
                     files["validation.json"] = json_text({"step": step, **metrics})
                     files["validation.jsonl"] = validation_lines(valid_records, outputs)
-                save_checkpoint(run_dir, step, model, tokenizer, files)
-            metrics_file.write(row)
+                try:
+                    save_checkpoint(run_dir, step, policy, optimizer, tokenizer, files, ctx,
+                                    cfg.checkpoint.keep_state)
+                except CheckpointError as e:
+                    raise click.ClickException(str(e)) from None
+            log(row)
             bar.update(1)
             if step % cfg.log.every == 0 or step == steps:
-                say(step_line(row, LINE_FIELDS))
+                say(step_line(row, LINE_FIELDS), ctx)
 
     # ---------------------------------------------------------------- final export
-    export_hf(model, tokenizer, run_dir / "hf")
-    say(f"sft: done; final model in {run_dir / 'hf'}")
-    if valid_records and cfg.checkpoint.every:
+    try:
+        export_hf(policy, tokenizer, run_dir / "hf", ctx)
+    except CheckpointError as e:
+        raise click.ClickException(str(e)) from None
+    say(f"sft: done; final model in {run_dir / 'hf'}", ctx)
+    if valid_records and cfg.checkpoint.every and ctx.is_main:
         step, score, path = select_checkpoint(run_dir, "median")
-        say(f"sft: median-F1 checkpoint (appendix B): step {step}, valid F1 {score:.4f}, {path / 'hf'}")
+        say(f"sft: median-F1 checkpoint (appendix B): step {step}, valid F1 {score:.4f}, {path / 'hf'}", ctx)
 
 
 if __name__ == "__main__":

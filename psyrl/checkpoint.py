@@ -1,22 +1,47 @@
-"""What a run leaves on disk: Hugging Face exports written atomically, and the appendix-B checkpoint choice.
+"""What a run leaves on disk: Hugging Face exports, resumable checkpoints, and the appendix-B checkpoint choice.
 
-Every directory is written under a temporary name and renamed into place, so a crash mid-save never
-leaves a half-written export that is later loaded.
+`checkpoints/step-N/` holds `hf/` (an HF export: config, safetensors, tokenizer, generation config),
+`state/` (model and optimiser shards, `torch.distributed.checkpoint`), `rng/rank-R.safetensors` (every rank's
+RNG states), the trainer's JSON files (step, data position, trajectory cache, ...) and `manifest.json`, the
+size of every file. Everything is written under a temporary name and renamed into place, and the manifest is
+written last: a directory cut short (a crash, a full disk, a copy that stopped) fails `verify` and is skipped
+with a warning. Nothing is pickled; `torch.load` is never called.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import statistics
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from psyrl.distributed import ONE_PROCESS, Dist, agree, barrier, gather_full_state_dict
+
 CHECKPOINT_GLOB = "step-*"
+MANIFEST = "manifest.json"
+STATE_PARTS = ("state", "rng")  # what `keep_state` prunes from older checkpoints
+WRITE_ERRORS = (OSError, SafetensorError, CheckpointException)  # a full disk surfaces as any of these
 
 
-def _temporary(final: Path) -> Path:
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written (the previous ones are intact) or read."""
+
+
+def _temporary(final: Path, tag: str = "") -> Path:
+    """`.<name>.tmp-<tag>`: the same on every rank (pass the tag), a fresh pid-named one in one process."""
+    tmp = final.with_name(f".{final.name}.tmp-{tag or os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     return tmp
 
@@ -33,7 +58,7 @@ def _replace_dir(tmp: Path, final: Path) -> None:
 
 
 def tidy(directory: str | Path) -> None:
-    """After a crash: delete unfinished `.<name>.tmp-<pid>` directories and files; put back a `<name>.old`
+    """After a crash: delete unfinished `.<name>.tmp-<tag>` directories and files; put back a `<name>.old`
     whose replacement never arrived."""
     directory = Path(directory)
     if not directory.is_dir():
@@ -48,32 +73,206 @@ def tidy(directory: str | Path) -> None:
             old.rename(final)
 
 
-def _save_hf(model, tokenizer, directory: Path) -> None:
-    model.save_pretrained(str(directory), safe_serialization=True)
-    tokenizer.save_pretrained(str(directory))
+def _write_hf(policy, tokenizer, directory: Path, ctx: Dist) -> None:
+    """Collective: every rank gathers the full weights one tensor at a time; rank 0 keeps them (CPU) and writes."""
+    state = {}
+    for name, tensor in gather_full_state_dict(policy, "cpu", prefix="lm."):
+        if ctx.is_main:
+            state[name] = tensor
+    if ctx.is_main:
+        policy.lm.save_pretrained(str(directory), state_dict=state, safe_serialization=True)
+        tokenizer.save_pretrained(str(directory))
 
 
-def export_hf(model, tokenizer, out_dir: str | Path) -> Path:
-    """config.json, safetensors weights, generation config and tokenizer files: loadable as they are by
-    `transformers.AutoModelForCausalLM.from_pretrained` (and by vLLM)."""
+def _fail(stage: str, final: Path, error: BaseException | None, ctx: Dist) -> CheckpointError:
+    reason = f"{type(error).__name__}: {error}" if error else "another rank failed"
+    return CheckpointError(f"could not write {final} ({stage}, rank {ctx.rank}: {reason}); the directory was not "
+                           "created and earlier checkpoints are intact")
+
+
+def export_hf(policy, tokenizer, out_dir: str | Path, ctx: Dist = ONE_PROCESS) -> Path:
+    """config.json, safetensors weights, generation config and tokenizer files of `policy.lm` (sharded or not):
+    loadable as they are by `transformers.AutoModelForCausalLM.from_pretrained` (and by vLLM). Collective."""
     out = Path(out_dir)
-    tmp = _temporary(out)
-    _save_hf(model, tokenizer, tmp)
-    _replace_dir(tmp, out)
+    tmp = _temporary(out, "export" if ctx.sharded else "")
+    error = None
+    try:
+        _write_hf(policy, tokenizer, tmp, ctx)
+        if ctx.is_main:
+            _replace_dir(tmp, out)
+    except WRITE_ERRORS as e:
+        error = e
+    if not agree(error is None, ctx):
+        if ctx.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise _fail("HF export", out, error, ctx)
     return out
 
 
-def save_checkpoint(run_dir: str | Path, step: int, model, tokenizer, files: dict[str, str]) -> Path:
-    """`checkpoints/step-N/`: `hf/` (an HF export) plus the given text files (resolved config, validation
-    scores, ...), assembled in one temporary directory and moved into place in one rename."""
+def _manifest(directory: Path) -> dict[str, int]:
+    return {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name != MANIFEST}
+
+
+def verify(directory: str | Path) -> str | None:
+    """None if `directory` is a complete checkpoint, else what is wrong with it (missing manifest or file,
+    wrong size)."""
+    directory = Path(directory)
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        return f"no readable {MANIFEST} ({type(e).__name__})"
+    for name, size in manifest["files"].items():
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, {size} expected"
+    return None
+
+
+def write_manifest(directory: Path) -> None:
+    resumable = (directory / "state").is_dir()
+    text = json_text({"files": _manifest(directory), "resumable": resumable})
+    tmp = directory / f".{MANIFEST}.tmp-{os.getpid()}"
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(directory / MANIFEST)
+
+
+def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def save_checkpoint(run_dir: str | Path, step: int, policy, optimizer, tokenizer, files: dict[str, str],
+                    ctx: Dist = ONE_PROCESS, keep_state: int = 0) -> Path:
+    """`checkpoints/step-N/`: HF export, model + optimiser shards, every rank's RNG state and the given text files
+    (resolved config, trainer state, scores, ...), assembled in a temporary directory and renamed into place.
+    Collective. A write error on any rank raises CheckpointError on every rank and leaves no `step-N`."""
     final = Path(run_dir) / "checkpoints" / f"step-{step}"
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temporary(final)
-    _save_hf(model, tokenizer, tmp / "hf")
-    for name, text in files.items():
-        (tmp / name).write_text(text, encoding="utf-8")
-    _replace_dir(tmp, final)
+    tmp = _temporary(final, "save" if ctx.sharded else "")
+    if ctx.is_main:
+        tmp.mkdir(parents=True)
+    barrier(ctx)
+    stages: list[tuple[str, Callable[[], None]]] = [
+        ("HF export", lambda: _write_hf(policy, tokenizer, tmp / "hf", ctx)),
+        ("model and optimiser state", lambda: _save_state(policy, optimizer, tmp / "state")),
+        ("RNG state", lambda: _save_rng(tmp, ctx)),
+        ("trainer files", lambda: _write_files(tmp, files, ctx)),
+    ]
+    for stage, write in stages:
+        error = None
+        try:
+            write()
+        except WRITE_ERRORS as e:
+            error = e
+        if not agree(error is None, ctx):
+            if ctx.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise _fail(stage, final, error, ctx)
+    error = None
+    if ctx.is_main:
+        try:
+            write_manifest(tmp)
+            _replace_dir(tmp, final)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            error = e
+    if not agree(error is None, ctx):
+        raise _fail("manifest", final, error, ctx)
+    if ctx.is_main:
+        prune_states(final.parent, keep_state)
     return final
+
+
+@contextlib.contextmanager
+def _one_process_is_intended():
+    """DCP warns on every save/load without a process group; psyrl's one-process mode means exactly that."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
+def _save_state(policy, optimizer, directory: Path) -> None:
+    model_state, optim_state = get_state_dict(policy, optimizer)
+    with _one_process_is_intended():
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory),
+                 no_dist=not dist.is_initialized())
+
+
+def _save_rng(directory: Path, ctx: Dist) -> None:
+    (directory / "rng").mkdir(exist_ok=True)
+    save_file(_rng_state(ctx.device), str(directory / "rng" / f"rank-{ctx.rank}.safetensors"))
+
+
+def _write_files(directory: Path, files: dict[str, str], ctx: Dist) -> None:
+    if ctx.is_main:
+        for name, text in files.items():
+            (directory / name).write_text(text, encoding="utf-8")
+
+
+def checkpoint_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every `checkpoints/step-N`, by step (complete or not)."""
+    found = []
+    for d in Path(run_dir, "checkpoints").glob(CHECKPOINT_GLOB):
+        suffix = d.name.split("-", 1)[1]
+        if d.is_dir() and suffix.isdigit():
+            found.append((int(suffix), d))
+    return sorted(found)
+
+
+def prune_states(checkpoints: Path, keep: int) -> None:
+    """Drop `state/` and `rng/` from all but the `keep` newest resumable checkpoints (0: keep all); their HF
+    exports and scores stay. The manifest is rewritten first, so a crash in between never leaves a checkpoint
+    whose manifest promises deleted files."""
+    if keep <= 0:
+        return
+    resumable = [d for _, d in checkpoint_dirs(checkpoints.parent) if (d / "state").is_dir()]
+    for d in resumable[:-keep]:
+        try:  # a failure here (full disk) costs only disk space: the checkpoint stays complete and resumable
+            manifest = json.loads((d / MANIFEST).read_text(encoding="utf-8"))
+            manifest["files"] = {k: v for k, v in manifest["files"].items() if k.split("/")[0] not in STATE_PARTS}
+            manifest["resumable"] = False
+            (d / MANIFEST).write_text(json_text(manifest), encoding="utf-8")
+        except (OSError, ValueError, KeyError):
+            continue
+        for part in STATE_PARTS:
+            shutil.rmtree(d / part, ignore_errors=True)
+
+
+def find_resumable(run_dir: str | Path, warn: Callable[[str], None]) -> Path | None:
+    """The newest complete checkpoint holding a training state; incomplete ones are reported through `warn` and
+    skipped (the previous one is used)."""
+    for _, d in reversed(checkpoint_dirs(run_dir)):
+        problem = verify(d)
+        if problem:
+            warn(f"warning: skipping {d}: incomplete checkpoint ({problem})")
+        elif (d / "state").is_dir():
+            return d
+    return None
+
+
+def load_checkpoint(directory: str | Path, policy, optimizer, ctx: Dist = ONE_PROCESS,
+                    warn: Callable[[str], None] = print) -> None:
+    """Restore model and optimiser shards (resharded by DCP if the rank count changed) and this rank's RNG
+    states from a checkpoint `save_checkpoint` wrote. Collective."""
+    directory = Path(directory)
+    model_state, optim_state = get_state_dict(policy, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    with _one_process_is_intended():
+        dcp.load(state, checkpoint_id=str(directory / "state"), no_dist=not dist.is_initialized())
+    set_state_dict(policy, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    rng_file = directory / "rng" / f"rank-{ctx.rank}.safetensors"
+    if not rng_file.is_file():
+        warn(f"warning: {directory} has no RNG state for rank {ctx.rank} (written with another rank count); "
+             "random streams restart from the seed")
+        return
+    rng = load_file(str(rng_file))
+    torch.set_rng_state(rng["cpu"])
+    if ctx.device.type == "cuda" and "cuda" in rng:
+        torch.cuda.set_rng_state(rng["cuda"], ctx.device)
 
 
 def json_text(obj) -> str:
@@ -82,13 +281,13 @@ def json_text(obj) -> str:
 
 
 def checkpoint_scores(run_dir: str | Path, metric: str = "valid/f1") -> list[tuple[int, float, Path]]:
-    """(step, score, directory) of every checkpoint with a validation.json, by step."""
+    """(step, score, directory) of every complete checkpoint with a validation.json, by step."""
     found = []
-    for d in Path(run_dir, "checkpoints").glob(CHECKPOINT_GLOB):
+    for step, d in checkpoint_dirs(run_dir):
         scores = d / "validation.json"
-        if d.is_dir() and scores.is_file():
-            found.append((int(d.name.split("-", 1)[1]), json.loads(scores.read_text())[metric], d))
-    return sorted(found)
+        if scores.is_file() and verify(d) is None:
+            found.append((step, json.loads(scores.read_text())[metric], d))
+    return found
 
 
 def select_checkpoint(run_dir: str | Path, rule: str = "median", metric: str = "valid/f1") -> tuple[int, float, Path]:

@@ -8,6 +8,7 @@ tables: reward, cache, advantage, loss, rollout); the TOML plumbing itself is in
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from psyrl import tomlconf
 from psyrl.config_tgrpo import AdvantageConfig, CacheConfig, LossConfig, RewardConfig, RolloutConfig
 from psyrl.tomlconf import ConfigError, check_choices, require
 
-__all__ = ["Config", "ConfigError", "load_config", "dump_config", "config_reference"]
+__all__ = ["Config", "ConfigError", "load_config", "dump_config", "config_changes", "config_reference"]
 
 
 @dataclass
@@ -51,7 +52,8 @@ class ModelConfig:
     """`tiny` (psyrl's small BPE), `qwen2.5` (shipped Qwen2.5 files), or a directory; empty = the model
     directory's own tokenizer, or `tiny` when `path` is empty."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Compute dtype of forward passes (bf16 autocast on GPU in appendix A.4); master weights stay float32.
+    """Compute dtype (A.3/A.4: bf16); master weights and optimiser state stay float32. Under torchrun: FSDP2
+    MixedPrecisionPolicy (bf16 parameters, float32 gradient reduction); in one process: bf16 autocast.
     For GPUs: on this project's CPU, bf16 autocast trained the tiny model at 191 tokens/s against ~5,400 in float32."""
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
     """transformers attention kernel."""
@@ -155,14 +157,34 @@ class OptimConfig:
 
 
 @dataclass
+class FsdpConfig:
+    offload: bool = False
+    """Under torchrun: keep sharded parameters, gradients and optimiser state in CPU memory (FSDP2 CPUOffloadPolicy;
+    A.3: "parameters and optimiser offloaded to CPU"). The optimiser step then runs on the CPU."""
+    reshard_after_forward: bool = True
+    """Free each layer's gathered parameters after its forward and gather again for backward (full sharding,
+    ZeRO-3); false keeps them until backward: fewer all-gathers, more memory."""
+    timeout_minutes: int = 60
+    """Collective timeout: how long ranks wait for each other (e.g. while rank 0 writes a checkpoint)."""
+
+    def __post_init__(self):
+        require(self.timeout_minutes >= 1, "timeout_minutes", f"expected >= 1, got {self.timeout_minutes}")
+
+
+@dataclass
 class CheckpointConfig:
     every: int = 0
-    """Every this many steps and at the last one: save `checkpoints/step-N/` (HF export, resolved config, held-out
-    scores when there is a valid_file); 0 = only the final export `hf/`. Appendix B: GRPO starts from the SFT
-    checkpoint with the median F1 (`psyrl select-checkpoint`)."""
+    """Every this many steps and at the last one: save `checkpoints/step-N/` (HF export, resumable training state,
+    resolved config, held-out scores when there is a valid_file); 0 = only the final export `hf/` (no resume).
+    Appendix B: GRPO starts from the SFT checkpoint with the median F1 (`psyrl select-checkpoint`)."""
+    keep_state: int = 2
+    """Keep the resumable training state (model and optimiser shards, RNG, data position: ~3x the model's size) in
+    the last this-many checkpoints only; older ones keep their HF export and scores for the median-F1 choice.
+    0 = keep every state."""
 
     def __post_init__(self):
         require(self.every >= 0, "every", f"expected >= 0, got {self.every}")
+        require(self.keep_state >= 0, "keep_state", f"expected >= 0, got {self.keep_state}")
 
 
 @dataclass
@@ -188,6 +210,7 @@ class Config:
     loss: LossConfig = field(default_factory=LossConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    fsdp: FsdpConfig = field(default_factory=FsdpConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
@@ -200,6 +223,12 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Confi
 def dump_config(config: Config) -> str:
     """The resolved config as TOML (`config.resolved.toml`); `load_config` reads it back equal."""
     return tomlconf.dump(config)
+
+
+def config_changes(old: Config, new: Config) -> list[str]:
+    """`table.key` of every value that differs between two configs."""
+    a, b = dataclasses.asdict(old), dataclasses.asdict(new)
+    return [f"{t}.{k}" for t in a for k in a[t] if a[t][k] != b[t][k]]
 
 
 def config_reference() -> str:

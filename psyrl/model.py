@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 from psyrl.config import ModelConfig
 
@@ -81,9 +82,22 @@ def tiny_config(cfg: ModelConfig, tokenizer) -> Qwen2Config:
     )
 
 
-def load_model(cfg: ModelConfig, tokenizer, seed: int = 0, device: str | torch.device = "cpu"):
-    """Float32 master weights: from `model.path`, or a tiny Qwen2 whose random init depends only on `seed`."""
+def model_config(cfg: ModelConfig, tokenizer):
+    """The architecture `load_model` builds: `model.path`'s config.json, or the tiny Qwen2 of the model table."""
     if cfg.path:
+        return AutoConfig.from_pretrained(str(_model_dir(cfg.path)))
+    return tiny_config(cfg, tokenizer)
+
+
+def load_model(cfg: ModelConfig, tokenizer, seed: int = 0, device: str | torch.device = "cpu", empty: bool = False):
+    """Float32 master weights: from `model.path`, or a tiny Qwen2 whose random init depends only on `seed`.
+    empty=True builds the same architecture on the meta device without reading any weight (the ranks that
+    receive rank 0's weights by broadcast, `psyrl.distributed.load_sharded`)."""
+    if empty:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(model_config(cfg, tokenizer), dtype=torch.float32,
+                                                     attn_implementation=cfg.attn_implementation)
+    elif cfg.path:
         model = AutoModelForCausalLM.from_pretrained(
             str(_model_dir(cfg.path)), dtype=torch.float32, attn_implementation=cfg.attn_implementation
         )
@@ -100,7 +114,7 @@ def load_model(cfg: ModelConfig, tokenizer, seed: int = 0, device: str | torch.d
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model.to(device)
+    return model if empty else model.to(device)
 
 
 def autocast(cfg: ModelConfig, device: torch.device):
@@ -121,8 +135,8 @@ def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, p
 
     input_ids, attention_mask: [B, T]; positions: [B, T-1] bool, the targets to score (default: every
     non-padding target); returns float32 [B, T-1], 0 where positions is False.
-    Calls the decoder and the LM head directly (not the root module's forward), so a root-level
-    FSDP wrapper must gather the embedding, final norm and LM head itself.
+    Calls the decoder and the LM head directly, not `model.forward`: under FSDP2 call it through `Policy`,
+    whose forward gathers the embedding, final norm and LM head and reduces their gradients.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for log-probabilities, got {temperature}")
@@ -142,3 +156,31 @@ def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, p
             pieces.append(_chunk_logprobs(*args))
     values = torch.cat(pieces) if pieces else rows.new_zeros(0, dtype=torch.float32)  # [N]
     return torch.zeros(positions.shape, dtype=torch.float32, device=values.device).masked_scatter(positions, values)
+
+
+class Policy(nn.Module):
+    """A causal LM whose forward is `token_logprobs`: the one call SFT and T-GRPO make on pi_theta and pi_ref.
+
+    FSDP2 gathers a module's parameters around its forward only, so the module that owns the embedding, final
+    norm and LM head (the FSDP root) must be the one whose forward computes the chunked log-probs. `lm` stays
+    a plain transformers model for generation and export."""
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids, attention_mask, temperature: float = 1.0, positions=None):
+        return token_logprobs(self.lm, input_ids, attention_mask, temperature, positions)
+
+
+@torch.no_grad()
+def load_weights(model: nn.Module, named_tensors) -> None:
+    """Copy (name, tensor) pairs into `model`'s parameters and buffers in place, one pair at a time: the weight
+    sync of an unsharded copy from a sharded trainer (`psyrl.distributed.gather_full_state_dict`). Tied
+    parameters arrive once and fill every name that shares them."""
+    for name, tensor in named_tensors:
+        try:
+            target = model.get_parameter(name)
+        except AttributeError:
+            target = model.get_buffer(name)
+        target.copy_(tensor)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import sys
 from pathlib import Path
@@ -48,3 +49,12 @@ def step_line(row: dict, fields: list[tuple[str, str, str]]) -> str:
         if row.get(key) is not None:
             parts.append(f"{label} {row[key]:{spec}}")
     return " | ".join(parts)
+
+
+def truncate_metrics(path: str | Path, last_step: int) -> None:
+    """Keep the rows up to `last_step` (a resumed run redoes the steps after its checkpoint); atomic rewrite."""
+    path = Path(path)
+    kept = [row for row in read_metrics(path) if row["step"] <= last_step]
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
+    tmp.replace(path)

@@ -16,7 +16,6 @@ import torch
 from psyrl import prompts
 from psyrl.config import PromptConfig
 from psyrl.data import StimuliRecord, sft_target
-from psyrl.model import token_logprobs
 
 
 @dataclass(frozen=True)
@@ -70,12 +69,16 @@ def sft_loss(logp: torch.Tensor, loss_mask: torch.Tensor, normalizer: float) -> 
     return -(logp * loss_mask).sum() / normalizer  # logp, loss_mask: [B, T-1]
 
 
-def micro_batch_losses(model, examples: Sequence[SFTExample], size: int, pad_id: int, normalizer: float,
-                       device: torch.device, amp):
+def micro_batch_losses(policy, examples: Sequence[SFTExample], size: int, pad_id: int, normalizer: float,
+                       device: torch.device, amp, batches: int = 0, filler: SFTExample | None = None):
     """Each micro-batch's share of the step's SFT loss, in order; their sum is the loss of all `examples`.
-    Training calls backward on each, validation sums them under no_grad."""
-    for start in range(0, len(examples), size):
-        input_ids, attention_mask, loss_mask = (t.to(device) for t in collate(examples[start:start + size], pad_id))
+    Training calls backward on each, validation sums them under no_grad. `policy` is a `psyrl.model.Policy`.
+    batches > the micro-batches `examples` fill: the rest run `filler` with weight 0, so that every FSDP rank
+    takes part in the same number of forward passes (their all-gathers) even when its share is smaller."""
+    starts = range(0, len(examples), size)
+    for k in range(max(len(starts), batches)):
+        chunk, weight = (examples[starts[k]:starts[k] + size], 1.0) if k < len(starts) else ([filler], 0.0)
+        input_ids, attention_mask, loss_mask = (t.to(device) for t in collate(chunk, pad_id))
         with amp:
-            logp = token_logprobs(model, input_ids, attention_mask, 1.0, loss_mask)  # [b, T-1]
-        yield sft_loss(logp, loss_mask, normalizer)
+            logp = policy(input_ids, attention_mask, 1.0, loss_mask)  # [b, T-1]
+        yield sft_loss(logp, loss_mask, normalizer) * weight

@@ -8,6 +8,8 @@ T-GRPO issue's sampler interface replaces it so that vLLM can serve it on GPU no
 
 from __future__ import annotations
 
+import contextlib
+import math
 import random
 from collections.abc import Sequence
 
@@ -18,6 +20,7 @@ from transformers import GenerationConfig
 from psyrl import prompts
 from psyrl.config import Config
 from psyrl.data import StimuliRecord
+from psyrl.distributed import ONE_PROCESS, Dist, all_gather_lists, all_reduce, rank_share
 from psyrl.model import autocast, stop_token_ids
 from psyrl.rewards import answer_components
 from psyrl.sft import build_examples, micro_batch_losses, response_tokens
@@ -70,17 +73,23 @@ def generate(model, tokenizer, prompt_ids: Sequence[Sequence[int]], config: Gene
     return results
 
 
-def validate(model, tokenizer, records: Sequence[StimuliRecord], cfg: Config, device: torch.device,
+def validate(policy, generator, tokenizer, records: Sequence[StimuliRecord], cfg: Config, ctx: Dist = ONE_PROCESS,
              progress: bool = False):
     """(metrics, outputs): valid/f1 (eq. 4-5 on the extracted answer), valid/format (eq. 6), valid/length (tokens),
-    valid/loss (NLL per response token of the SFT targets); outputs as `generate` returns them, in record order."""
-    was_training = model.training
-    model.eval()
-    amp = autocast(cfg.model, device)
-    ids = [prompts.prompt_ids(tokenizer, r, cfg.prompt) for r in records]
+    valid/loss (NLL per response token of the SFT targets); outputs as `generate` returns them, in record order.
+
+    `generator` is an unsharded model that samples (`policy.lm` in one process, a full copy on each rank under
+    FSDP); `policy` (sharded or not) scores the loss. Items are split across ranks; every rank gets all metrics."""
+    was_training = policy.training
+    policy.eval()
+    generator.eval()
+    amp = autocast(cfg.model, ctx.device)
+    local = rank_share(records, ctx)
+    ids = [prompts.prompt_ids(tokenizer, r, cfg.prompt) for r in local]
     config = generation_config(tokenizer, cfg.rollout.max_new_tokens, cfg.rollout.valid_temperature,
                                cfg.rollout.top_p)
-    outputs = generate(model, tokenizer, ids, config, cfg.run.seed, cfg.rollout.valid_batch, device, amp, progress)
+    outputs = all_gather_lists(generate(generator, tokenizer, ids, config, cfg.run.seed, cfg.rollout.valid_batch,
+                                        ctx.device, amp, progress), ctx)
     parts = answer_components([text for _, text in outputs], [r.answer for r in records], cfg.prompt.mode, cfg.reward)
     metrics = {
         "valid/f1": parts["f1"].mean().item(),
@@ -90,9 +99,13 @@ def validate(model, tokenizer, records: Sequence[StimuliRecord], cfg: Config, de
     }
     examples, _ = build_examples(records, tokenizer, cfg.prompt, cfg.data.max_length)
     if examples:
+        size = cfg.optim.logprob_micro_batch
+        largest_share = math.ceil(len(examples) / ctx.world)
+        batches = math.ceil(largest_share / size)  # every rank runs this many forwards (FSDP all-gathers)
+        policy_amp = contextlib.nullcontext() if ctx.sharded else amp  # FSDP's MixedPrecisionPolicy casts instead
         with torch.no_grad():
-            losses = micro_batch_losses(model, examples, cfg.optim.logprob_micro_batch, tokenizer.pad_token_id,
-                                        response_tokens(examples), device, amp)
-            metrics["valid/loss"] = torch.stack(list(losses)).sum().item()
-    model.train(was_training)
+            losses = micro_batch_losses(policy, rank_share(examples, ctx), size, tokenizer.pad_token_id,
+                                        response_tokens(examples), ctx.device, policy_amp, batches, examples[0])
+            metrics["valid/loss"] = all_reduce(torch.stack(list(losses)).sum(), ctx).item()
+    policy.train(was_training)
     return metrics, outputs

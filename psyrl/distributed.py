@@ -1,0 +1,207 @@
+"""Processes, device mesh and FSDP2 sharding (SPEC §1: torchrun, FSDP2 with CPU offload, mixed precision).
+
+Under `torchrun` every rank runs the same entry script; without it (no WORLD_SIZE, or WORLD_SIZE = 1) psyrl
+runs in one process on a plain model, and every helper here degrades to a no-op or the identity.
+The `Dist` value returned by `init_distributed` is passed around explicitly: no module-level state.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    local_world: int = 1
+    device: torch.device = torch.device("cpu")
+    mesh: DeviceMesh | None = None
+    """1-D mesh named "fsdp" over all ranks; None in one process."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def sharded(self) -> bool:
+        return self.mesh is not None
+
+
+ONE_PROCESS = Dist()  # what init_distributed returns without torchrun (on the CPU)
+
+
+def _device(choice: str, local_rank: int) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ValueError("run.device = 'cuda' but no CUDA device is available")
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def backend(device: torch.device, offload: bool) -> str:
+    """gloo on CPU; nccl on GPU; both under CPU offload, where the broadcast of rank 0's weights runs on
+    CPU-resident shards."""
+    if device.type != "cuda":
+        return "gloo"
+    return "cuda:nccl,cpu:gloo" if offload else "nccl"
+
+
+def set_threads(local_world: int) -> None:
+    """Split this machine's cores between its ranks (torchrun's default OMP_NUM_THREADS=1 leaves cores idle, and
+    the CPU-offloaded optimiser step runs on them)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, cores // local_world))
+
+
+def init_distributed(device_choice: str = "auto", offload: bool = False, timeout_minutes: int = 60) -> Dist:
+    """Join the torchrun process group (when WORLD_SIZE > 1) and build the explicit device mesh: the default
+    mesh can pick CUDA on a GPU machine and then fail with gloo."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    device = _device(device_choice, local_rank)
+    set_threads(local_world)
+    if world == 1:
+        return Dist(device=device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend(device, offload), timeout=datetime.timedelta(minutes=timeout_minutes),
+                            device_id=device if device.type == "cuda" else None)
+    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("fsdp",))
+    return Dist(rank, world, local_rank, local_world, device, mesh)
+
+
+def cleanup(ctx: Dist) -> None:
+    if ctx.sharded and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def is_main() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def print0(*args) -> None:
+    """print on rank 0 only, flushed."""
+    if is_main():
+        print(*args, flush=True, file=sys.stdout)
+
+
+def shard(policy: nn.Module, ctx: Dist, dtype: str = "float32", offload: bool = False,
+          reshard_after_forward: bool = True) -> nn.Module:
+    """FSDP2: `fully_shard` each decoder layer, then the root (embedding, final norm, LM head). bf16 keeps float32
+    master weights and reduces gradients in float32. CPU offload pins memory only when a GPU exists (pinning
+    without one raises)."""
+    mp = MixedPrecisionPolicy(param_dtype=DTYPES[dtype], reduce_dtype=torch.float32) if dtype != "float32" \
+        else MixedPrecisionPolicy()
+    off = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy()
+    kwargs = {"mesh": ctx.mesh, "mp_policy": mp, "offload_policy": off, "reshard_after_forward": reshard_after_forward}
+    units = [*policy.lm.get_decoder().layers, policy]
+    for unit in units:
+        fully_shard(unit, **kwargs)
+    for unit in units:  # each rank's loss is already divided by the global normaliser: sum gradients, not average
+        unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM
+    return policy
+
+
+def load_sharded(build: Callable[[bool], nn.Module], ctx: Dist, dtype: str = "float32", offload: bool = False,
+                 reshard_after_forward: bool = True) -> nn.Module:
+    """A sharded `Policy` whose weights are read on rank 0 only and broadcast: `build(empty)` returns the Policy,
+    with real weights when empty is False (rank 0) or on the meta device (other ranks)."""
+    error = None
+    try:
+        policy = build(not ctx.is_main)
+    except (OSError, ValueError) as e:  # e.g. unreadable weights on rank 0: stop every rank, not only rank 0
+        error = e
+    if not agree(error is None, ctx):
+        raise error or RuntimeError(f"rank {ctx.rank}: rank 0 could not load the model (see its error)")
+    full = {k: v.detach().cpu() for k, v in policy.state_dict().items()} if ctx.is_main else {}
+    buffers = {name: b.detach().clone() for name, b in policy.named_buffers()} if ctx.is_main else {}
+    shard(policy, ctx, dtype, offload, reshard_after_forward)
+    if not ctx.is_main:
+        policy.to_empty(device="cpu" if offload else ctx.device)
+    set_model_state_dict(policy, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    _broadcast_buffers(policy, buffers, ctx)
+    return policy
+
+
+def _broadcast_buffers(model: nn.Module, rank0_buffers: dict[str, torch.Tensor], ctx: Dist) -> None:
+    """Rank 0's buffers to every rank. Non-persistent buffers such as rotary `inv_freq` are not in the state dict,
+    and `to_empty` left them uninitialised (measured: logits off by 0.006 when skipped)."""
+    for name, buf in list(model.named_buffers()):
+        owner, _, attr = name.rpartition(".")
+        module = model.get_submodule(owner)
+        value = rank0_buffers[name].to(ctx.device) if ctx.is_main else torch.empty_like(buf, device=ctx.device)
+        dist.broadcast(value, src=0)
+        setattr(module, attr, value)
+
+
+def gather_full_state_dict(model: nn.Module, device: str | torch.device = "cpu",
+                           prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) one at a time, on every rank: each sharded parameter is all-gathered when its turn
+    comes, so at most one full tensor exists beyond the shards. Tied parameters appear once, under their first
+    name; `prefix` is stripped from names (e.g. "lm." for a Policy). Collective: every rank must iterate to the
+    end. In one process: the model's own tensors, detached."""
+    seen: set[int] = set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        yield name.removeprefix(prefix), full.detach().to(device)
+
+
+def all_reduce(value: torch.Tensor, ctx: Dist, op: str = "sum") -> torch.Tensor:
+    """Sum or max over ranks (identity in one process), in float64 so the reduction itself adds no error."""
+    if not ctx.sharded:
+        return value
+    out = value.detach().to(ctx.device, torch.float64)
+    dist.all_reduce(out, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+    return out
+
+
+def agree(ok: bool, ctx: Dist) -> bool:
+    """True on every rank iff `ok` on every rank: a rank that failed (a write error) stops all of them together
+    instead of leaving the others waiting in the next collective."""
+    if not ctx.sharded:
+        return ok
+    flag = torch.tensor([1 if ok else 0], device=ctx.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def barrier(ctx: Dist) -> None:
+    if ctx.sharded:
+        dist.barrier()
+
+
+def rank_share(items: Sequence, ctx: Dist) -> list:
+    """This rank's contiguous slice of `items` (sizes differ by at most one; rank order = item order)."""
+    base, extra = divmod(len(items), ctx.world)
+    start = ctx.rank * base + min(ctx.rank, extra)
+    return list(items[start:start + base + (1 if ctx.rank < extra else 0)])
+
+
+def all_gather_lists(local: list, ctx: Dist) -> list:
+    """Concatenate every rank's list in rank order (inverse of `rank_share`); small Python objects only."""
+    if not ctx.sharded:
+        return list(local)
+    parts: list = [None] * ctx.world
+    dist.all_gather_object(parts, local)
+    return [x for part in parts for x in part]

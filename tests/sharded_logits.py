@@ -1,0 +1,38 @@
+"""Worker for tests/test_distributed.py, run under torchrun: token log-probs of a sharded tiny model, of its HF
+export loaded back into a sharded model, written per rank to <out>/rank-R.safetensors."""
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from psyrl.checkpoint import export_hf
+from psyrl.config import ModelConfig
+from psyrl.distributed import cleanup, init_distributed, load_sharded
+from psyrl.model import Policy, load_model, load_tokenizer
+
+TINY = ModelConfig(tokenizer="tiny", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
+
+
+def main(out: Path) -> None:
+    ctx = init_distributed("cpu")
+    tokenizer = load_tokenizer(TINY)
+    ids = torch.tensor([tokenizer("Stimuli: my sister won the prize.\nQuestion: how did I feel?")["input_ids"]] * 2)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # a left-padded row
+    policy = load_sharded(lambda empty: Policy(load_model(TINY, tokenizer, seed=7, empty=empty)), ctx)
+    with torch.no_grad():
+        before = policy(ids, mask)
+    export_hf(policy, tokenizer, out / "hf", ctx)
+    exported = dataclasses.replace(TINY, path=str(out / "hf"), tokenizer="")
+    reloaded = load_sharded(lambda empty: Policy(load_model(exported, tokenizer, empty=empty)), ctx)
+    with torch.no_grad():
+        after = reloaded(ids, mask)
+    save_file({"before": before, "after": after, "ids": ids, "mask": mask}, str(out / f"rank-{ctx.rank}.safetensors"))
+    cleanup(ctx)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
