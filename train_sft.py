@@ -30,6 +30,7 @@ import torch
 import transformers
 from tqdm import tqdm
 
+from psyrl.atomic import tidy
 from psyrl.checkpoint import (
     CheckpointError,
     export_hf,
@@ -38,7 +39,6 @@ from psyrl.checkpoint import (
     load_checkpoint,
     save_checkpoint,
     select_checkpoint,
-    tidy,
 )
 from psyrl.config import ConfigError, config_changes, dump_config, load_config
 from psyrl.data import Cursor, DataError, load_stimuliqa, next_indices
@@ -47,13 +47,14 @@ from psyrl.distributed import (
     Dist,
     all_reduce,
     barrier,
+    broadcast_object,
     cleanup,
-    gather_full_state_dict,
     init_distributed,
     load_sharded,
     rank_share,
+    unsharded_copy,
 )
-from psyrl.model import Policy, autocast, load_model, load_tokenizer, load_weights
+from psyrl.model import Policy, autocast, load_model, load_tokenizer
 from psyrl.optim import build_optimizer, clipped_step, lr_factor, set_lr
 from psyrl.runlog import MetricsFile, peak_memory_gib, step_line, truncate_metrics
 from psyrl.sft import build_examples, micro_batch_losses, response_tokens
@@ -87,20 +88,17 @@ def build_policy(cfg, tokenizer, ctx: Dist) -> Policy:
 
 
 def generator_for(policy: Policy, cfg, tokenizer, ctx: Dist):
-    """The model validation samples from: `policy.lm` in one process; under FSDP a full copy on each rank, filled
-    one tensor at a time from the shards (the weight sync a colocated sampler receives)."""
+    """The model validation samples from: `policy.lm` in one process; under FSDP a full copy on each rank in the
+    compute dtype, filled one tensor at a time from the shards (the weight sync a colocated sampler receives)."""
     if not ctx.sharded:
         return policy.lm
-    lm = load_model(cfg.model, tokenizer, empty=True).to_empty(device=ctx.device)
-    load_weights(lm, gather_full_state_dict(policy, ctx.device, prefix="lm."))
-    for name, buffer in policy.lm.named_buffers():  # rotary inv_freq: not in the state dict
-        lm.get_buffer(name).copy_(buffer)
-    return lm
+    return unsharded_copy(policy, load_model(cfg.model, tokenizer, empty=True), ctx, cfg.model.dtype)
 
 
 def check_resume(run_dir: Path, cfg, ctx: Dist) -> Path:
     """The checkpoint to resume from, after checking the run's config has not changed in a way that matters."""
-    checkpoint = find_resumable(run_dir, lambda line: say(line, ctx))
+    found = find_resumable(run_dir, lambda line: say(line, ctx)) if ctx.is_main else None
+    checkpoint = broadcast_object(found, ctx)  # rank 0 decides: nodes may see a shared filesystem differently
     if checkpoint is None:
         raise click.ClickException(f"--resume: {run_dir} holds no complete checkpoint with a training state "
                                    "(checkpoint.every = 0 saves none; checkpoint.keep_state prunes older ones)")
@@ -140,10 +138,8 @@ def setup_and_train(config_path, overrides, overwrite: bool, resume: bool) -> No
         ctx = init_distributed(cfg.run.device, cfg.fsdp.offload, cfg.fsdp.timeout_minutes)
     except (ConfigError, ValueError) as e:
         raise click.ClickException(str(e)) from None
-    try:
-        train(cfg, ctx, overwrite, resume)
-    finally:
-        cleanup(ctx)
+    train(cfg, ctx, overwrite, resume)
+    cleanup(ctx)  # on a normal exit only: after an error, NCCL work may be in flight and the process just ends
 
 
 def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
@@ -252,6 +248,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
             if valid_records and (save or step == steps):
                 metrics, outputs = run_validation()
                 row.update(metrics)
+            log(row)  # before the save: a crash right after it must not lose the row of a step it kept
             if save:
                 files = {"config.resolved.toml": resolved,
                          "trainer.json": json_text({"step": step, "cursor": vars(cursor),
@@ -264,7 +261,6 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
                                     cfg.checkpoint.keep_state)
                 except CheckpointError as e:
                     raise click.ClickException(str(e)) from None
-            log(row)
             bar.update(1)
             if step % cfg.log.every == 0 or step == steps:
                 say(step_line(row, LINE_FIELDS), ctx)

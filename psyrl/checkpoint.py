@@ -3,16 +3,15 @@
 `checkpoints/step-N/` holds `hf/` (an HF export: config, safetensors, tokenizer, generation config),
 `state/` (model and optimiser shards, `torch.distributed.checkpoint`), `rng/rank-R.safetensors` (every rank's
 RNG states), the trainer's JSON files (step, data position, trajectory cache, ...) and `manifest.json`, the
-size of every file. Everything is written under a temporary name and renamed into place, and the manifest is
-written last: a directory cut short (a crash, a full disk, a copy that stopped) fails `verify` and is skipped
-with a warning. Nothing is pickled; `torch.load` is never called.
+size of every file. Everything is written under a temporary name and renamed into place (`psyrl.atomic`),
+and the manifest is written last: a directory cut short (a crash, a full disk, a copy that stopped) fails
+`verify` and is skipped with a warning. Nothing is pickled; `torch.load` is never called.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import statistics
 import warnings
@@ -27,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from psyrl.atomic import replace_dir, temporary, write_text
 from psyrl.distributed import ONE_PROCESS, Dist, agree, barrier, gather_full_state_dict
 
 CHECKPOINT_GLOB = "step-*"
@@ -39,38 +39,12 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written (the previous ones are intact) or read."""
 
 
-def _temporary(final: Path, tag: str = "") -> Path:
-    """`.<name>.tmp-<tag>`: the same on every rank (pass the tag), a fresh pid-named one in one process."""
-    tmp = final.with_name(f".{final.name}.tmp-{tag or os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+def _temporary(final: Path, ctx: Dist, tag: str) -> Path:
+    """The same temporary name on every rank (a pid-named one in one process); rank 0 clears a leftover."""
+    tmp = temporary(final, tag if ctx.sharded else None)
+    if ctx.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
     return tmp
-
-
-def _replace_dir(tmp: Path, final: Path) -> None:
-    """Move a finished directory into place. The previous version is renamed to `<name>.old` first and deleted
-    last: at every instant one complete version exists under `final` or `<name>.old` (`tidy` restores it)."""
-    old = final.with_name(final.name + ".old")
-    if final.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def tidy(directory: str | Path) -> None:
-    """After a crash: delete unfinished `.<name>.tmp-<tag>` directories and files; put back a `<name>.old`
-    whose replacement never arrived."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return
-    for path in sorted(directory.rglob(".*.tmp-*")):
-        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-    for old in sorted(directory.rglob("*.old")):
-        final = old.with_name(old.name[: -len(".old")])
-        if final.exists():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.rename(final)
 
 
 def _write_hf(policy, tokenizer, directory: Path, ctx: Dist) -> None:
@@ -94,19 +68,25 @@ def export_hf(policy, tokenizer, out_dir: str | Path, ctx: Dist = ONE_PROCESS) -
     """config.json, safetensors weights, generation config and tokenizer files of `policy.lm` (sharded or not):
     loadable as they are by `transformers.AutoModelForCausalLM.from_pretrained` (and by vLLM). Collective."""
     out = Path(out_dir)
-    tmp = _temporary(out, "export" if ctx.sharded else "")
-    error = None
-    try:
-        _write_hf(policy, tokenizer, tmp, ctx)
-        if ctx.is_main:
-            _replace_dir(tmp, out)
-    except WRITE_ERRORS as e:
-        error = e
-    if not agree(error is None, ctx):
-        if ctx.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise _fail("HF export", out, error, ctx)
+    tmp = _temporary(out, ctx, "export")
+    _write_stages([("HF export", lambda: _write_hf(policy, tokenizer, tmp, ctx)),
+                   ("rename", lambda: _publish(tmp, out, ctx, manifest=False))], tmp, out, ctx)
     return out
+
+
+def _write_stages(stages: list[tuple[str, Callable[[], None]]], tmp: Path, final: Path, ctx: Dist) -> None:
+    """Run each stage on every rank; after each one the ranks agree it succeeded on all of them, else the
+    temporary directory goes and every rank raises (none is left waiting in the next collective)."""
+    for stage, write in stages:
+        error = None
+        try:
+            write()
+        except WRITE_ERRORS as e:
+            error = e
+        if not agree(error is None, ctx):
+            if ctx.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise _fail(stage, final, error, ctx)
 
 
 def _manifest(directory: Path) -> dict[str, int]:
@@ -131,19 +111,11 @@ def verify(directory: str | Path) -> str | None:
     return None
 
 
-def write_manifest(directory: Path) -> None:
-    resumable = (directory / "state").is_dir()
-    text = json_text({"files": _manifest(directory), "resumable": resumable})
-    tmp = directory / f".{MANIFEST}.tmp-{os.getpid()}"
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(directory / MANIFEST)
-
-
-def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
-    state = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
+def write_manifest(directory: Path, manifest: dict | None = None) -> None:
+    """Atomically (temporary file, then rename) write `manifest`, by default the sizes of every file now there."""
+    if manifest is None:
+        manifest = {"files": _manifest(directory), "resumable": (directory / "state").is_dir()}
+    write_text(directory / MANIFEST, json_text(manifest))
 
 
 def save_checkpoint(run_dir: str | Path, step: int, policy, optimizer, tokenizer, files: dict[str, str],
@@ -152,7 +124,7 @@ def save_checkpoint(run_dir: str | Path, step: int, policy, optimizer, tokenizer
     (resolved config, trainer state, scores, ...), assembled in a temporary directory and renamed into place.
     Collective. A write error on any rank raises CheckpointError on every rank and leaves no `step-N`."""
     final = Path(run_dir) / "checkpoints" / f"step-{step}"
-    tmp = _temporary(final, "save" if ctx.sharded else "")
+    tmp = _temporary(final, ctx, "save")
     if ctx.is_main:
         tmp.mkdir(parents=True)
     barrier(ctx)
@@ -161,27 +133,9 @@ def save_checkpoint(run_dir: str | Path, step: int, policy, optimizer, tokenizer
         ("model and optimiser state", lambda: _save_state(policy, optimizer, tmp / "state")),
         ("RNG state", lambda: _save_rng(tmp, ctx)),
         ("trainer files", lambda: _write_files(tmp, files, ctx)),
+        ("manifest", lambda: _publish(tmp, final, ctx)),
     ]
-    for stage, write in stages:
-        error = None
-        try:
-            write()
-        except WRITE_ERRORS as e:
-            error = e
-        if not agree(error is None, ctx):
-            if ctx.is_main:
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise _fail(stage, final, error, ctx)
-    error = None
-    if ctx.is_main:
-        try:
-            write_manifest(tmp)
-            _replace_dir(tmp, final)
-        except OSError as e:
-            shutil.rmtree(tmp, ignore_errors=True)
-            error = e
-    if not agree(error is None, ctx):
-        raise _fail("manifest", final, error, ctx)
+    _write_stages(stages, tmp, final, ctx)
     if ctx.is_main:
         prune_states(final.parent, keep_state)
     return final
@@ -202,9 +156,20 @@ def _save_state(policy, optimizer, directory: Path) -> None:
                  no_dist=not dist.is_initialized())
 
 
+def _publish(tmp: Path, final: Path, ctx: Dist, manifest: bool = True) -> None:
+    """Rank 0: the manifest last, then the rename: only now does `step-N` exist, complete."""
+    if ctx.is_main:
+        if manifest:
+            write_manifest(tmp)
+        replace_dir(tmp, final)
+
+
 def _save_rng(directory: Path, ctx: Dist) -> None:
+    state = {"cpu": torch.get_rng_state()}
+    if ctx.device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(ctx.device)
     (directory / "rng").mkdir(exist_ok=True)
-    save_file(_rng_state(ctx.device), str(directory / "rng" / f"rank-{ctx.rank}.safetensors"))
+    save_file(state, str(directory / "rng" / f"rank-{ctx.rank}.safetensors"))
 
 
 def _write_files(directory: Path, files: dict[str, str], ctx: Dist) -> None:
@@ -223,19 +188,25 @@ def checkpoint_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def _resumable(directory: Path) -> bool:
+    """Complete, and its manifest still promises a training state (pruning withdraws that promise first)."""
+    if verify(directory) is not None:
+        return False
+    return json.loads((directory / MANIFEST).read_text(encoding="utf-8")).get("resumable", False)
+
+
 def prune_states(checkpoints: Path, keep: int) -> None:
     """Drop `state/` and `rng/` from all but the `keep` newest resumable checkpoints (0: keep all); their HF
-    exports and scores stay. The manifest is rewritten first, so a crash in between never leaves a checkpoint
-    whose manifest promises deleted files."""
+    exports and scores stay. The manifest is rewritten first, so a crash in between leaves a checkpoint that
+    is complete but no longer offered for resume."""
     if keep <= 0:
         return
-    resumable = [d for _, d in checkpoint_dirs(checkpoints.parent) if (d / "state").is_dir()]
+    resumable = [d for _, d in checkpoint_dirs(checkpoints.parent) if _resumable(d)]
     for d in resumable[:-keep]:
         try:  # a failure here (full disk) costs only disk space: the checkpoint stays complete and resumable
             manifest = json.loads((d / MANIFEST).read_text(encoding="utf-8"))
             manifest["files"] = {k: v for k, v in manifest["files"].items() if k.split("/")[0] not in STATE_PARTS}
-            manifest["resumable"] = False
-            (d / MANIFEST).write_text(json_text(manifest), encoding="utf-8")
+            write_manifest(d, {**manifest, "resumable": False})
         except (OSError, ValueError, KeyError):
             continue
         for part in STATE_PARTS:
@@ -249,7 +220,7 @@ def find_resumable(run_dir: str | Path, warn: Callable[[str], None]) -> Path | N
         problem = verify(d)
         if problem:
             warn(f"warning: skipping {d}: incomplete checkpoint ({problem})")
-        elif (d / "state").is_dir():
+        elif _resumable(d):
             return d
     return None
 

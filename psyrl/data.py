@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from psyrl.atomic import write_text
 from psyrl.text import ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN
 
 # paper §3.1 and Table 2; the subdimension -> dimension pairing is psyrl's reading (the paper lists both, not the map)
@@ -213,15 +213,13 @@ def load_records(path: str | Path) -> list[StimuliRecord] | list[BenchmarkRecord
 
 def write_jsonl(path: str | Path, records: Iterable) -> None:
     """One JSON object per line, fields in dataclass order, UTF-8; written to a temporary file then renamed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as f:
-        for r in records:
-            obj = dataclasses.asdict(r) if dataclasses.is_dataclass(r) else dict(r)
-            obj = {k: list(v) if isinstance(v, tuple) else v for k, v in obj.items()}
-            f.write(json.dumps(obj, ensure_ascii=False) + "\n")
-    tmp.replace(path)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for r in records:
+        obj = dataclasses.asdict(r) if dataclasses.is_dataclass(r) else dict(r)
+        lines.append(json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in obj.items()},
+                                ensure_ascii=False) + "\n")
+    write_text(path, "".join(lines))
 
 
 # ---------------------------------------------------------------- SFT target (SPEC §6)

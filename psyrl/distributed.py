@@ -21,6 +21,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from psyrl.model import load_weights
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -165,6 +167,27 @@ def gather_full_state_dict(model: nn.Module, device: str | torch.device = "cpu",
         seen.add(id(tensor))
         full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
         yield name.removeprefix(prefix), full.detach().to(device)
+
+
+def unsharded_copy(policy: nn.Module, empty_lm: nn.Module, ctx: Dist, dtype: str = "float32") -> nn.Module:
+    """A full, unsharded copy of `policy.lm` on this rank (what a colocated sampler holds): `empty_lm` is the same
+    architecture on the meta device, filled one tensor at a time from the shards. Collective."""
+    lm = empty_lm.to_empty(device=ctx.device).to(DTYPES[dtype])
+    lm.tie_weights()  # to_empty made new Parameters: a tied LM head would otherwise stay uninitialised memory
+    load_weights(lm, gather_full_state_dict(policy, ctx.device, prefix="lm."))
+    with torch.no_grad():
+        for name, buffer in policy.lm.named_buffers():  # rotary inv_freq: not in the state dict
+            lm.get_buffer(name).copy_(buffer)
+    return lm
+
+
+def broadcast_object(obj, ctx: Dist):
+    """Rank 0's value of a small Python object, on every rank (so that all ranks act on one decision)."""
+    if not ctx.sharded:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def all_reduce(value: torch.Tensor, ctx: Dist, op: str = "sum") -> torch.Tensor:

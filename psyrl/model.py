@@ -177,10 +177,15 @@ class Policy(nn.Module):
 def load_weights(model: nn.Module, named_tensors) -> None:
     """Copy (name, tensor) pairs into `model`'s parameters and buffers in place, one pair at a time: the weight
     sync of an unsharded copy from a sharded trainer (`psyrl.distributed.gather_full_state_dict`). Tied
-    parameters arrive once and fill every name that shares them."""
+    parameters arrive once and fill every name that shares them; a parameter left unfilled is an error."""
+    filled = set()
     for name, tensor in named_tensors:
         try:
             target = model.get_parameter(name)
         except AttributeError:
             target = model.get_buffer(name)
         target.copy_(tensor)
+        filled.add(id(target))
+    missing = [name for name, p in model.named_parameters() if id(p) not in filled]
+    if missing:
+        raise ValueError(f"load_weights: no tensor for {', '.join(missing[:5])} ({len(missing)} parameters)")

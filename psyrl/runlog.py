@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import resource
 import sys
 from pathlib import Path
 
 import torch
+
+from psyrl.atomic import write_text
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -53,8 +54,5 @@ def step_line(row: dict, fields: list[tuple[str, str, str]]) -> str:
 
 def truncate_metrics(path: str | Path, last_step: int) -> None:
     """Keep the rows up to `last_step` (a resumed run redoes the steps after its checkpoint); atomic rewrite."""
-    path = Path(path)
     kept = [row for row in read_metrics(path) if row["step"] <= last_step]
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, "".join(json.dumps(row) + "\n" for row in kept))

@@ -1,5 +1,6 @@
-"""Worker for tests/test_distributed.py, run under torchrun: token log-probs of a sharded tiny model, of its HF
-export loaded back into a sharded model, written per rank to <out>/rank-R.safetensors."""
+"""Worker for tests/test_distributed.py, run under torchrun: token log-probs of a sharded tiny model, of the
+unsharded copy each rank fills from its shards, and of its HF export loaded back into a sharded model, written
+per rank to <out>/rank-R.safetensors."""
 
 import dataclasses
 import sys
@@ -10,8 +11,8 @@ from safetensors.torch import save_file
 
 from psyrl.checkpoint import export_hf
 from psyrl.config import ModelConfig
-from psyrl.distributed import cleanup, init_distributed, load_sharded
-from psyrl.model import Policy, load_model, load_tokenizer
+from psyrl.distributed import cleanup, init_distributed, load_sharded, unsharded_copy
+from psyrl.model import Policy, load_model, load_tokenizer, token_logprobs
 
 TINY = ModelConfig(tokenizer="tiny", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
 
@@ -25,12 +26,14 @@ def main(out: Path) -> None:
     policy = load_sharded(lambda empty: Policy(load_model(TINY, tokenizer, seed=7, empty=empty)), ctx)
     with torch.no_grad():
         before = policy(ids, mask)
+        copy = token_logprobs(unsharded_copy(policy, load_model(TINY, tokenizer, empty=True), ctx), ids, mask)
     export_hf(policy, tokenizer, out / "hf", ctx)
     exported = dataclasses.replace(TINY, path=str(out / "hf"), tokenizer="")
     reloaded = load_sharded(lambda empty: Policy(load_model(exported, tokenizer, empty=empty)), ctx)
     with torch.no_grad():
         after = reloaded(ids, mask)
-    save_file({"before": before, "after": after, "ids": ids, "mask": mask}, str(out / f"rank-{ctx.rank}.safetensors"))
+    tensors = {"before": before, "copy": copy, "after": after, "ids": ids, "mask": mask}
+    save_file(tensors, str(out / f"rank-{ctx.rank}.safetensors"))
     cleanup(ctx)
 
 

@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from psyrl import checkpoint as ckpt
+from psyrl.atomic import tidy
 from psyrl.checkpoint import (
     CheckpointError,
     export_hf,
@@ -17,7 +18,6 @@ from psyrl.checkpoint import (
     load_checkpoint,
     save_checkpoint,
     select_checkpoint,
-    tidy,
     verify,
     write_manifest,
 )
@@ -154,3 +154,12 @@ def test_keep_state_prunes_old_states_but_keeps_exports(tmp_path):
     assert sorted(p.name for p in first.iterdir()) == ["hf", "manifest.json"]
     assert verify(first) is None and json.loads((first / "manifest.json").read_text())["resumable"] is False
     assert all((tmp_path / "checkpoints" / f"step-{s}" / "state").is_dir() for s in (2, 3))
+
+
+def test_a_checkpoint_whose_pruning_was_interrupted_is_not_resumed(tmp_path):
+    policy, optimizer, tokenizer = trained_policy()
+    first = save_checkpoint(tmp_path, 1, policy, optimizer, tokenizer, {})
+    second = save_checkpoint(tmp_path, 2, policy, optimizer, tokenizer, {})
+    manifest = json.loads((second / "manifest.json").read_text())
+    write_manifest(second, {**manifest, "resumable": False})  # pruning withdrew the state, then crashed
+    assert verify(second) is None and find_resumable(tmp_path, print) == first

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from psyrl.config import ModelConfig
-from psyrl.model import load_model, load_tokenizer, token_logprobs
+from psyrl.model import load_model, load_tokenizer, load_weights, token_logprobs
 
 TINY = ModelConfig(tokenizer="qwen2.5", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                    intermediate_size=64)
@@ -117,3 +117,14 @@ def test_bf16_autocast_stays_close_to_float32(model):
         low = token_logprobs(model, ids, mask, 1.0)
     assert low.dtype == torch.float32  # the log-softmax itself runs in float32
     torch.testing.assert_close(low, token_logprobs(model, ids, mask, 1.0), atol=0.05, rtol=0.02)
+
+
+def test_load_weights_fills_every_parameter_or_names_the_missing_one(model, qwen_tokenizer):
+    copy = load_model(TINY, qwen_tokenizer, seed=5)
+    state = model.state_dict()
+    load_weights(copy, ((n, t) for n, t in state.items() if n != "lm_head.weight"))  # tied to the embedding
+    ids, mask = batch(model.config.vocab_size)
+    with torch.no_grad():
+        assert torch.equal(copy(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)
+    with pytest.raises(ValueError, match=r"no tensor for model.norm.weight \(1 parameters\)"):
+        load_weights(copy, ((n, t) for n, t in state.items() if n != "model.norm.weight"))
