@@ -166,6 +166,8 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
     if not examples:
         raise click.ClickException(f"{cfg.data.train_file}: no usable training example ({counts})")
     valid_records = sample_items(valid_records, cfg.data.valid_items, cfg.run.seed)
+    if cfg.fsdp.offload and not ctx.sharded:
+        say("note: fsdp.offload applies under torchrun with 2 or more ranks; one process keeps the model in place", ctx)
     shared = {r.id for r in train_records} & {r.id for r in valid_records}
     if shared:
         say(f"warning: {len(shared)} validation id(s) are also training ids (e.g. {min(shared)}): not held out", ctx)

@@ -111,6 +111,19 @@ def test_resume_is_bitwise_and_skips_a_cut_short_checkpoint(runs, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_two_rank_checkpoint_resumes_in_one_process(runs, tmp_path):
+    shutil.copytree(runs / "fsdp", tmp_path / "fsdp")
+    for later in ("checkpoints/step-4", "checkpoints/step-6", "hf"):
+        shutil.rmtree(tmp_path / "fsdp" / later)
+    result = sft(tmp_path, "run.name=fsdp", *VALID, ranks=1, resume=True)  # DCP reshards 2 ranks' shards into 1
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert losses(tmp_path / "fsdp") == pytest.approx(losses(runs / "fsdp"), rel=1e-6)
+    expected = weights(runs / "fsdp")
+    for key, value in weights(tmp_path / "fsdp").items():
+        torch.testing.assert_close(value, expected[key], rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
 def test_write_error_stops_every_rank_and_keeps_the_previous_checkpoint(runs, tmp_path):
     shutil.copytree(runs / "fsdp", tmp_path / "fsdp")
     for later in ("checkpoints/step-4", "checkpoints/step-6", "hf"):  # stopped after step 2

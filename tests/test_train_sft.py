@@ -108,4 +108,4 @@ def test_checkpoint_every_zero_keeps_only_the_final_export(tmp_path):
 
 def test_help_explains():
     out = subprocess.run([sys.executable, "train_sft.py", "--help"], capture_output=True, text=True).stdout
-    assert "--config" in out and "--set" in out and "--overwrite" in out
+    assert "--config" in out and "--set" in out and "--overwrite" in out and "--resume" in out and "torchrun" in out
