@@ -18,6 +18,7 @@ the whole optimiser step rather than per micro-batch; over-long examples are dro
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -138,7 +139,10 @@ def setup_and_train(config_path, overrides, overwrite: bool, resume: bool) -> No
         ctx = init_distributed(cfg.run.device, cfg.fsdp.offload, cfg.fsdp.timeout_minutes)
     except (ConfigError, ValueError) as e:
         raise click.ClickException(str(e)) from None
-    train(cfg, ctx, overwrite, resume)
+    try:
+        train(cfg, ctx, overwrite, resume)
+    except OSError as e:  # a full disk while logging: say where, not a traceback (checkpoints are written atomically)
+        raise click.ClickException(f"write error: {e}") from None
     cleanup(ctx)  # on a normal exit only: after an error, NCCL work may be in flight and the process just ends
 
 
@@ -163,6 +167,8 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
     except (ConfigError, DataError, OSError, ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
     examples, counts = build_examples(train_records, tokenizer, cfg.prompt, cfg.data.max_length)
+    data_fingerprint = {"sha256": hashlib.sha256(Path(cfg.data.train_file).read_bytes()).hexdigest(),
+                        "examples": len(examples)}
     if not examples:
         raise click.ClickException(f"{cfg.data.train_file}: no usable training example ({counts})")
     valid_records = sample_items(valid_records, cfg.data.valid_items, cfg.run.seed)
@@ -186,12 +192,17 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
     steps, batch, micro = cfg.run.steps, cfg.optim.global_batch, cfg.optim.micro_batch
     cursor, skipped_updates, first = Cursor(), 0, 1
     if checkpoint is not None:
-        load_checkpoint(checkpoint, policy, optimizer, ctx, lambda line: say(line, ctx))
         trainer = json.loads((checkpoint / "trainer.json").read_text(encoding="utf-8"))
+        if trainer.get("data") != data_fingerprint:
+            raise click.ClickException(f"--resume: {cfg.data.train_file} is not the data {checkpoint} was trained on "
+                                       f"({trainer.get('data')}, now {data_fingerprint}): its data position is void")
+        load_checkpoint(checkpoint, policy, optimizer, ctx, lambda line: print(f"rank {ctx.rank}: {line}", flush=True))
         cursor, skipped_updates = Cursor(**trainer["cursor"]), trainer["skipped_updates"]
         first = trainer["step"] + 1
-        if ctx.is_main:
-            truncate_metrics(run_dir / "metrics.jsonl", trainer["step"])  # rows after the checkpoint are redone
+        if ctx.is_main:  # rows after the checkpoint are redone
+            broken = truncate_metrics(run_dir / "metrics.jsonl", trainer["step"])
+            if broken:
+                say(f"warning: dropped {broken} unreadable line(s) of metrics.jsonl (cut short by the crash)", ctx)
     params = sum(p.numel() for p in policy.parameters())
     say(f"sft: {params / 1e6:.2f}M parameters on {ctx.world} x {ctx.device}"
         f"{' (FSDP2' + (', CPU offload' if cfg.fsdp.offload else '') + ')' if ctx.sharded else ''}; "
@@ -253,7 +264,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
             log(row)  # before the save: a crash right after it must not lose the row of a step it kept
             if save:
                 files = {"config.resolved.toml": resolved,
-                         "trainer.json": json_text({"step": step, "cursor": vars(cursor),
+                         "trainer.json": json_text({"step": step, "cursor": vars(cursor), "data": data_fingerprint,
                                                     "skipped_updates": skipped_updates})}
                 if valid_records:
                     files["validation.json"] = json_text({"step": step, **metrics})

@@ -26,6 +26,14 @@ def write_text(path: str | Path, text: str) -> None:
     _sync_dir(path.parent)
 
 
+def sync_tree(directory: Path) -> None:
+    """fsync every file below `directory` (before the rename that publishes it)."""
+    for path in directory.rglob("*"):
+        if path.is_file():
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
+
+
 def _sync_dir(directory: Path) -> None:
     """Persist a rename (POSIX: the directory entry lives in the directory)."""
     fd = os.open(directory, os.O_RDONLY)

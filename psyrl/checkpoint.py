@@ -5,7 +5,8 @@
 RNG states), the trainer's JSON files (step, data position, trajectory cache, ...) and `manifest.json`, the
 size of every file. Everything is written under a temporary name and renamed into place (`psyrl.atomic`),
 and the manifest is written last: a directory cut short (a crash, a full disk, a copy that stopped) fails
-`verify` and is skipped with a warning. Nothing is pickled; `torch.load` is never called.
+`verify` and is skipped with a warning. psyrl pickles nothing and never calls `torch.load`; the state holds
+tensors only, and DCP's own index `state/.metadata` (torch's format) is the one pickle on disk.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from psyrl.atomic import replace_dir, temporary, write_text
+from psyrl.atomic import replace_dir, sync_tree, temporary, write_text
 from psyrl.distributed import ONE_PROCESS, Dist, agree, barrier, gather_full_state_dict
 
 CHECKPOINT_GLOB = "step-*"
@@ -150,15 +151,18 @@ def _one_process_is_intended():
 
 
 def _save_state(policy, optimizer, directory: Path) -> None:
+    """Tensors only: the optimiser's per-parameter state (step, moments), not its param_groups (hyper-parameters,
+    rebuilt from the config), so DCP stores no pickled Python object besides its own index (`.metadata`)."""
     model_state, optim_state = get_state_dict(policy, optimizer)
     with _one_process_is_intended():
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory),
+        dcp.save({"model": model_state, "optim": optim_state["state"]}, checkpoint_id=str(directory),
                  no_dist=not dist.is_initialized())
 
 
 def _publish(tmp: Path, final: Path, ctx: Dist, manifest: bool = True) -> None:
     """Rank 0: the manifest last, then the rename: only now does `step-N` exist, complete."""
     if ctx.is_main:
+        sync_tree(tmp)  # on disk before it is published: a power cut leaves no complete-looking empty file
         if manifest:
             write_manifest(tmp)
         replace_dir(tmp, final)
@@ -231,10 +235,11 @@ def load_checkpoint(directory: str | Path, policy, optimizer, ctx: Dist = ONE_PR
     states from a checkpoint `save_checkpoint` wrote. Collective."""
     directory = Path(directory)
     model_state, optim_state = get_state_dict(policy, optimizer)
-    state = {"model": model_state, "optim": optim_state}
+    state = {"model": model_state, "optim": optim_state["state"]}
     with _one_process_is_intended():
         dcp.load(state, checkpoint_id=str(directory / "state"), no_dist=not dist.is_initialized())
-    set_state_dict(policy, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(policy, optimizer, model_state_dict=state["model"],
+                   optim_state_dict={"state": state["optim"], "param_groups": optim_state["param_groups"]})
     rng_file = directory / "rng" / f"rank-{ctx.rank}.safetensors"
     if not rng_file.is_file():
         warn(f"warning: {directory} has no RNG state for rank {ctx.rank} (written with another rank count); "

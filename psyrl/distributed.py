@@ -172,8 +172,10 @@ def gather_full_state_dict(model: nn.Module, device: str | torch.device = "cpu",
 def unsharded_copy(policy: nn.Module, empty_lm: nn.Module, ctx: Dist, dtype: str = "float32") -> nn.Module:
     """A full, unsharded copy of `policy.lm` on this rank (what a colocated sampler holds): `empty_lm` is the same
     architecture on the meta device, filled one tensor at a time from the shards. Collective."""
-    lm = empty_lm.to_empty(device=ctx.device).to(DTYPES[dtype])
+    lm = empty_lm.to_empty(device=ctx.device)
     lm.tie_weights()  # to_empty made new Parameters: a tied LM head would otherwise stay uninitialised memory
+    for param in lm.parameters():  # parameters only: rotary inv_freq must stay float32 (bf16 shifts long positions)
+        param.data = param.data.to(DTYPES[dtype])
     load_weights(lm, gather_full_state_dict(policy, ctx.device, prefix="lm."))
     with torch.no_grad():
         for name, buffer in policy.lm.named_buffers():  # rotary inv_freq: not in the state dict

@@ -52,7 +52,18 @@ def step_line(row: dict, fields: list[tuple[str, str, str]]) -> str:
     return " | ".join(parts)
 
 
-def truncate_metrics(path: str | Path, last_step: int) -> None:
-    """Keep the rows up to `last_step` (a resumed run redoes the steps after its checkpoint); atomic rewrite."""
-    kept = [row for row in read_metrics(path) if row["step"] <= last_step]
+def truncate_metrics(path: str | Path, last_step: int) -> int:
+    """Keep the rows up to `last_step` (a resumed run redoes the steps after its checkpoint); atomic rewrite.
+    A line that does not parse (the row a crash cut short) is dropped; returns how many were."""
+    kept, broken = [], 0
+    with Path(path).open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                broken += 1
+                continue
+            if row["step"] <= last_step:
+                kept.append(row)
     write_text(path, "".join(json.dumps(row) + "\n" for row in kept))
+    return broken

@@ -27,12 +27,14 @@ def main(out: Path) -> None:
     with torch.no_grad():
         before = policy(ids, mask)
         copy = token_logprobs(unsharded_copy(policy, load_model(TINY, tokenizer, empty=True), ctx), ids, mask)
+        bf16 = unsharded_copy(policy, load_model(TINY, tokenizer, empty=True), ctx, "bfloat16")
     export_hf(policy, tokenizer, out / "hf", ctx)
     exported = dataclasses.replace(TINY, path=str(out / "hf"), tokenizer="")
     reloaded = load_sharded(lambda empty: Policy(load_model(exported, tokenizer, empty=empty)), ctx)
     with torch.no_grad():
         after = reloaded(ids, mask)
-    tensors = {"before": before, "copy": copy, "after": after, "ids": ids, "mask": mask}
+    tensors = {"before": before, "copy": copy, "after": after, "ids": ids, "mask": mask,
+               "bf16_inv_freq": bf16.model.rotary_emb.inv_freq, "bf16_norm": bf16.model.norm.weight.float()}
     save_file(tensors, str(out / f"rank-{ctx.rank}.safetensors"))
     cleanup(ctx)
 

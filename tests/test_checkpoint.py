@@ -97,6 +97,20 @@ def trained_policy(steps=1, seed=3):
     return policy, optimizer, tokenizer
 
 
+def test_loading_a_checkpoint_unpickles_no_python_object(tmp_path, monkeypatch):
+    policy, optimizer, tokenizer = trained_policy()
+    path = save_checkpoint(tmp_path, 1, policy, optimizer, tokenizer, {})
+    calls, real_load = [], torch.load
+
+    def recording_load(*args, **kwargs):
+        calls.append(kwargs.get("weights_only"))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", recording_load)
+    load_checkpoint(path, *trained_policy(seed=5)[:2])
+    assert False not in calls  # tensors are read with weights_only=True (DCP); no optimiser param_groups pickle
+
+
 def test_save_then_load_restores_model_optimiser_and_rng(tmp_path):
     policy, optimizer, tokenizer = trained_policy(steps=2)
     torch.manual_seed(11)

@@ -1,6 +1,7 @@
 """`train_sft.py` end to end on a tiny model: it learns, exports, and refuses bad input before training."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,9 +24,10 @@ SHORT = [  # a smaller, shorter version of configs/sft/tiny.toml
 ]
 
 
-def run_sft(tmp_path, *extra, config="configs/sft/tiny.toml"):
+def run_sft(tmp_path, *extra, config="configs/sft/tiny.toml", resume=False):
     sets = [f"run.output_dir={json.dumps(str(tmp_path / 'runs'))}", *SHORT, *extra]
     args = [sys.executable, "train_sft.py", "--config", config] + [a for s in sets for a in ("--set", s)]
+    args += ["--resume"] if resume else []
     return subprocess.run(args, capture_output=True, text=True, timeout=600)
 
 
@@ -104,6 +106,27 @@ def test_checkpoint_every_zero_keeps_only_the_final_export(tmp_path):
     run = tmp_path / "runs" / "tiny-sft"
     assert sorted(p.name for p in run.iterdir()) == ["config.resolved.toml", "hf", "metrics.jsonl"]
     assert "valid/f1" in read_metrics(run / "metrics.jsonl")[-1]  # the last step is still validated
+
+
+@pytest.mark.slow
+def test_resume_drops_a_cut_short_metrics_line_and_refuses_changed_data(tmp_path):
+    data = tmp_path / "train.jsonl"
+    lines = Path("data/demo/train.jsonl").read_text().splitlines(keepends=True)
+    data.write_text("".join(lines[:64]))
+    quick = [f"data.train_file={json.dumps(str(data))}", 'data.valid_file=""', "run.steps=3", "checkpoint.every=1",
+             "checkpoint.keep_state=0", "optim.micro_batch=8"]
+    assert run_sft(tmp_path, *quick).returncode == 0
+    run = tmp_path / "runs" / "tiny-sft"
+    shutil.rmtree(run / "checkpoints" / "step-3")
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "train/lo')  # the crash cut the last row short
+    resumed = run_sft(tmp_path, *quick, resume=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "dropped 1 unreadable line" in resumed.stdout and "resuming after step 2" in resumed.stdout
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2, 3]
+    data.write_text("".join(lines[:48]))  # same path, other records: the saved data position would mean nothing
+    refused = run_sft(tmp_path, *quick, resume=True)
+    assert refused.returncode != 0 and "is not the data" in refused.stderr and "Traceback" not in refused.stderr
 
 
 def test_help_explains():
