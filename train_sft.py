@@ -171,6 +171,10 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
                         "examples": len(examples)}
     if not examples:
         raise click.ClickException(f"{cfg.data.train_file}: no usable training example ({counts})")
+    trainer = json.loads((checkpoint / "trainer.json").read_text(encoding="utf-8")) if checkpoint else {}
+    if checkpoint and trainer.get("data") != data_fingerprint:
+        raise click.ClickException(f"--resume: {cfg.data.train_file} is not the data {checkpoint} was trained on "
+                                   f"({trainer.get('data')}, now {data_fingerprint}): its data position is void")
     valid_records = sample_items(valid_records, cfg.data.valid_items, cfg.run.seed)
     if cfg.fsdp.offload and not ctx.sharded:
         say("note: fsdp.offload applies under torchrun with 2 or more ranks; one process keeps the model in place", ctx)
@@ -192,10 +196,6 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
     steps, batch, micro = cfg.run.steps, cfg.optim.global_batch, cfg.optim.micro_batch
     cursor, skipped_updates, first = Cursor(), 0, 1
     if checkpoint is not None:
-        trainer = json.loads((checkpoint / "trainer.json").read_text(encoding="utf-8"))
-        if trainer.get("data") != data_fingerprint:
-            raise click.ClickException(f"--resume: {cfg.data.train_file} is not the data {checkpoint} was trained on "
-                                       f"({trainer.get('data')}, now {data_fingerprint}): its data position is void")
         load_checkpoint(checkpoint, policy, optimizer, ctx, lambda line: print(f"rank {ctx.rank}: {line}", flush=True))
         cursor, skipped_updates = Cursor(**trainer["cursor"]), trainer["skipped_updates"]
         first = trainer["step"] + 1
