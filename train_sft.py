@@ -44,7 +44,6 @@ from psyrl.checkpoint import (
 from psyrl.config import ConfigError, config_changes, dump_config, load_config
 from psyrl.data import Cursor, DataError, load_stimuliqa, next_indices
 from psyrl.distributed import (
-    ONE_PROCESS,
     Dist,
     all_reduce,
     barrier,
@@ -52,6 +51,7 @@ from psyrl.distributed import (
     cleanup,
     init_distributed,
     load_sharded,
+    print0,
     rank_share,
     unsharded_copy,
 )
@@ -65,13 +65,6 @@ LINE_FIELDS = [("loss", "train/loss", ".4f"), ("grad", "train/grad_norm", ".3f")
                ("tok/s", "perf/tokens_per_s", ".0f"), ("peak GiB", "perf/peak_mem_gib", ".2f"),
                ("valid f1", "valid/f1", ".4f"), ("valid loss", "valid/loss", ".4f")]
 RESUME_FREE = ("run.name", "run.output_dir", "log", "checkpoint", "fsdp")  # may change on --resume: same numbers
-
-
-def say(line: str, ctx: Dist = ONE_PROCESS) -> None:
-    """One console line on rank 0 that does not break the progress bar, flushed (logs are read while a run goes)."""
-    if ctx.is_main:
-        tqdm.write(line, file=sys.stdout)
-        sys.stdout.flush()
 
 
 def validation_lines(records, outputs) -> str:
@@ -98,7 +91,7 @@ def generator_for(policy: Policy, cfg, tokenizer, ctx: Dist):
 
 def check_resume(run_dir: Path, cfg, ctx: Dist) -> Path:
     """The checkpoint to resume from, after checking the run's config has not changed in a way that matters."""
-    found = find_resumable(run_dir, lambda line: say(line, ctx)) if ctx.is_main else None
+    found = find_resumable(run_dir, lambda line: print0(line, ctx)) if ctx.is_main else None
     checkpoint = broadcast_object(found, ctx)  # rank 0 decides: nodes may see a shared filesystem differently
     if checkpoint is None:
         raise click.ClickException(f"--resume: {run_dir} holds no complete checkpoint with a training state "
@@ -177,10 +170,11 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
                                    f"({trainer.get('data')}, now {data_fingerprint}): its data position is void")
     valid_records = sample_items(valid_records, cfg.data.valid_items, cfg.run.seed)
     if cfg.fsdp.offload and not ctx.sharded:
-        say("note: fsdp.offload applies under torchrun with 2 or more ranks; one process keeps the model in place", ctx)
+        print0("note: fsdp.offload applies under torchrun with 2 or more ranks; one process keeps the model in place",
+               ctx)
     shared = {r.id for r in train_records} & {r.id for r in valid_records}
     if shared:
-        say(f"warning: {len(shared)} validation id(s) are also training ids (e.g. {min(shared)}): not held out", ctx)
+        print0(f"warning: {len(shared)} validation id(s) are also training ids (e.g. {min(shared)}): not held out", ctx)
     resolved = dump_config(cfg)
     if ctx.is_main:
         if overwrite and exists:  # only ever delete what a run wrote
@@ -202,9 +196,9 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
         if ctx.is_main:  # rows after the checkpoint are redone
             broken = truncate_metrics(run_dir / "metrics.jsonl", trainer["step"])
             if broken:
-                say(f"warning: dropped {broken} unreadable line(s) of metrics.jsonl (cut short by the crash)", ctx)
+                print0(f"warning: dropped {broken} unreadable line(s) of metrics.jsonl (cut short by the crash)", ctx)
     params = sum(p.numel() for p in policy.parameters())
-    say(f"sft: {params / 1e6:.2f}M parameters on {ctx.world} x {ctx.device}"
+    print0(f"sft: {params / 1e6:.2f}M parameters on {ctx.world} x {ctx.device}"
         f"{' (FSDP2' + (', CPU offload' if cfg.fsdp.offload else '') + ')' if ctx.sharded else ''}; "
         f"{counts['kept']} training examples (skipped: {counts['no_reasoning']} without reasoning, "
         f"{counts['too_long']} over {cfg.data.max_length} tokens); {len(valid_records)} validation items; "
@@ -228,7 +222,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
         if valid_records and first == 1:  # the untrained model's scores: the baseline every later row is compared with
             metrics, _ = run_validation()
             log({"step": 0, "steps": steps, **metrics})
-            say(step_line({"step": 0, "steps": steps, **metrics}, LINE_FIELDS), ctx)
+            print0(step_line({"step": 0, "steps": steps, **metrics}, LINE_FIELDS), ctx)
 
         for step in range(first, steps + 1):
             # ---------------------------------------------------------------- one optimiser step
@@ -246,7 +240,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
             grad_norm, applied = clipped_step(policy, optimizer, cfg.optim.grad_clip)
             if not applied:
                 skipped_updates += 1
-                say(f"step {step}: non-finite gradient norm {grad_norm}; update skipped", ctx)
+                print0(f"step {step}: non-finite gradient norm {grad_norm}; update skipped", ctx)
             elapsed = time.perf_counter() - t0
 
             # ---------------------------------------------------------------- log, validate, checkpoint
@@ -276,17 +270,17 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
                     raise click.ClickException(str(e)) from None
             bar.update(1)
             if step % cfg.log.every == 0 or step == steps:
-                say(step_line(row, LINE_FIELDS), ctx)
+                print0(step_line(row, LINE_FIELDS), ctx)
 
     # ---------------------------------------------------------------- final export
     try:
         export_hf(policy, tokenizer, run_dir / "hf", ctx)
     except CheckpointError as e:
         raise click.ClickException(str(e)) from None
-    say(f"sft: done; final model in {run_dir / 'hf'}", ctx)
+    print0(f"sft: done; final model in {run_dir / 'hf'}", ctx)
     if valid_records and cfg.checkpoint.every and ctx.is_main:
         step, score, path = select_checkpoint(run_dir, "median")
-        say(f"sft: median-F1 checkpoint (appendix B): step {step}, valid F1 {score:.4f}, {path / 'hf'}", ctx)
+        print0(f"sft: median-F1 checkpoint (appendix B): step {step}, valid F1 {score:.4f}, {path / 'hf'}", ctx)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from psyrl.atomic import replace_dir, sync_tree, temporary, write_text
-from psyrl.distributed import ONE_PROCESS, Dist, agree, barrier, gather_full_state_dict
+from psyrl.distributed import ONE_PROCESS, Dist, agree, gather_full_state_dict
 
 CHECKPOINT_GLOB = "step-*"
 MANIFEST = "manifest.json"
@@ -126,10 +126,8 @@ def save_checkpoint(run_dir: str | Path, step: int, policy, optimizer, tokenizer
     Collective. A write error on any rank raises CheckpointError on every rank and leaves no `step-N`."""
     final = Path(run_dir) / "checkpoints" / f"step-{step}"
     tmp = _temporary(final, ctx, "save")
-    if ctx.is_main:
-        tmp.mkdir(parents=True)
-    barrier(ctx)
     stages: list[tuple[str, Callable[[], None]]] = [
+        ("directory", lambda: _make_dir(tmp, ctx)),  # the ranks' agreement after it is the barrier
         ("HF export", lambda: _write_hf(policy, tokenizer, tmp / "hf", ctx)),
         ("model and optimiser state", lambda: _save_state(policy, optimizer, tmp / "state")),
         ("RNG state", lambda: _save_rng(tmp, ctx)),
@@ -157,6 +155,11 @@ def _save_state(policy, optimizer, directory: Path) -> None:
     with _one_process_is_intended():
         dcp.save({"model": model_state, "optim": optim_state["state"]}, checkpoint_id=str(directory),
                  no_dist=not dist.is_initialized())
+
+
+def _make_dir(tmp: Path, ctx: Dist) -> None:
+    if ctx.is_main:
+        tmp.mkdir(parents=True)
 
 
 def _publish(tmp: Path, final: Path, ctx: Dist, manifest: bool = True) -> None:

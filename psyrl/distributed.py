@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+from tqdm import tqdm
 
 from psyrl.model import load_weights
 
@@ -94,14 +95,11 @@ def cleanup(ctx: Dist) -> None:
         dist.destroy_process_group()
 
 
-def is_main() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
-def print0(*args) -> None:
-    """print on rank 0 only, flushed."""
-    if is_main():
-        print(*args, flush=True, file=sys.stdout)
+def print0(line: str, ctx: Dist) -> None:
+    """One console line, on rank 0 only, that does not break a tqdm bar; flushed (logs are read while a run goes)."""
+    if ctx.is_main:
+        tqdm.write(line, file=sys.stdout)
+        sys.stdout.flush()
 
 
 def shard(policy: nn.Module, ctx: Dist, dtype: str = "float32", offload: bool = False,
@@ -193,22 +191,18 @@ def broadcast_object(obj, ctx: Dist):
 
 
 def all_reduce(value: torch.Tensor, ctx: Dist, op: str = "sum") -> torch.Tensor:
-    """Sum or max over ranks (identity in one process), in float64 so the reduction itself adds no error."""
+    """Sum, max or min over ranks (identity in one process), in float64 so the reduction itself adds no error."""
     if not ctx.sharded:
         return value
     out = value.detach().to(ctx.device, torch.float64)
-    dist.all_reduce(out, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+    dist.all_reduce(out, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
     return out
 
 
 def agree(ok: bool, ctx: Dist) -> bool:
     """True on every rank iff `ok` on every rank: a rank that failed (a write error) stops all of them together
     instead of leaving the others waiting in the next collective."""
-    if not ctx.sharded:
-        return ok
-    flag = torch.tensor([1 if ok else 0], device=ctx.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+    return bool(all_reduce(torch.tensor(float(ok)), ctx, "min").item())
 
 
 def barrier(ctx: Dist) -> None:
