@@ -18,90 +18,39 @@ the whole optimiser step rather than per micro-batch; over-long examples are dro
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import click
 import torch
-import transformers
 from tqdm import tqdm
 
-from psyrl.atomic import tidy
-from psyrl.checkpoint import (
-    CheckpointError,
-    export_hf,
-    find_resumable,
-    json_text,
-    load_checkpoint,
-    save_checkpoint,
-    select_checkpoint,
-)
-from psyrl.config import ConfigError, config_changes, dump_config, load_config
+from psyrl.checkpoint import CheckpointError, export_hf, json_text, load_checkpoint, save_checkpoint, select_checkpoint
+from psyrl.config import ConfigError
 from psyrl.data import Cursor, DataError, load_stimuliqa, next_indices
-from psyrl.distributed import (
-    Dist,
-    all_reduce,
-    barrier,
-    broadcast_object,
-    cleanup,
-    init_distributed,
-    load_sharded,
-    print0,
-    rank_share,
-    unsharded_copy,
-)
-from psyrl.model import Policy, autocast, load_model, load_tokenizer
+from psyrl.distributed import Dist, all_reduce, print0, rank_share
+from psyrl.model import autocast, load_tokenizer
 from psyrl.optim import build_optimizer, clipped_step, lr_factor, set_lr
-from psyrl.runlog import MetricsFile, peak_memory_gib, step_line, truncate_metrics
+from psyrl.runlog import MetricsFile, peak_memory_gib, step_line
 from psyrl.sft import build_examples, micro_batch_losses, response_tokens
+from psyrl.trainer import (
+    build_policy,
+    build_sampler,
+    check_resume,
+    check_run_dir,
+    open_run_dir,
+    read_trainer_state,
+    rewind_metrics,
+    run_entry,
+    sync_weights,
+    validation_lines,
+)
 from psyrl.validation import sample_items, validate
 
 LINE_FIELDS = [("loss", "train/loss", ".4f"), ("grad", "train/grad_norm", ".3f"), ("lr", "train/lr", ".2e"),
                ("tok/s", "perf/tokens_per_s", ".0f"), ("peak GiB", "perf/peak_mem_gib", ".2f"),
                ("valid f1", "valid/f1", ".4f"), ("valid loss", "valid/loss", ".4f")]
-RESUME_FREE = ("run.name", "run.output_dir", "log", "checkpoint", "fsdp")  # may change on --resume: same numbers
-
-
-def validation_lines(records, outputs) -> str:
-    """What the model wrote for each held-out item, one JSON object per line, for people to read."""
-    return "".join(json.dumps({"id": r.id, "answer": r.answer, "response": text, "tokens": len(ids)}) + "\n"
-                   for r, (ids, text) in zip(records, outputs))
-
-
-def build_policy(cfg, tokenizer, ctx: Dist) -> Policy:
-    """pi_theta: one process holds the whole model; under torchrun rank 0 reads it and FSDP2 shards it."""
-    if not ctx.sharded:
-        return Policy(load_model(cfg.model, tokenizer, seed=cfg.run.seed, device=ctx.device))
-    build = lambda empty: Policy(load_model(cfg.model, tokenizer, seed=cfg.run.seed, empty=empty))  # noqa: E731
-    return load_sharded(build, ctx, cfg.model.dtype, cfg.fsdp.offload, cfg.fsdp.reshard_after_forward)
-
-
-def generator_for(policy: Policy, cfg, tokenizer, ctx: Dist):
-    """The model validation samples from: `policy.lm` in one process; under FSDP a full copy on each rank in the
-    compute dtype, filled one tensor at a time from the shards (the weight sync a colocated sampler receives)."""
-    if not ctx.sharded:
-        return policy.lm
-    return unsharded_copy(policy, load_model(cfg.model, tokenizer, empty=True), ctx, cfg.model.dtype)
-
-
-def check_resume(run_dir: Path, cfg, ctx: Dist) -> Path:
-    """The checkpoint to resume from, after checking the run's config has not changed in a way that matters."""
-    found = find_resumable(run_dir, lambda line: print0(line, ctx)) if ctx.is_main else None
-    checkpoint = broadcast_object(found, ctx)  # rank 0 decides: nodes may see a shared filesystem differently
-    if checkpoint is None:
-        raise click.ClickException(f"--resume: {run_dir} holds no complete checkpoint with a training state "
-                                   "(checkpoint.every = 0 saves none; checkpoint.keep_state prunes older ones)")
-    saved = load_config(checkpoint / "config.resolved.toml")
-    changed = [k for k in config_changes(saved, cfg) if k not in RESUME_FREE and k.split(".")[0] not in RESUME_FREE]
-    if changed:
-        raise click.ClickException(f"--resume: the config differs from {checkpoint / 'config.resolved.toml'} in "
-                                   f"{', '.join(changed)}; resuming would not continue the same run")
-    return checkpoint
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -115,39 +64,13 @@ def check_resume(run_dir: Path, cfg, ctx: Dist) -> Path:
 def main(config_path, overrides, overwrite, resume):
     """Supervised fine-tuning on StimuliQA-format records (SFT target: <think>reasoning</think><answer>…).
     Run it with python (one process) or under torchrun (FSDP2 over all ranks)."""
-    try:
-        setup_and_train(config_path, overrides, overwrite, resume)
-    except click.ClickException as e:
-        if int(os.environ.get("RANK", "0")) != 0:  # every rank fails the same way: rank 0 says it once
-            raise SystemExit(e.exit_code) from None
-        raise
-
-
-def setup_and_train(config_path, overrides, overwrite: bool, resume: bool) -> None:
-    transformers.utils.logging.disable_progress_bar()  # no per-save bars inside psyrl's own progress bar
-    if overwrite and resume:
-        raise click.ClickException("--overwrite and --resume exclude each other")
-    try:
-        cfg = load_config(config_path, overrides)
-        ctx = init_distributed(cfg.run.device, cfg.fsdp.offload, cfg.fsdp.timeout_minutes)
-    except (ConfigError, ValueError) as e:
-        raise click.ClickException(str(e)) from None
-    try:
-        train(cfg, ctx, overwrite, resume)
-    except OSError as e:  # a full disk while logging: say where, not a traceback (checkpoints are written atomically)
-        raise click.ClickException(f"write error: {e}") from None
-    cleanup(ctx)  # on a normal exit only: after an error, NCCL work may be in flight and the process just ends
+    run_entry(train, config_path, overrides, overwrite, resume)
 
 
 def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
     # ---------------------------------------------------------------- setup: everything checked before any write
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
-    exists = (run_dir / "metrics.jsonl").exists()
-    if exists and not (overwrite or resume):
-        raise click.ClickException(f"{run_dir} already holds a run; pass --resume to continue it or --overwrite "
-                                   "to start over")
-    if resume and not exists:
-        raise click.ClickException(f"--resume: {run_dir} holds no run")
+    exists = check_run_dir(run_dir, overwrite, resume)
     if cfg.optim.global_batch % ctx.world:
         raise click.ClickException(f"optim.global_batch = {cfg.optim.global_batch} must be a multiple of the "
                                    f"{ctx.world} ranks (each rank takes an equal share of every step)")
@@ -160,14 +83,9 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
     except (ConfigError, DataError, OSError, ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
     examples, counts = build_examples(train_records, tokenizer, cfg.prompt, cfg.data.max_length)
-    data_fingerprint = {"sha256": hashlib.sha256(Path(cfg.data.train_file).read_bytes()).hexdigest(),
-                        "examples": len(examples)}
     if not examples:
         raise click.ClickException(f"{cfg.data.train_file}: no usable training example ({counts})")
-    trainer = json.loads((checkpoint / "trainer.json").read_text(encoding="utf-8")) if checkpoint else {}
-    if checkpoint and trainer.get("data") != data_fingerprint:
-        raise click.ClickException(f"--resume: {cfg.data.train_file} is not the data {checkpoint} was trained on "
-                                   f"({trainer.get('data')}, now {data_fingerprint}): its data position is void")
+    trainer, data_fingerprint = read_trainer_state(checkpoint, cfg.data.train_file, len(examples))
     valid_records = sample_items(valid_records, cfg.data.valid_items, cfg.run.seed)
     if cfg.fsdp.offload and not ctx.sharded:
         print0("note: fsdp.offload applies under torchrun with 2 or more ranks; one process keeps the model in place",
@@ -175,14 +93,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
     shared = {r.id for r in train_records} & {r.id for r in valid_records}
     if shared:
         print0(f"warning: {len(shared)} validation id(s) are also training ids (e.g. {min(shared)}): not held out", ctx)
-    resolved = dump_config(cfg)
-    if ctx.is_main:
-        if overwrite and exists:  # only ever delete what a run wrote
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        tidy(run_dir)
-        (run_dir / "config.resolved.toml").write_text(resolved, encoding="utf-8")
-    barrier(ctx)
+    resolved = open_run_dir(run_dir, cfg, ctx, wipe=overwrite and exists)
 
     policy.train()
     optimizer = build_optimizer(policy, cfg.optim)
@@ -193,10 +104,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
         load_checkpoint(checkpoint, policy, optimizer, ctx, lambda line: print(f"rank {ctx.rank}: {line}", flush=True))
         cursor, skipped_updates = Cursor(**trainer["cursor"]), trainer["skipped_updates"]
         first = trainer["step"] + 1
-        if ctx.is_main:  # rows after the checkpoint are redone
-            broken = truncate_metrics(run_dir / "metrics.jsonl", trainer["step"])
-            if broken:
-                print0(f"warning: dropped {broken} unreadable line(s) of metrics.jsonl (cut short by the crash)", ctx)
+        rewind_metrics(run_dir, trainer["step"], ctx)
     params = sum(p.numel() for p in policy.parameters())
     print0(f"sft: {params / 1e6:.2f}M parameters on {ctx.world} x {ctx.device}"
         f"{' (FSDP2' + (', CPU offload' if cfg.fsdp.offload else '') + ')' if ctx.sharded else ''}; "
@@ -215,9 +123,15 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
             if metrics_file:
                 metrics_file.write(row)
 
+        sampler = None  # built at the first validation, synced before each later one
+
         def run_validation():
-            generator = generator_for(policy, cfg, tokenizer, ctx)
-            return validate(policy, generator, tokenizer, valid_records, cfg, ctx, cfg.log.progress and ctx.is_main)
+            nonlocal sampler
+            if sampler is None:
+                sampler = build_sampler(policy, cfg, tokenizer, ctx)
+            else:
+                sync_weights(sampler, policy, ctx)
+            return validate(policy, sampler, tokenizer, valid_records, cfg, ctx)
 
         if valid_records and first == 1:  # the untrained model's scores: the baseline every later row is compared with
             metrics, _ = run_validation()

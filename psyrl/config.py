@@ -3,7 +3,7 @@
 `load_config` reads a TOML file plus `--set table.key=value` overrides and returns a `Config`;
 every bad input raises one `ConfigError` naming the file, the line and the key. The README's
 config reference is generated from the docstrings below and in `psyrl.config_tgrpo` (the T-GRPO
-tables: reward, cache, advantage, loss, rollout); the TOML plumbing itself is in `psyrl.tomlconf`.
+tables: reward, cache, advantage, loss, rollout, sampler); the TOML plumbing itself is in `psyrl.tomlconf`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from psyrl import tomlconf
-from psyrl.config_tgrpo import AdvantageConfig, CacheConfig, LossConfig, RewardConfig, RolloutConfig
+from psyrl.config_tgrpo import AdvantageConfig, CacheConfig, LossConfig, RewardConfig, RolloutConfig, SamplerConfig
 from psyrl.tomlconf import ConfigError, check_choices, require
 
 __all__ = ["Config", "ConfigError", "load_config", "dump_config", "config_changes", "config_reference"]
@@ -164,6 +164,9 @@ class FsdpConfig:
     reshard_after_forward: bool = True
     """Free each layer's gathered parameters after its forward and gather again for backward (full sharding,
     ZeRO-3); false keeps them until backward: fewer all-gathers, more memory."""
+    ref_offload: bool = True
+    """Under torchrun: keep the T-GRPO reference model's shards in CPU memory (A.3: "reference model on CPU"); its
+    log-probs are one gradient-free forward per step."""
     timeout_minutes: int = 60
     """Collective timeout: how long ranks wait for each other (e.g. while rank 0 writes a checkpoint)."""
 
@@ -193,9 +196,13 @@ class LogConfig:
     """Print the one-line step summary every this many steps (`metrics.jsonl` gets every step)."""
     progress: bool = True
     """Show tqdm progress bars (rank 0)."""
+    samples_every: int = 0
+    """T-GRPO: every this many steps write `samples/step-N.jsonl`, every sample of the step (prompt id, response,
+    finish reason, reward components, advantage); 0 = never."""
 
     def __post_init__(self):
         require(self.every >= 1, "every", f"expected >= 1, got {self.every}")
+        require(self.samples_every >= 0, "samples_every", f"expected >= 0, got {self.samples_every}")
 
 
 @dataclass
@@ -209,6 +216,7 @@ class Config:
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp: FsdpConfig = field(default_factory=FsdpConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -1,4 +1,4 @@
-"""The T-GRPO tables of the run configuration: reward, cache, advantage, loss, rollout (SPEC §2-4, §9).
+"""The T-GRPO tables of the run configuration: reward, cache, advantage, loss, rollout, sampler (SPEC §2-4, §9).
 
 Part of `psyrl.config` (the root `Config` and the loaders live there), split off to keep both
 files short; same conventions: a docstring under every field, range checks in `__post_init__`.
@@ -96,18 +96,38 @@ class LossConfig:
 
 @dataclass
 class RolloutConfig:
-    max_new_tokens: int = 2048
-    """Longest generated response in tokens (A.3: 2048)."""
+    prompts: int = 512
+    """B: prompts sampled per step, over all ranks (A.3 rollout batch: 512); a multiple of optim.global_batch, each
+    mini-batch of global_batch prompts being one update (SPEC §9)."""
+    samples: int = 5
+    """G: responses sampled per prompt (A.3: 5)."""
+    temperature: float = 1.0
+    """Sampling temperature of training responses (A.3: 1.0); every trainer forward divides logits by it."""
     top_p: float = 0.99
     """Nucleus sampling mass (A.3: 0.99), for training samples and validation alike."""
+    max_new_tokens: int = 2048
+    """Longest generated response in tokens (A.3: 2048)."""
+    max_prompt_tokens: int = 2048
+    """Training prompts longer than this many tokens are filtered out and counted (A.3: max prompt 2048)."""
     valid_temperature: float = 0.5
     """Sampling temperature of validation generations (A.3: 0.5); 0 = greedy."""
-    valid_batch: int = 64
-    """Prompts generated together during validation (A.3's 1024 is a vLLM batch; transformers' generate
-    holds a KV cache per prompt, so keep this small there)."""
 
     def __post_init__(self):
-        require(self.max_new_tokens >= 1, "max_new_tokens", f"expected >= 1, got {self.max_new_tokens}")
+        for key in ("prompts", "samples", "max_new_tokens", "max_prompt_tokens"):
+            require(getattr(self, key) >= 1, key, f"expected >= 1, got {getattr(self, key)}")
+        require(self.temperature > 0, "temperature", f"expected > 0, got {self.temperature}")
         require(0 < self.top_p <= 1, "top_p", f"expected 0 < top_p <= 1, got {self.top_p}")
         require(self.valid_temperature >= 0, "valid_temperature", f"expected >= 0, got {self.valid_temperature}")
-        require(self.valid_batch >= 1, "valid_batch", f"expected >= 1, got {self.valid_batch}")
+
+
+@dataclass
+class SamplerConfig:
+    engine: Literal["torch"] = "torch"
+    """What generates responses: `torch` (psyrl's own sampler on an unsharded copy of the model, KV cache, exact
+    top-p; CPUs and tests)."""
+    batch: int = 64
+    """Sequences generated together by the torch sampler (whole prompts: a prompt's G responses stay together)."""
+
+    def __post_init__(self):
+        check_choices(self)
+        require(self.batch >= 1, "batch", f"expected >= 1, got {self.batch}")

@@ -6,6 +6,7 @@ import json
 import math
 import resource
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -67,3 +68,19 @@ def truncate_metrics(path: str | Path, last_step: int) -> int:
                 kept.append(row)
     write_text(path, "".join(json.dumps(row) + "\n" for row in kept))
     return broken
+
+
+class Laps:
+    """Wall seconds of each named phase of a step: `laps("sample")` closes the phase that ran since the last call."""
+
+    def __init__(self):
+        self.start = self.last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name], self.last = now - self.last, now
+
+    def row(self) -> dict[str, float]:
+        """`time/<phase>` of every closed phase and `time/step`, the whole step so far."""
+        return {**{f"time/{k}": v for k, v in self.seconds.items()}, "time/step": time.perf_counter() - self.start}

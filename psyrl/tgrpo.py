@@ -72,20 +72,12 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def seq_mean_token_mean(x: torch.Tensor, mask: torch.Tensor, normalizer: float) -> torch.Tensor:
     """Eq. 1's aggregation: (1/|o_i|) sum over each response's tokens, summed over responses and
-    divided by `normalizer` (the mini-batch's response count, see `loss_normalizer`)."""
+    divided by `normalizer`, the response count of the whole mini-batch on all ranks (SPEC §3), fixed
+    before the micro-batch loop: micro-batch gradients accumulate and `psyrl.distributed.shard` sums
+    gradients over ranks, so the gradient is that of the mean over all responses whatever the split."""
     mask = mask.bool()
     per_sequence = torch.where(mask, x, 0.0).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)  # [N]
     return per_sequence.sum() / normalizer
-
-
-def loss_normalizer(global_responses: int, world_size: int) -> float:
-    """Divisor of `seq_mean_token_mean` for one mini-batch, fixed before the micro-batch loop.
-    Micro-batch losses are summed by gradient accumulation and FSDP averages gradients over ranks,
-    so dividing by (responses on all ranks) / world_size gives the gradient of the mean over all
-    responses whatever the micro-batch size or world size."""
-    if global_responses < 1 or world_size < 1:
-        raise ValueError(f"need >= 1 response and rank, got {global_responses} and {world_size}")
-    return global_responses / world_size
 
 
 def tgrpo_loss(

@@ -27,7 +27,7 @@ SMALL = [  # 6 steps of 8 sequences: 4 per rank in 2 micro-batches of 2 (gradien
     "checkpoint.every=2", "checkpoint.keep_state=0", "log.progress=false",
 ]
 VALID = ['data.valid_file="data/demo/test.jsonl"', "data.valid_items=6", "rollout.max_new_tokens=12",
-         "rollout.valid_batch=6", "optim.logprob_micro_batch=2"]  # 6 items: 3 per rank, 2 micro-batches each
+         "sampler.batch=6", "optim.logprob_micro_batch=2"]  # 6 items: 3 per rank, 2 micro-batches each
 
 
 def sft(output_dir: Path, *extra: str, ranks: int = 2, resume: bool = False, limit_file_bytes: int = 0):

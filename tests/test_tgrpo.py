@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from psyrl.config_tgrpo import LossConfig
-from psyrl.tgrpo import advantages, loss_normalizer, low_var_kl, seq_mean_token_mean, tgrpo_loss
+from psyrl.tgrpo import advantages, low_var_kl, seq_mean_token_mean, tgrpo_loss
 from psyrl.trajectory_cache import TrajectoryCache
 
 NO_KL = LossConfig(kl_coef=0.0)
@@ -208,22 +208,20 @@ def grads(logits, gather, logp_old, logp_ref, adv, mask, chunks, normalizer):
 def test_gradient_does_not_depend_on_micro_batch_size(micro):
     batch = make_batch()
     n = len(batch[4])
-    whole = grads(*batch, chunks=[slice(0, n)], normalizer=loss_normalizer(n, 1))
-    split = grads(*batch, chunks=[slice(i, i + micro) for i in range(0, n, micro)], normalizer=loss_normalizer(n, 1))
+    whole = grads(*batch, chunks=[slice(0, n)], normalizer=n)
+    split = grads(*batch, chunks=[slice(i, i + micro) for i in range(0, n, micro)], normalizer=n)
     assert torch.allclose(whole, split, atol=1e-6, rtol=0)
     assert whole.abs().sum() > 0
 
 
 def test_gradient_does_not_depend_on_world_size():
-    # Two "ranks" each hold 3 of 6 responses; FSDP averages their gradients. loss_normalizer(6, 2) = 3
-    # makes that average equal to the one-process gradient with normaliser 6.
+    # Two "ranks" each hold 3 of 6 responses and divide by the global count 6; psyrl.distributed.shard sums
+    # their gradients, which equals the one-process gradient.
     batch = make_batch()
-    whole = grads(*batch, chunks=[slice(0, 6)], normalizer=loss_normalizer(6, 1))
-    rank0 = grads(*batch, chunks=[slice(0, 1), slice(1, 3)], normalizer=loss_normalizer(6, 2))
-    rank1 = grads(*batch, chunks=[slice(3, 6)], normalizer=loss_normalizer(6, 2))
-    assert torch.allclose(whole, (rank0 + rank1) / 2, atol=1e-6, rtol=0)
-    with pytest.raises(ValueError):
-        loss_normalizer(0, 1)
+    whole = grads(*batch, chunks=[slice(0, 6)], normalizer=6)
+    rank0 = grads(*batch, chunks=[slice(0, 1), slice(1, 3)], normalizer=6)
+    rank1 = grads(*batch, chunks=[slice(3, 6)], normalizer=6)
+    assert torch.allclose(whole, rank0 + rank1, atol=1e-6, rtol=0)
 
 
 def test_padding_with_minus_inf_log_probs_stays_out_of_the_loss():

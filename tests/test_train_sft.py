@@ -20,7 +20,7 @@ from psyrl.validation import sample_items
 SHORT = [  # a smaller, shorter version of configs/sft/tiny.toml
     "model.hidden_size=64", "model.num_layers=2", "model.intermediate_size=128", "run.steps=60", "optim.lr=3e-3",
     "optim.global_batch=8", "optim.micro_batch=4", "checkpoint.every=20", "data.valid_items=16",
-    "rollout.max_new_tokens=24", "rollout.valid_batch=16", "log.progress=false",
+    "rollout.max_new_tokens=24", "sampler.batch=16", "log.progress=false",
 ]
 
 

@@ -1,0 +1,145 @@
+"""What both entry scripts (`train_sft.py`, `train_tgrpo.py`) do around their loop: the click entry that fails
+once on rank 0, the run directory, `--resume` checks, the policy and its sampler, the weight sync."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+import transformers
+
+from psyrl.atomic import tidy
+from psyrl.checkpoint import find_resumable
+from psyrl.config import ConfigError, config_changes, dump_config, load_config
+from psyrl.distributed import (
+    Dist,
+    barrier,
+    broadcast_object,
+    cleanup,
+    gather_full_state_dict,
+    init_distributed,
+    load_sharded,
+    print0,
+    unsharded_copy,
+)
+from psyrl.model import Policy, load_model
+from psyrl.runlog import truncate_metrics
+from psyrl.sampler import TorchSampler
+
+RESUME_FREE = ("run.name", "run.output_dir", "log", "checkpoint", "fsdp")  # may change on --resume: same numbers
+
+
+def run_entry(train: Callable, config_path, overrides, overwrite: bool, resume: bool) -> None:
+    """Load the config, join the process group, call train(cfg, ctx, overwrite, resume); every error is one
+    click message, said once by rank 0 (the other ranks fail the same way and exit quietly)."""
+    try:
+        transformers.utils.logging.disable_progress_bar()  # no per-save bars inside psyrl's own progress bar
+        if overwrite and resume:
+            raise click.ClickException("--overwrite and --resume exclude each other")
+        try:
+            cfg = load_config(config_path, overrides)
+            ctx = init_distributed(cfg.run.device, cfg.fsdp.offload, cfg.fsdp.timeout_minutes)
+        except (ConfigError, ValueError) as e:
+            raise click.ClickException(str(e)) from None
+        try:
+            train(cfg, ctx, overwrite, resume)
+        except OSError as e:  # a full disk while logging: say where, not a traceback (checkpoints are atomic)
+            raise click.ClickException(f"write error: {e}") from None
+        cleanup(ctx)  # on a normal exit only: after an error, NCCL work may be in flight and the process just ends
+    except click.ClickException as e:
+        if int(os.environ.get("RANK", "0")) != 0:
+            raise SystemExit(e.exit_code) from None
+        raise
+
+
+def check_run_dir(run_dir: Path, overwrite: bool, resume: bool) -> bool:
+    """Whether `run_dir` already holds a run, after refusing to clobber it or to resume nothing."""
+    exists = (run_dir / "metrics.jsonl").exists()
+    if exists and not (overwrite or resume):
+        raise click.ClickException(f"{run_dir} already holds a run; pass --resume to continue it or --overwrite "
+                                   "to start over")
+    if resume and not exists:
+        raise click.ClickException(f"--resume: {run_dir} holds no run")
+    return exists
+
+
+def open_run_dir(run_dir: Path, cfg, ctx: Dist, wipe: bool) -> str:
+    """Create `run_dir` (emptied first when `wipe`: --overwrite of an existing run) with its resolved config;
+    returns that config's TOML text."""
+    resolved = dump_config(cfg)
+    if ctx.is_main:
+        if wipe:  # only ever delete what a run wrote
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tidy(run_dir)
+        (run_dir / "config.resolved.toml").write_text(resolved, encoding="utf-8")
+    barrier(ctx)
+    return resolved
+
+
+def check_resume(run_dir: Path, cfg, ctx: Dist) -> Path:
+    """The checkpoint to resume from, after checking the run's config has not changed in a way that matters."""
+    found = find_resumable(run_dir, lambda line: print0(line, ctx)) if ctx.is_main else None
+    checkpoint = broadcast_object(found, ctx)  # rank 0 decides: nodes may see a shared filesystem differently
+    if checkpoint is None:
+        raise click.ClickException(f"--resume: {run_dir} holds no complete checkpoint with a training state "
+                                   "(checkpoint.every = 0 saves none; checkpoint.keep_state prunes older ones)")
+    saved = load_config(checkpoint / "config.resolved.toml")
+    changed = [k for k in config_changes(saved, cfg) if k not in RESUME_FREE and k.split(".")[0] not in RESUME_FREE]
+    if changed:
+        raise click.ClickException(f"--resume: the config differs from {checkpoint / 'config.resolved.toml'} in "
+                                   f"{', '.join(changed)}; resuming would not continue the same run")
+    return checkpoint
+
+
+def read_trainer_state(checkpoint: Path | None, data_path: str, count: int) -> tuple[dict, dict]:
+    """(trainer.json of `checkpoint` or {}, the training data's fingerprint). Resuming on other data at the same
+    path is refused: the saved data position would point into a different list."""
+    fingerprint = {"sha256": hashlib.sha256(Path(data_path).read_bytes()).hexdigest(), "examples": count}
+    trainer = json.loads((checkpoint / "trainer.json").read_text(encoding="utf-8")) if checkpoint else {}
+    if checkpoint and trainer.get("data") != fingerprint:
+        raise click.ClickException(f"--resume: {data_path} is not the data {checkpoint} was trained on "
+                                   f"({trainer.get('data')}, now {fingerprint}): its data position is void")
+    return trainer, fingerprint
+
+
+def rewind_metrics(run_dir: Path, step: int, ctx: Dist) -> None:
+    """On resume, drop metrics rows after the checkpoint's step (they are redone)."""
+    if ctx.is_main:
+        broken = truncate_metrics(run_dir / "metrics.jsonl", step)
+        if broken:
+            print0(f"warning: dropped {broken} unreadable line(s) of metrics.jsonl (cut short by the crash)", ctx)
+
+
+def build_policy(cfg, tokenizer, ctx: Dist, offload: bool | None = None) -> Policy:
+    """A policy: one process holds the whole model; under torchrun rank 0 reads it and FSDP2 shards it
+    (`offload` overrides fsdp.offload, e.g. for the reference model)."""
+    if not ctx.sharded:
+        return Policy(load_model(cfg.model, tokenizer, seed=cfg.run.seed, device=ctx.device))
+    build = lambda empty: Policy(load_model(cfg.model, tokenizer, seed=cfg.run.seed, empty=empty))  # noqa: E731
+    offload = cfg.fsdp.offload if offload is None else offload
+    return load_sharded(build, ctx, cfg.model.dtype, offload, cfg.fsdp.reshard_after_forward)
+
+
+def build_sampler(policy: Policy, cfg, tokenizer, ctx: Dist) -> TorchSampler:
+    """The sampler with its own unsharded copy of the policy in the compute dtype, filled one tensor at a time
+    from the (possibly sharded) policy. Collective under torchrun."""
+    lm = unsharded_copy(policy, load_model(cfg.model, tokenizer, empty=True), ctx, cfg.model.dtype)
+    return TorchSampler(lm, tokenizer, ctx.device, cfg.sampler.batch)
+
+
+def sync_weights(sampler, policy: Policy, ctx: Dist) -> None:
+    """The weight sync: every parameter of the trainer, gathered from its shards one at a time, into the sampler.
+    Collective under torchrun."""
+    sampler.load_weights(gather_full_state_dict(policy, ctx.device, prefix="lm."))
+
+
+def validation_lines(records, outputs) -> str:
+    """What the model wrote for each held-out item, one JSON object per line, for people to read."""
+    return "".join(json.dumps({"id": r.id, "answer": r.answer, "response": s.text, "tokens": len(s.token_ids),
+                               "finish_reason": s.finish_reason}) + "\n" for r, s in zip(records, outputs))

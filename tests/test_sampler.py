@@ -1,0 +1,149 @@
+"""The torch sampler: greedy equals transformers' generate, log-probs equal the trainer's, exact top-p,
+seeds per prompt, stop tokens, and the weight sync."""
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from psyrl import prompts
+from psyrl.config import ModelConfig, PromptConfig
+from psyrl.data import load_stimuliqa
+from psyrl.model import load_model, load_tokenizer, stop_token_ids, token_logprobs
+from psyrl.sampler import Sample, TorchSampler, draw, nucleus_mask
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def setup():
+    cfg = ModelConfig(tokenizer="tiny", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                      intermediate_size=64)
+    tokenizer = load_tokenizer(cfg)
+    model = load_model(cfg, tokenizer, seed=0).eval()
+    records = load_stimuliqa("data/demo/test.jsonl")[:5]
+    ids = [prompts.prompt_ids(tokenizer, r, PromptConfig()) for r in records]
+    ids[1] = ids[1][:-7]  # different lengths: left padding inside a batch
+    return cfg, tokenizer, model, ids
+
+
+def trainer_logprobs(model, prompt, sample: Sample, temperature: float) -> torch.Tensor:
+    ids = torch.tensor([list(prompt) + list(sample.token_ids)])
+    positions = torch.zeros(1, ids.shape[1] - 1, dtype=torch.bool)
+    positions[0, len(prompt) - 1:] = True
+    return token_logprobs(model, ids, torch.ones_like(ids), temperature, positions)[positions]
+
+
+def test_greedy_equals_transformers_generate_and_batching_changes_nothing(setup):
+    _, tokenizer, model, ids = setup
+    sampler = TorchSampler(model, tokenizer, CPU, batch=5)
+    together = sampler.generate(ids, 1, 0.0, 1.0, 12, seed=0)
+    one_by_one = [TorchSampler(model, tokenizer, CPU, batch=1).generate([p], 1, 0.0, 1.0, 12, seed=0)[0] for p in ids]
+    assert [g[0].token_ids for g in together] == [g[0].token_ids for g in one_by_one]
+    config = GenerationConfig(max_new_tokens=12, do_sample=False, eos_token_id=stop_token_ids(tokenizer),
+                              pad_token_id=tokenizer.pad_token_id)
+    for prompt, group in zip(ids, together):
+        reference = model.generate(input_ids=torch.tensor([prompt]), generation_config=config)[0, len(prompt):]
+        assert group[0].token_ids == tuple(reference.tolist())[:len(group[0].token_ids)]
+        assert group[0].finish_reason == "length" and len(group[0].token_ids) == 12
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_sampler_logprobs_equal_the_trainers_at_the_same_temperature(setup, temperature):
+    _, tokenizer, model, ids = setup
+    groups = TorchSampler(model, tokenizer, CPU, batch=6).generate(ids, 3, temperature, 0.9, 10, seed=3)
+    for prompt, group in zip(ids, groups):
+        assert len(group) == 3
+        for sample in group:
+            gap = (trainer_logprobs(model, prompt, sample, temperature) - torch.tensor(sample.logprobs)).abs().max()
+            assert gap < 1e-5  # float32, batched with left padding vs one unpadded row
+
+
+def test_samples_depend_on_their_own_seed_only(setup):
+    _, tokenizer, model, ids = setup
+    sampler = TorchSampler(model, tokenizer, CPU, batch=15)
+    together = sampler.generate(ids, 3, 1.0, 0.99, 8, seed=[10, 11, 12, 13, 14])
+    alone = [TorchSampler(model, tokenizer, CPU, batch=3).generate([p], 3, 1.0, 0.99, 8, seed=[10 + i])[0]
+             for i, p in enumerate(ids)]
+    assert [[s.token_ids for s in g] for g in together] == [[s.token_ids for s in g] for g in alone]
+    assert [[s.token_ids for s in g] for g in sampler.generate(ids, 3, 1.0, 0.99, 8, seed=10)] == \
+        [[s.token_ids for s in g] for g in together]
+    other = sampler.generate(ids, 3, 1.0, 0.99, 8, seed=99)
+    assert [[s.token_ids for s in g] for g in other] != [[s.token_ids for s in g] for g in together]
+    assert len({s.token_ids for s in together[0]}) > 1  # the G samples of a prompt differ
+
+
+def test_nucleus_is_exact_against_a_full_sort():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 3000, generator=gen) * torch.linspace(0.5, 8.0, 64)[:, None]  # flat to peaked rows
+    probs = torch.softmax(logits, -1)
+    for top_p in (0.3, 0.9, 0.99, 1.0):
+        mask = nucleus_mask(probs, top_p)
+        sorted_p, order = probs.sort(-1, descending=True)  # reference: smallest prefix with mass >= top_p
+        size = ((sorted_p.cumsum(-1) < top_p).sum(-1) + 1).clamp(max=probs.shape[-1])
+        if top_p == 1.0:
+            size[:] = probs.shape[-1]  # top-p 1 keeps everything, whatever the rounding of the sum
+        reference = torch.zeros_like(mask)
+        for row in range(len(probs)):
+            reference[row, order[row, :size[row]]] = True
+        assert torch.equal(mask, reference)
+        assert torch.equal(mask, nucleus_mask(probs, top_p, precut=probs.shape[-1]))  # the full-sort path
+        if top_p == 0.9:  # some rows took the top-k pre-cut, others the full sort
+            assert 0 < (probs.topk(64).values.sum(-1) >= top_p).sum() < len(probs)
+        # the same seed draws the same tokens whichever path found the nucleus
+        a = draw(probs, mask, [torch.Generator().manual_seed(r) for r in range(len(probs))])
+        b = draw(probs, reference, [torch.Generator().manual_seed(r) for r in range(len(probs))])
+        assert torch.equal(a, b) and mask.gather(-1, a[:, None]).all()
+
+
+def test_draw_follows_the_renormalised_nucleus():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    mask = nucleus_mask(probs, 0.8)
+    assert mask.tolist() == [[True, True, False, False]]
+    g = torch.Generator().manual_seed(0)
+    counts = torch.bincount(torch.cat([draw(probs, mask, [g]) for _ in range(20000)]), minlength=4)
+    assert counts[2:].sum() == 0
+    assert abs(counts[0] / 20000 - 0.625) < 0.015  # 0.5 / 0.8
+
+
+def test_response_ends_at_the_first_stop_token(setup):
+    cfg, tokenizer, _, ids = setup
+    model = load_model(cfg, tokenizer, seed=0).eval()
+    eos = tokenizer.eos_token_id
+    with torch.no_grad():  # make end-of-turn the only possible token: every response is exactly [eos]
+        model.lm_head.weight.zero_()
+        bias = torch.full((model.lm_head.weight.shape[0],), -1e4)
+        bias[eos] = 0.0
+        model.lm_head.bias = torch.nn.Parameter(bias)
+    groups = TorchSampler(model, tokenizer, CPU).generate(ids[:2], 2, 1.0, 0.99, 5, seed=0)
+    assert [[(s.token_ids, s.text, s.finish_reason) for s in g] for g in groups] == [[((eos,), "", "stop")] * 2] * 2
+
+
+def test_weight_sync_makes_the_sampler_follow_the_trainer(setup):
+    cfg, tokenizer, _, ids = setup
+    trainer_model = load_model(cfg, tokenizer, seed=1)
+    sampler = TorchSampler(load_model(cfg, tokenizer, seed=2), tokenizer, CPU)
+    before = sampler.generate(ids[:2], 2, 1.0, 0.99, 6, seed=0)
+    sampler.load_weights((name, t.detach()) for name, t in trainer_model.state_dict().items())
+    after = sampler.generate(ids[:2], 2, 1.0, 0.99, 6, seed=0)
+    reference = TorchSampler(trainer_model, tokenizer, CPU).generate(ids[:2], 2, 1.0, 0.99, 6, seed=0)
+    assert [[s.token_ids for s in g] for g in after] == [[s.token_ids for s in g] for g in reference]
+    assert [[s.token_ids for s in g] for g in after] != [[s.token_ids for s in g] for g in before]
+    with pytest.raises(ValueError, match="no tensor for"):
+        sampler.load_weights([])
+
+
+def test_bad_input_is_refused(setup):
+    _, tokenizer, model, ids = setup
+    sampler = TorchSampler(model, tokenizer, CPU)
+    with pytest.raises(ValueError, match="empty prompt"):
+        sampler.generate([[]], 1, 1.0, 1.0, 4, seed=0)
+    with pytest.raises(ValueError, match="seeds"):
+        sampler.generate(ids[:2], 1, 1.0, 1.0, 4, seed=[1])
+
+
+def test_sample_items_is_fixed_and_in_file_order():
+    from psyrl.validation import sample_items
+    items = list(range(100))
+    picked = sample_items(items, 10, seed=0)
+    assert picked == sorted(picked) and len(set(picked)) == 10 and sample_items(items, 10, seed=0) == picked
+    assert sample_items(items, 0, seed=0) == items and sample_items(items, 500, seed=0) == items
