@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from psyrl.checkpoint import CheckpointError, export_hf, json_text, load_checkpoint, save_checkpoint, select_checkpoint
 from psyrl.config import ConfigError
-from psyrl.data import Cursor, DataError, load_stimuliqa, next_indices
+from psyrl.data import Cursor, DataError, load_records, load_stimuliqa, next_indices
 from psyrl.distributed import Dist, all_reduce, print0, rank_share
 from psyrl.model import autocast, load_tokenizer
 from psyrl.optim import build_optimizer, clipped_step, lr_factor, set_lr
@@ -50,7 +50,8 @@ from psyrl.validation import sample_items, validate
 
 LINE_FIELDS = [("loss", "train/loss", ".4f"), ("grad", "train/grad_norm", ".3f"), ("lr", "train/lr", ".2e"),
                ("tok/s", "perf/tokens_per_s", ".0f"), ("peak GiB", "perf/peak_mem_gib", ".2f"),
-               ("valid f1", "valid/f1", ".4f"), ("valid loss", "valid/loss", ".4f")]
+               ("valid f1", "valid/f1", ".4f"), ("valid acc", "valid/accuracy", ".4f"),
+               ("valid loss", "valid/loss", ".4f")]
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -77,7 +78,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
     checkpoint = check_resume(run_dir, cfg, ctx) if resume else None
     try:
         train_records = load_stimuliqa(cfg.data.train_file)
-        valid_records = load_stimuliqa(cfg.data.valid_file) if cfg.data.valid_file else []
+        valid_records = load_records(cfg.data.valid_file) if cfg.data.valid_file else []
         tokenizer = load_tokenizer(cfg.model)
         policy = build_policy(cfg, tokenizer, ctx)
     except (ConfigError, DataError, OSError, ValueError, RuntimeError) as e:

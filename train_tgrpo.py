@@ -28,7 +28,7 @@ from psyrl import prompts
 from psyrl.atomic import write_text
 from psyrl.checkpoint import CheckpointError, export_hf, json_text, load_checkpoint, save_checkpoint
 from psyrl.config import ConfigError
-from psyrl.data import Cursor, DataError, load_stimuliqa, next_indices
+from psyrl.data import Cursor, DataError, load_records, load_stimuliqa, next_indices
 from psyrl.distributed import Dist, all_gather_lists, all_reduce, print0, rank_share
 from psyrl.model import autocast, load_tokenizer
 from psyrl.optim import build_optimizer, clipped_step, lr_factor, set_lr
@@ -53,7 +53,8 @@ from psyrl.validation import sample_items, validate
 
 LINE_FIELDS = [("reward", "reward/final", ".3f"), ("f1", "reward/f1", ".3f"), ("format", "reward/format", ".2f"),
                ("len", "response/length", ".0f"), ("kl", "actor/kl", ".4f"), ("grad", "actor/grad_norm", ".3f"),
-               ("clip", "actor/clip_frac", ".3f"), ("s/step", "time/step", ".1f"), ("valid f1", "valid/f1", ".4f")]
+               ("clip", "actor/clip_frac", ".3f"), ("s/step", "time/step", ".1f"), ("valid f1", "valid/f1", ".4f"),
+               ("valid acc", "valid/accuracy", ".4f")]
 TOKEN_METRICS = ("clip_frac_high", "clip_frac_low", "dual_clip_frac", "ratio_mean", "ppo_kl", "entropy")
 SEQUENCE_METRICS = ("pg_loss", "kl")
 
@@ -213,7 +214,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
     checkpoint = check_resume(run_dir, cfg, ctx) if resume else None
     try:
         train_records = load_stimuliqa(cfg.data.train_file)
-        valid_records = sample_items(load_stimuliqa(cfg.data.valid_file), cfg.data.valid_items, cfg.run.seed) \
+        valid_records = sample_items(load_records(cfg.data.valid_file), cfg.data.valid_items, cfg.run.seed) \
             if cfg.data.valid_file else []
         tokenizer = load_tokenizer(cfg.model)
         train_prompts, too_long = build_prompts(train_records, tokenizer, cfg)

@@ -88,7 +88,8 @@ class DataConfig:
     train_file: str = "data/demo/train.jsonl"
     """Training records (StimuliQA JSONL, SPEC §6), relative to the working directory."""
     valid_file: str = "data/demo/test.jsonl"
-    """Held-out StimuliQA records scored at every checkpoint (F1, format, loss); empty = no validation."""
+    """Held-out records scored at every checkpoint: StimuliQA (F1, format, loss) or a benchmark-schema file (F1,
+    format, F1-accuracy, SPEC §7); empty = no validation."""
     valid_items: int = 0
     """Validate on a fixed seeded sample of this many held-out items; 0 = all of them."""
     max_length: int = 2048

@@ -43,7 +43,8 @@ def run_entry(train: Callable, config_path, overrides, overwrite: bool, resume: 
             raise click.ClickException("--overwrite and --resume exclude each other")
         try:
             cfg = load_config(config_path, overrides)
-            ctx = init_distributed(cfg.run.device, cfg.fsdp.offload, cfg.fsdp.timeout_minutes)
+            offload = cfg.fsdp.offload or cfg.fsdp.ref_offload  # CPU-resident shards need gloo next to nccl
+            ctx = init_distributed(cfg.run.device, offload, cfg.fsdp.timeout_minutes)
         except (ConfigError, ValueError) as e:
             raise click.ClickException(str(e)) from None
         try:

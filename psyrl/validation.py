@@ -16,11 +16,12 @@ import torch
 
 from psyrl import prompts
 from psyrl.config import Config
-from psyrl.data import StimuliRecord
+from psyrl.data import BenchmarkRecord, StimuliRecord
 from psyrl.distributed import ONE_PROCESS, Dist, all_gather_lists, all_reduce, rank_share
 from psyrl.model import autocast
 from psyrl.rewards import answer_components
 from psyrl.sft import build_examples, micro_batch_losses, response_tokens
+from psyrl.text import best_option, extract_answer
 
 
 def sample_items(records: Sequence, count: int, seed: int) -> list:
@@ -31,9 +32,12 @@ def sample_items(records: Sequence, count: int, seed: int) -> list:
     return [records[i] for i in keep]
 
 
-def validate(policy, sampler, tokenizer, records: Sequence[StimuliRecord], cfg: Config, ctx: Dist = ONE_PROCESS):
+def validate(policy, sampler, tokenizer, records: Sequence[StimuliRecord] | Sequence[BenchmarkRecord], cfg: Config,
+             ctx: Dist = ONE_PROCESS):
     """(metrics, outputs): valid/f1 (eq. 4-5 on the extracted answer), valid/format (eq. 6), valid/length (tokens),
-    valid/loss (NLL per response token of the SFT targets); outputs: one `psyrl.sampler.Sample` per record, in
+    and valid/loss (NLL per response token of the SFT targets) for StimuliQA records, or valid/accuracy (SPEC §7
+    F1-accuracy: the option of highest F1 to the answer; a tie is `E` and wrong) and valid/not_applicable (the
+    fraction of E choices) for benchmark-schema records; outputs: one `psyrl.sampler.Sample` per record, in
     record order.
 
     `sampler` generates (it holds an unsharded model); `policy` (sharded or not) scores the loss. Items are split
@@ -53,6 +57,12 @@ def validate(policy, sampler, tokenizer, records: Sequence[StimuliRecord], cfg: 
         "valid/length": sum(len(s.token_ids) for s in outputs) / len(outputs),
         "valid/items": len(records),
     }
+    if isinstance(records[0], BenchmarkRecord):  # SPEC §7 F1-accuracy; no SFT target, so no loss
+        choices = [best_option(extract_answer(s.text), list(r.options)) for s, r in zip(outputs, records)]
+        metrics["valid/accuracy"] = sum(c == r.answer_index for c, r in zip(choices, records)) / len(records)
+        metrics["valid/not_applicable"] = sum(c is None for c in choices) / len(records)
+        policy.train(was_training)
+        return metrics, outputs
     examples, _ = build_examples(records, tokenizer, cfg.prompt, cfg.data.max_length)
     if examples:
         size = cfg.optim.logprob_micro_batch

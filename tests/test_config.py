@@ -44,6 +44,20 @@ def test_defaults_are_the_spec_values():
     assert (c.loss.eps_low, c.loss.eps_high, c.loss.dual_clip, c.loss.kl_coef) == (0.2, 0.3, 3.0, 1e-2)
 
 
+@pytest.mark.parametrize("size", ["0.5b", "1.5b", "3b"])
+def test_gpu_tgrpo_configs_carry_appendix_a3(size):
+    c = load_config(ROOT / "configs" / "tgrpo" / f"qwen2.5-{size}.toml")
+    assert (c.rollout.prompts, c.rollout.samples, c.optim.global_batch) == (512, 5, 128)  # SPEC §4 batch arithmetic
+    assert (c.rollout.temperature, c.rollout.valid_temperature, c.rollout.top_p) == (1.0, 0.5, 0.99)
+    assert (c.rollout.max_prompt_tokens, c.rollout.max_new_tokens, c.run.steps) == (2048, 2048, 315)
+    assert (c.optim.lr, c.optim.weight_decay, c.optim.grad_clip, c.optim.warmup_ratio, c.optim.schedule) == (
+        1e-6, 1e-2, 1.0, 0.0, "constant")
+    assert (c.optim.micro_batch, c.optim.logprob_micro_batch, c.loss.kl_coef) == (4, 16, 1e-2)
+    assert (c.model.dtype, c.fsdp.offload, c.fsdp.ref_offload) == ("bfloat16", True, True)
+    assert c.reward.variant == "bilateral"
+    assert c.rollout.prompts % c.optim.global_batch == 0 and c.optim.global_batch % 4 == 0  # 4 GPUs
+
+
 def error(path, overrides=()):
     with pytest.raises(ConfigError) as info:
         load_config(path, overrides)

@@ -147,3 +147,35 @@ def test_sample_items_is_fixed_and_in_file_order():
     picked = sample_items(items, 10, seed=0)
     assert picked == sorted(picked) and len(set(picked)) == 10 and sample_items(items, 10, seed=0) == picked
     assert sample_items(items, 0, seed=0) == items and sample_items(items, 500, seed=0) == items
+
+
+class ScriptedSampler:
+    """Answers each prompt with the next scripted text (validation's only use of a sampler is `generate`)."""
+
+    def __init__(self, texts):
+        self.texts = list(texts)
+
+    def generate(self, prompt_token_ids, n, temperature, top_p, max_new_tokens, seed):
+        return [[Sample((1,), self.texts.pop(0), "stop", (0.0,))] for _ in prompt_token_ids]
+
+
+def test_validation_on_a_benchmark_file_scores_f1_accuracy(setup):
+    from psyrl.config import load_config
+    from psyrl.data import load_benchmark
+    from psyrl.validation import validate
+
+    _, tokenizer, model, _ = setup
+    records = load_benchmark("data/benchmarks/simpletom/test.jsonl")[:4]
+    options = [list(r.options) for r in records]
+    right, wrong = records[0].answer, next(o for o in options[1] if o != records[1].answer)
+    texts = [f"<think>a</think><answer>{right}</answer>", f"<answer>{wrong}</answer>",
+             "<think>b</think><answer>" + " ".join(options[2]) + "</answer>", "zzz"]  # a tie, no match: E
+    metrics, outputs = validate(model_policy(model), ScriptedSampler(texts), tokenizer, records, load_config(None))
+    assert metrics["valid/accuracy"] == 0.25 and metrics["valid/not_applicable"] == 0.5
+    assert metrics["valid/format"] == 0.5 and "valid/loss" not in metrics
+    assert [s.text for s in outputs] == texts
+
+
+def model_policy(model):
+    from psyrl.model import Policy
+    return Policy(model)
