@@ -18,33 +18,34 @@ the whole optimiser step rather than per micro-batch; over-long examples are dro
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from pathlib import Path
 
 import click
 import torch
-from tqdm import tqdm
 
-from psyrl.checkpoint import CheckpointError, export_hf, json_text, load_checkpoint, save_checkpoint, select_checkpoint
+from psyrl.checkpoint import json_text, load_checkpoint, select_checkpoint
 from psyrl.config import ConfigError
 from psyrl.data import Cursor, DataError, load_records, load_stimuliqa, next_indices
 from psyrl.distributed import Dist, all_reduce, print0, rank_share
 from psyrl.model import autocast, load_tokenizer
 from psyrl.optim import build_optimizer, clipped_step, lr_factor, set_lr
-from psyrl.runlog import MetricsFile, peak_memory_gib, step_line
+from psyrl.runlog import peak_memory_gib, step_line
 from psyrl.sft import build_examples, micro_batch_losses, response_tokens
 from psyrl.trainer import (
     build_policy,
     build_sampler,
     check_resume,
     check_run_dir,
+    export_final,
     open_run_dir,
     read_trainer_state,
     rewind_metrics,
     run_entry,
+    save_step,
+    step_log,
     sync_weights,
-    validation_lines,
+    warn_about_inputs,
 )
 from psyrl.validation import sample_items, validate
 
@@ -88,12 +89,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
         raise click.ClickException(f"{cfg.data.train_file}: no usable training example ({counts})")
     trainer, data_fingerprint = read_trainer_state(checkpoint, cfg.data.train_file, len(examples))
     valid_records = sample_items(valid_records, cfg.data.valid_items, cfg.run.seed)
-    if cfg.fsdp.offload and not ctx.sharded:
-        print0("note: fsdp.offload applies under torchrun with 2 or more ranks; one process keeps the model in place",
-               ctx)
-    shared = {r.id for r in train_records} & {r.id for r in valid_records}
-    if shared:
-        print0(f"warning: {len(shared)} validation id(s) are also training ids (e.g. {min(shared)}): not held out", ctx)
+    warn_about_inputs(cfg, ctx, train_records, valid_records)
     resolved = open_run_dir(run_dir, cfg, ctx, wipe=overwrite and exists)
 
     policy.train()
@@ -114,16 +110,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
         f"{steps} steps of {batch} sequences; run directory {run_dir}"
         f"{f'; resuming after step {first - 1} from {checkpoint}' if checkpoint else ''}", ctx)
 
-    with contextlib.ExitStack() as stack:  # the metrics file and the bar close on any exit
-        metrics_file = stack.enter_context(contextlib.closing(MetricsFile(run_dir / "metrics.jsonl"))) \
-            if ctx.is_main else None
-        bar = stack.enter_context(tqdm(total=steps, initial=first - 1, desc="sft", unit="step", file=sys.stdout,
-                                       disable=not (cfg.log.progress and ctx.is_main)))
-
-        def log(row):
-            if metrics_file:
-                metrics_file.write(row)
-
+    with step_log(run_dir, cfg, ctx, first, "sft") as (log, bar):
         sampler = None  # built at the first validation, synced before each later one
 
         def run_validation():
@@ -175,24 +162,14 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
                 files = {"config.resolved.toml": resolved,
                          "trainer.json": json_text({"step": step, "cursor": vars(cursor), "data": data_fingerprint,
                                                     "skipped_updates": skipped_updates})}
-                if valid_records:
-                    files["validation.json"] = json_text({"step": step, **metrics})
-                    files["validation.jsonl"] = validation_lines(valid_records, outputs)
-                try:
-                    save_checkpoint(run_dir, step, policy, optimizer, tokenizer, files, ctx,
-                                    cfg.checkpoint.keep_state)
-                except CheckpointError as e:
-                    raise click.ClickException(str(e)) from None
+                save_step(run_dir, step, policy, optimizer, tokenizer, files,
+                          (valid_records, metrics, outputs) if valid_records else None, cfg, ctx)
             bar.update(1)
             if step % cfg.log.every == 0 or step == steps:
                 print0(step_line(row, LINE_FIELDS), ctx)
 
     # ---------------------------------------------------------------- final export
-    try:
-        export_hf(policy, tokenizer, run_dir / "hf", ctx)
-    except CheckpointError as e:
-        raise click.ClickException(str(e)) from None
-    print0(f"sft: done; final model in {run_dir / 'hf'}", ctx)
+    export_final(policy, tokenizer, run_dir, ctx, "sft")
     if valid_records and cfg.checkpoint.every and ctx.is_main:
         step, score, path = select_checkpoint(run_dir, "median")
         print0(f"sft: median-F1 checkpoint (appendix B): step {step}, valid F1 {score:.4f}, {path / 'hf'}", ctx)

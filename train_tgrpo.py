@@ -16,24 +16,22 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import click
 import torch
-from tqdm import tqdm
 
 from psyrl import prompts
 from psyrl.atomic import write_text
-from psyrl.checkpoint import CheckpointError, export_hf, json_text, load_checkpoint, save_checkpoint
+from psyrl.checkpoint import json_text, load_checkpoint
 from psyrl.config import ConfigError
 from psyrl.data import Cursor, DataError, load_records, load_stimuliqa, next_indices
 from psyrl.distributed import Dist, all_gather_lists, all_reduce, print0, rank_share
 from psyrl.model import autocast, load_tokenizer
 from psyrl.optim import build_optimizer, clipped_step, lr_factor, set_lr
 from psyrl.rewards import answer_components, final_rewards, reward_metrics
-from psyrl.runlog import Laps, MetricsFile, peak_memory_gib, step_line
+from psyrl.runlog import Laps, peak_memory_gib, step_line
 from psyrl.sft import SFTExample, collate
 from psyrl.tgrpo import advantages, tgrpo_loss
 from psyrl.trainer import (
@@ -41,12 +39,15 @@ from psyrl.trainer import (
     build_sampler,
     check_resume,
     check_run_dir,
+    export_final,
     open_run_dir,
     read_trainer_state,
     rewind_metrics,
     run_entry,
+    save_step,
+    step_log,
     sync_weights,
-    validation_lines,
+    warn_about_inputs,
 )
 from psyrl.trajectory_cache import TrajectoryCache
 from psyrl.validation import sample_items, validate
@@ -226,6 +227,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
         reference = build_policy(cfg, tokenizer, ctx, offload=cfg.fsdp.ref_offload) if cfg.loss.kl_coef > 0 else None
     except (ConfigError, DataError, OSError, ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
+    warn_about_inputs(cfg, ctx, train_records, valid_records)
     resolved = open_run_dir(run_dir, cfg, ctx, wipe=overwrite and exists)
     pad_id = tokenizer.pad_token_id
 
@@ -243,7 +245,6 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
         cache.load_state_dict(json.loads((checkpoint / "trajectory_cache.json").read_text(encoding="utf-8")))
         cursor, skipped_updates, first = Cursor(**trainer["cursor"]), trainer["skipped_updates"], trainer["step"] + 1
         rewind_metrics(run_dir, trainer["step"], ctx)
-    progress = cfg.log.progress and ctx.is_main
     sampler = build_sampler(policy, cfg, tokenizer, ctx)  # its own copy, filled from the shards
     params = sum(p.numel() for p in policy.parameters())
     print0(f"tgrpo: {params / 1e6:.2f}M parameters on {ctx.world} x {ctx.device}"
@@ -254,16 +255,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
            f"update(s) each; run directory {run_dir}"
            f"{f'; resuming after step {first - 1} from {checkpoint}' if checkpoint else ''}", ctx)
 
-    with contextlib.ExitStack() as stack:  # the metrics file and the bar close on any exit
-        metrics_file = stack.enter_context(contextlib.closing(MetricsFile(run_dir / "metrics.jsonl"))) \
-            if ctx.is_main else None
-        bar = stack.enter_context(tqdm(total=steps, initial=first - 1, desc="tgrpo", unit="step", file=sys.stdout,
-                                       disable=not progress))
-
-        def log(row):
-            if metrics_file:
-                metrics_file.write(row)
-
+    with step_log(run_dir, cfg, ctx, first, "tgrpo") as (log, bar):
         if valid_records and first == 1:  # the starting model's scores: the baseline of every later row
             metrics, _ = validate(policy, sampler, tokenizer, valid_records, cfg, ctx)
             log({"step": 0, "steps": steps, **metrics})
@@ -347,24 +339,14 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
                                                     "skipped_updates": skipped_updates,
                                                     "sampler_seeds": "sha256(run.seed:step:prompt position)"}),
                          "trajectory_cache.json": json_text(cache.state_dict())}
-                if valid_records:
-                    files["validation.json"] = json_text({"step": step, **metrics})
-                    files["validation.jsonl"] = validation_lines(valid_records, outputs)
-                try:
-                    save_checkpoint(run_dir, step, policy, optimizer, tokenizer, files, ctx,
-                                    cfg.checkpoint.keep_state)
-                except CheckpointError as e:
-                    raise click.ClickException(str(e)) from None
+                save_step(run_dir, step, policy, optimizer, tokenizer, files,
+                          (valid_records, metrics, outputs) if valid_records else None, cfg, ctx)
             bar.update(1)
             if step % cfg.log.every == 0 or step == steps:
                 print0(step_line(row, LINE_FIELDS), ctx)
 
     # ---------------------------------------------------------------- final export
-    try:
-        export_hf(policy, tokenizer, run_dir / "hf", ctx)
-    except CheckpointError as e:
-        raise click.ClickException(str(e)) from None
-    print0(f"tgrpo: done; final model in {run_dir / 'hf'}", ctx)
+    export_final(policy, tokenizer, run_dir, ctx, "tgrpo")
 
 
 if __name__ == "__main__":

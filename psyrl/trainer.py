@@ -3,18 +3,21 @@ once on rank 0, the run directory, `--resume` checks, the policy and its sampler
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import click
 import transformers
+from tqdm import tqdm
 
 from psyrl.atomic import tidy
-from psyrl.checkpoint import find_resumable
+from psyrl.checkpoint import CheckpointError, export_hf, find_resumable, json_text, save_checkpoint
 from psyrl.config import ConfigError, config_changes, dump_config, load_config
 from psyrl.distributed import (
     Dist,
@@ -28,7 +31,7 @@ from psyrl.distributed import (
     unsharded_copy,
 )
 from psyrl.model import Policy, load_model
-from psyrl.runlog import truncate_metrics
+from psyrl.runlog import MetricsFile, truncate_metrics
 from psyrl.sampler import TorchSampler
 
 RESUME_FREE = ("run.name", "run.output_dir", "log", "checkpoint", "fsdp")  # may change on --resume: same numbers
@@ -49,8 +52,8 @@ def run_entry(train: Callable, config_path, overrides, overwrite: bool, resume: 
             raise click.ClickException(str(e)) from None
         try:
             train(cfg, ctx, overwrite, resume)
-        except OSError as e:  # a full disk while logging: say where, not a traceback (checkpoints are atomic)
-            raise click.ClickException(f"write error: {e}") from None
+        except OSError as e:  # e.g. a full disk while logging: say which file, not a traceback (checkpoints are atomic)
+            raise click.ClickException(f"file error: {e}") from None
         cleanup(ctx)  # on a normal exit only: after an error, NCCL work may be in flight and the process just ends
     except click.ClickException as e:
         if int(os.environ.get("RANK", "0")) != 0:
@@ -90,12 +93,61 @@ def check_resume(run_dir: Path, cfg, ctx: Dist) -> Path:
     if checkpoint is None:
         raise click.ClickException(f"--resume: {run_dir} holds no complete checkpoint with a training state "
                                    "(checkpoint.every = 0 saves none; checkpoint.keep_state prunes older ones)")
-    saved = load_config(checkpoint / "config.resolved.toml")
+    try:
+        saved = load_config(checkpoint / "config.resolved.toml")
+    except ConfigError as e:
+        raise click.ClickException(f"--resume: cannot read the config the run was started with ({e}); a run started "
+                                   "by an older psyrl may use keys this version no longer has") from None
     changed = [k for k in config_changes(saved, cfg) if k not in RESUME_FREE and k.split(".")[0] not in RESUME_FREE]
     if changed:
         raise click.ClickException(f"--resume: the config differs from {checkpoint / 'config.resolved.toml'} in "
                                    f"{', '.join(changed)}; resuming would not continue the same run")
     return checkpoint
+
+
+def warn_about_inputs(cfg, ctx: Dist, train_records, valid_records) -> None:
+    """Console warnings about settings or data that are legal but probably not what was meant."""
+    if cfg.fsdp.offload and not ctx.sharded:
+        print0("note: fsdp.offload applies under torchrun with 2 or more ranks; one process keeps the model in place",
+               ctx)
+    shared = {r.id for r in train_records} & {r.id for r in valid_records}
+    if shared:
+        print0(f"warning: {len(shared)} validation id(s) are also training ids (e.g. {min(shared)}): not held out", ctx)
+
+
+@contextlib.contextmanager
+def step_log(run_dir: Path, cfg, ctx: Dist, first: int, desc: str):
+    """(log, bar): `log(row)` appends a row to metrics.jsonl (rank 0, flushed), `bar` counts the run's steps on
+    rank 0; both are closed on any exit."""
+    with contextlib.ExitStack() as stack:
+        metrics = stack.enter_context(contextlib.closing(MetricsFile(run_dir / "metrics.jsonl"))) \
+            if ctx.is_main else None
+        bar = stack.enter_context(tqdm(total=cfg.run.steps, initial=first - 1, desc=desc, unit="step", file=sys.stdout,
+                                       disable=not (cfg.log.progress and ctx.is_main)))
+        yield (metrics.write if metrics else lambda row: None), bar
+
+
+def save_step(run_dir: Path, step: int, policy, optimizer, tokenizer, files: dict[str, str], validation, cfg,
+              ctx: Dist) -> None:
+    """`checkpoints/step-N/` with `files`, plus validation.json and validation.jsonl when `validation` is
+    (records, metrics, outputs); a failed write is one message."""
+    if validation is not None:
+        records, metrics, outputs = validation
+        files = {**files, "validation.json": json_text({"step": step, **metrics}),
+                 "validation.jsonl": validation_lines(records, outputs)}
+    try:
+        save_checkpoint(run_dir, step, policy, optimizer, tokenizer, files, ctx, cfg.checkpoint.keep_state)
+    except CheckpointError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def export_final(policy, tokenizer, run_dir: Path, ctx: Dist, name: str) -> None:
+    """The final HF export `runs/<name>/hf/`."""
+    try:
+        export_hf(policy, tokenizer, run_dir / "hf", ctx)
+    except CheckpointError as e:
+        raise click.ClickException(str(e)) from None
+    print0(f"{name}: done; final model in {run_dir / 'hf'}", ctx)
 
 
 def read_trainer_state(checkpoint: Path | None, data_path: str, count: int) -> tuple[dict, dict]:

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 import train_tgrpo
+from psyrl.checkpoint import write_manifest
 from psyrl.config import load_config
 from psyrl.data import load_stimuliqa
 from psyrl.rewards import reward_metrics, score_batch
@@ -66,10 +67,10 @@ def run_cli(start, out, *extra, ranks=1, resume=False):
     return result
 
 
-def run_in_process(start, out, *extra):
+def run_in_process(start, out, *extra, resume=False):
     """The same CLI in this process (so a test can patch the module), returning click's result."""
     args = ["--config", "configs/tgrpo/tiny.toml"] + [a for s in tgrpo_sets(start, out, *extra) for a in ("--set", s)]
-    return CliRunner().invoke(train_tgrpo.main, args, catch_exceptions=False)
+    return CliRunner().invoke(train_tgrpo.main, args + (["--resume"] if resume else []), catch_exceptions=False)
 
 
 def rows_without_timing(run: Path) -> list[dict]:
@@ -101,6 +102,14 @@ def test_two_steps_update_every_parameter_and_checkpoint_the_cache(start, tmp_pa
     cache = json.loads((run / "checkpoints" / "step-2" / "trajectory_cache.json").read_text())
     assert cache["size"] == 4 and [len(s["reward"]) for s in cache["steps"]] == [32, 32]
     assert len((run / "samples" / "step-2.jsonl").read_text().splitlines()) == 32
+    # a run started by an older psyrl, whose config has a key this version lacks: one clear message
+    saved = run / "checkpoints" / "step-2" / "config.resolved.toml"
+    saved.write_text(saved.read_text().replace("[rollout]\n", "[rollout]\nvalid_batch = 64\n"))
+    write_manifest(saved.parent)
+    refused = run_in_process(start, tmp_path, "optim.weight_decay=0", "checkpoint.every=1", "log.samples_every=1",
+                             resume=True)
+    assert refused.exit_code != 0 and "cannot read the config the run was started with" in refused.output
+    assert "valid_batch" in refused.output
 
 
 @pytest.mark.parametrize("variant", ["base", "length", "short", "length_rp", "bilateral"])
