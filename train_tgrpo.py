@@ -14,7 +14,6 @@ held-out split and `runs/<name>/checkpoints/step-N/` (model, optimiser, RNG, dat
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -22,18 +21,16 @@ from pathlib import Path
 import click
 import torch
 
-from psyrl import prompts
-from psyrl.atomic import write_text
 from psyrl.checkpoint import json_text, load_checkpoint
 from psyrl.config import ConfigError
 from psyrl.data import Cursor, DataError, load_records, load_stimuliqa, next_indices
-from psyrl.distributed import Dist, all_gather_lists, all_reduce, print0, rank_share
+from psyrl.distributed import Dist, all_reduce, print0
 from psyrl.model import autocast, load_tokenizer
-from psyrl.optim import build_optimizer, clipped_step, lr_factor, set_lr
-from psyrl.rewards import answer_components, final_rewards, reward_metrics
+from psyrl.optim import build_optimizer, lr_factor, set_lr
+from psyrl.rewards import answer_components
+from psyrl.rollout import build_prompts, gather_step, rank_positions, sample_seed, score, step_metrics, write_samples
 from psyrl.runlog import Laps, peak_memory_gib, step_line
-from psyrl.sft import SFTExample, collate
-from psyrl.tgrpo import advantages, tgrpo_loss
+from psyrl.sft import SFTExample
 from psyrl.trainer import (
     build_policy,
     build_sampler,
@@ -50,26 +47,13 @@ from psyrl.trainer import (
     warn_about_inputs,
 )
 from psyrl.trajectory_cache import TrajectoryCache
+from psyrl.update import reduce_sums, sequence_logprobs, update
 from psyrl.validation import sample_items, validate
 
 LINE_FIELDS = [("reward", "reward/final", ".3f"), ("f1", "reward/f1", ".3f"), ("format", "reward/format", ".2f"),
                ("len", "response/length", ".0f"), ("kl", "actor/kl", ".4f"), ("grad", "actor/grad_norm", ".3f"),
                ("clip", "actor/clip_frac", ".3f"), ("s/step", "time/step", ".1f"), ("valid f1", "valid/f1", ".4f"),
                ("valid acc", "valid/accuracy", ".4f")]
-TOKEN_METRICS = ("clip_frac_high", "clip_frac_low", "dual_clip_frac", "ratio_mean", "ppo_kl", "entropy")
-SEQUENCE_METRICS = ("pg_loss", "kl")
-
-
-def sample_seed(seed: int, step: int, position: int) -> int:
-    """The sampling seed of the prompt at `position` of `step`: the same on any rank and after a resume."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:{step}:{position}".encode()).digest()[:8], "little") >> 1
-
-
-def rank_positions(prompts_per_step: int, global_batch: int, ctx: Dist) -> list[int]:
-    """This rank's prompt positions within a step: its share of every mini-batch, so that each update finds its
-    samples on the rank that generated them."""
-    return [start + j for start in range(0, prompts_per_step, global_batch)
-            for j in rank_share(range(global_batch), ctx)]
 
 
 def check_batches(cfg, ctx: Dist) -> None:
@@ -83,113 +67,6 @@ def check_batches(cfg, ctx: Dist) -> None:
     if cfg.advantage.scope == "group" and G < 2:
         raise click.ClickException(f"advantage.scope = 'group' needs rollout.samples >= 2 (the std of a group of "
                                    f"{G} is undefined); use scope 'cache' or 'batch', or more samples")
-
-
-def build_prompts(records, tokenizer, cfg):
-    """(records, prompt ids) of the training prompts that fit rollout.max_prompt_tokens, and the number dropped."""
-    kept = []
-    for r in records:
-        ids = prompts.prompt_ids(tokenizer, r, cfg.prompt)
-        if len(ids) <= cfg.rollout.max_prompt_tokens:
-            kept.append((r, ids))
-    return kept, len(records) - len(kept)
-
-
-def gather_step(local: list[dict], ctx: Dist) -> list[dict]:
-    """Every rank's sample records, in step order (position, then sample index): the same list on every rank."""
-    return sorted(all_gather_lists(local, ctx), key=lambda s: (s["position"], s["index"]))
-
-
-def score(samples: list[dict], cache: TrajectoryCache, cfg) -> tuple[torch.Tensor, dict]:
-    """The two cache phases (SPEC §3) on the step's samples of all ranks: (advantages [B*G], reward components)."""
-    parts = {k: torch.tensor([s[k] for s in samples], dtype=torch.float64) for k in ("f1", "fmt", "rep")}
-    lengths = torch.tensor([s["length"] for s in samples], dtype=torch.float64)
-    cache.push_answers(parts["f1"], lengths)
-    mean_length, mean_f1 = cache.answer_stats()  # eq. 7, this step included
-    final, components = final_rewards(parts, lengths, mean_length, mean_f1, cfg.reward)
-    cache.push_rewards(final)
-    adv = advantages(final, cfg.advantage.scope, cfg.rollout.samples, cache.rewards(), cfg.advantage.eps)
-    return adv, components
-
-
-def sequence_logprobs(model, sequences: list[SFTExample], size: int, pad_id: int, temperature: float, ctx: Dist,
-                      amp) -> list[torch.Tensor]:
-    """Per sequence, the log-probs of its response tokens under `model` (no gradient), `size` sequences a forward."""
-    out = []
-    with torch.no_grad():
-        for start in range(0, len(sequences), size):
-            chunk = sequences[start:start + size]
-            input_ids, attention_mask, mask = (t.to(ctx.device) for t in collate(chunk, pad_id))
-            with amp:
-                logp = model(input_ids, attention_mask, temperature, mask)  # [b, T-1]
-            out += [row[m].cpu() for row, m in zip(logp, mask)]
-    return out
-
-
-def as_padded(values: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
-    """Per-sequence response values laid out on a collated batch's response mask [b, T-1]."""
-    return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_scatter(
-        mask, torch.cat(values).to(mask.device))
-
-
-def update(policy, optimizer, batch: list[dict], normalizer: int, old: bool, pad_id: int, cfg, ctx: Dist, amp,
-           sums: dict):
-    """One optimiser step on this rank's share of a mini-batch (eq. 1), gradients accumulated over micro-batches;
-    adds the loss metrics to `sums`. Without `old` (one update per rollout), logp_old is the update's own
-    detached logp_theta (ratio 1, SPEC §3). Returns (grad norm, applied)."""
-    size, T = cfg.optim.micro_batch, cfg.rollout.temperature
-    for start in range(0, len(batch), size):
-        chunk = batch[start:start + size]
-        input_ids, attention_mask, mask = (t.to(ctx.device) for t in collate([s["sequence"] for s in chunk], pad_id))
-        with amp:
-            logp = policy(input_ids, attention_mask, T, mask)  # [b, T-1]
-        logp_old = as_padded([s["logp_old"] for s in chunk], mask) if old else logp.detach()
-        logp_ref = as_padded([s["logp_ref"] for s in chunk], mask) if cfg.loss.kl_coef > 0 else None
-        adv = torch.tensor([s["advantage"] for s in chunk], dtype=torch.float32, device=ctx.device)
-        loss, metrics = tgrpo_loss(logp, logp_old, adv, mask, normalizer, cfg.loss, logp_ref)
-        loss.backward()
-        tokens, sequences = metrics["tokens"].item(), metrics["sequences"].item()
-        for key in TOKEN_METRICS:
-            sums[key] += metrics[key].item() * tokens
-        for key in SEQUENCE_METRICS:
-            sums[key] += metrics[key].item() * sequences
-        sums["tokens"] += tokens
-        sums["sequences"] += sequences
-        sampler_logp = as_padded([torch.tensor(s["sampler_logprobs"]) for s in chunk], mask)
-        sums["gap"] += ((sampler_logp - logp_old.float()).abs() * mask).sum().item()  # the sampler/trainer gap
-    return clipped_step(policy, optimizer, cfg.optim.grad_clip)
-
-
-def reduce_sums(sums: dict, ctx: Dist) -> dict:
-    """Loss metrics over all ranks: token-weighted and sequence-weighted means."""
-    keys = sorted(sums)
-    total = all_reduce(torch.tensor([float(sums[k]) for k in keys], dtype=torch.float64), ctx)
-    s = dict(zip(keys, total.tolist()))
-    out = {f"actor/{k}": s[k] / max(s["tokens"], 1) for k in TOKEN_METRICS}
-    out.update({f"actor/{k}": s[k] / max(s["sequences"], 1) for k in SEQUENCE_METRICS})
-    out["actor/clip_frac"] = out["actor/clip_frac_high"] + out["actor/clip_frac_low"]
-    out["rollout/logprob_gap"] = s["gap"] / max(s["tokens"], 1)
-    return out
-
-
-def step_metrics(samples: list[dict], components: dict, adv: torch.Tensor, G: int) -> dict:
-    """Reward components (SPEC §2), response lengths, truncation and zero-variance groups of one step."""
-    lengths = [s["length"] for s in samples]
-    groups = components["final"].reshape(-1, G)
-    return {**reward_metrics(components), "response/length_max": max(lengths),
-            "response/truncated": sum(s["finish_reason"] == "length" for s in samples) / len(samples),
-            "rollout/advantage_abs_mean": adv.abs().mean().item(),
-            "rollout/zero_variance_groups": (groups.amax(dim=1) == groups.amin(dim=1)).double().mean().item()}
-
-
-def write_samples(path: Path, samples: list[dict], components: dict, adv: torch.Tensor) -> None:
-    """Every sample of a step with its reward components and advantage, one JSON object per line."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    keys = [k for k in ("f1", "fmt", "rep", "br", "len", "short", "final") if k in components]
-    write_text(path, "".join(json.dumps({"id": s["id"], "sample": s["index"], "response": s["text"],
-                                         "tokens": s["length"], "finish_reason": s["finish_reason"],
-                                         **{k: components[k][n].item() for k in keys}, "advantage": adv[n].item()})
-                             + "\n" for n, s in enumerate(samples)))
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

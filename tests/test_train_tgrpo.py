@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 import train_tgrpo
+from psyrl import rollout, update
 from psyrl.checkpoint import write_manifest
 from psyrl.config import load_config
 from psyrl.data import load_stimuliqa
@@ -138,11 +139,11 @@ def test_group_scope_with_cache_size_one_is_standard_grpo():
     cfg = load_config(None, ["reward.variant=base", "advantage.scope=group", "cache.size=1", "rollout.samples=4"])
     cache = TrajectoryCache(cfg.cache.size)
     older = [{"f1": 1.0, "fmt": 1.0, "rep": 0.0, "length": 9}] * 8  # a previous step: must not matter
-    train_tgrpo.score(older, cache, cfg)
+    rollout.score(older, cache, cfg)
     f1 = [1.0, 0.5, 0.0, 0.0, 0.2, 0.2, 0.2, 0.2]
     fmt = [1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0]
     samples = [{"f1": a, "fmt": b, "rep": 0.0, "length": 5 + i} for i, (a, b) in enumerate(zip(f1, fmt))]
-    adv, parts = train_tgrpo.score(samples, cache, cfg)
+    adv, parts = rollout.score(samples, cache, cfg)
     rewards = [0.5 * a + 0.5 * b for a, b in zip(f1, fmt)]  # eq. 11 with w_F1 = w_fmt = 0.5
     expected = []
     for g in (rewards[:4], rewards[4:]):  # verl's grpo: per-group mean, unbiased std, eps 1e-6
@@ -202,7 +203,7 @@ def test_reference_never_changes_and_a_nan_loss_skips_one_update(start, tmp_path
         return built[-1]
 
     calls = []
-    tgrpo_loss = train_tgrpo.tgrpo_loss
+    tgrpo_loss = update.tgrpo_loss
 
     def nan_on_first_update(*args, **kwargs):
         loss, metrics = tgrpo_loss(*args, **kwargs)
@@ -210,7 +211,7 @@ def test_reference_never_changes_and_a_nan_loss_skips_one_update(start, tmp_path
         return (loss * float("nan") if len(calls) == 1 else loss), metrics
 
     monkeypatch.setattr(train_tgrpo, "build_policy", recording_build_policy)
-    monkeypatch.setattr(train_tgrpo, "tgrpo_loss", nan_on_first_update)
+    monkeypatch.setattr(update, "tgrpo_loss", nan_on_first_update)
     start_weights = load_file(start / "runs" / "start" / "hf" / "model.safetensors")
     result = run_in_process(start, tmp_path, "rollout.prompts=4")  # one update per step, micro-batch = all of it
     assert result.exit_code == 0, result.output

@@ -1,0 +1,77 @@
+"""One T-GRPO step's samples across ranks (SPEC §3, §9): training prompts, sampling seeds, which rank samples
+which prompt, the records every rank gathers, the two trajectory-cache phases that turn them into advantages,
+the step's reward metrics and the readable dump of its samples."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from psyrl import prompts
+from psyrl.atomic import write_text
+from psyrl.distributed import Dist, all_gather_lists, rank_share
+from psyrl.rewards import final_rewards, reward_metrics
+from psyrl.tgrpo import advantages
+from psyrl.trajectory_cache import TrajectoryCache
+
+
+def sample_seed(seed: int, step: int, position: int) -> int:
+    """The sampling seed of the prompt at `position` of `step`: the same on any rank and after a resume."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{step}:{position}".encode()).digest()[:8], "little") >> 1
+
+
+def rank_positions(prompts_per_step: int, global_batch: int, ctx: Dist) -> list[int]:
+    """This rank's prompt positions within a step: its share of every mini-batch, so that each update finds its
+    samples on the rank that generated them."""
+    return [start + j for start in range(0, prompts_per_step, global_batch)
+            for j in rank_share(range(global_batch), ctx)]
+
+
+def build_prompts(records, tokenizer, cfg):
+    """(records, prompt ids) of the training prompts that fit rollout.max_prompt_tokens, and the number dropped."""
+    kept = []
+    for r in records:
+        ids = prompts.prompt_ids(tokenizer, r, cfg.prompt)
+        if len(ids) <= cfg.rollout.max_prompt_tokens:
+            kept.append((r, ids))
+    return kept, len(records) - len(kept)
+
+
+def gather_step(local: list[dict], ctx: Dist) -> list[dict]:
+    """Every rank's sample records, in step order (position, then sample index): the same list on every rank."""
+    return sorted(all_gather_lists(local, ctx), key=lambda s: (s["position"], s["index"]))
+
+
+def score(samples: list[dict], cache: TrajectoryCache, cfg) -> tuple[torch.Tensor, dict]:
+    """The two cache phases (SPEC §3) on the step's samples of all ranks: (advantages [B*G], reward components)."""
+    parts = {k: torch.tensor([s[k] for s in samples], dtype=torch.float64) for k in ("f1", "fmt", "rep")}
+    lengths = torch.tensor([s["length"] for s in samples], dtype=torch.float64)
+    cache.push_answers(parts["f1"], lengths)
+    mean_length, mean_f1 = cache.answer_stats()  # eq. 7, this step included
+    final, components = final_rewards(parts, lengths, mean_length, mean_f1, cfg.reward)
+    cache.push_rewards(final)
+    adv = advantages(final, cfg.advantage.scope, cfg.rollout.samples, cache.rewards(), cfg.advantage.eps)
+    return adv, components
+
+
+def step_metrics(samples: list[dict], components: dict, adv: torch.Tensor, G: int) -> dict:
+    """Reward components (SPEC §2), response lengths, truncation and zero-variance groups of one step."""
+    lengths = [s["length"] for s in samples]
+    groups = components["final"].reshape(-1, G)
+    return {**reward_metrics(components), "response/length_max": max(lengths),
+            "response/truncated": sum(s["finish_reason"] == "length" for s in samples) / len(samples),
+            "rollout/advantage_abs_mean": adv.abs().mean().item(),
+            "rollout/zero_variance_groups": (groups.amax(dim=1) == groups.amin(dim=1)).double().mean().item()}
+
+
+def write_samples(path: Path, samples: list[dict], components: dict, adv: torch.Tensor) -> None:
+    """Every sample of a step with its reward components and advantage, one JSON object per line."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keys = [k for k in ("f1", "fmt", "rep", "br", "len", "short", "final") if k in components]
+    write_text(path, "".join(json.dumps({"id": s["id"], "sample": s["index"], "response": s["text"],
+                                         "tokens": s["length"], "finish_reason": s["finish_reason"],
+                                         **{k: components[k][n].item() for k in keys}, "advantage": adv[n].item()})
+                             + "\n" for n, s in enumerate(samples)))
