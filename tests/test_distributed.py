@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import launch
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -38,8 +39,9 @@ def sft(output_dir: Path, *extra: str, ranks: int = 2, resume: bool = False, lim
     limit = (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_bytes, limit_file_bytes))) \
         if limit_file_bytes else None  # writes past the limit fail with EFBIG (Python ignores SIGXFSZ)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(args, capture_output=True, text=True, timeout=600, preexec_fn=limit, env=env)
-    return result
+    name = next((s.split("=", 1)[1] for s in reversed(sets) if s.startswith("run.name=")), "tiny-sft")
+    retry_dir = output_dir / name if ranks == 2 and not resume and not limit_file_bytes else None
+    return launch.run(args, retry_dir, timeout=600, preexec_fn=limit, env=env)
 
 
 def losses(run: Path) -> list[float]:
@@ -60,7 +62,8 @@ def runs(tmp_path_factory):
                 "fsdp-bf16": ([bf16], 2), "offload-bf16": ([offload, bf16], 2)}
     for name, (extra, ranks) in variants.items():
         result = sft(out, f"run.name={name}", *extra, ranks=ranks)
-        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.returncode == 0, f"{name}:\n{result.stdout[-1500:]}\n{result.stderr[:2000]}\n...\n" \
+            f"{result.stderr[-2000:]}"
     return out
 
 

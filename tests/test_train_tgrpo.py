@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import launch
 import pytest
 import torch
 from click.testing import CliRunner
@@ -63,7 +64,7 @@ def run_cli(start, out, *extra, ranks=1, resume=False):
     args = [*launcher, "train_tgrpo.py", "--config", "configs/tgrpo/tiny.toml"]
     args += [a for s in tgrpo_sets(start, out, *extra) for a in ("--set", s)] + (["--resume"] if resume else [])
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    result = launch.run(args, None if resume else out / "rl", timeout=600, env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[:3000] + result.stderr[-3000:]
     return result
 
