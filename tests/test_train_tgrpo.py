@@ -214,7 +214,7 @@ def test_reference_never_changes_and_a_nan_loss_skips_one_update(start, tmp_path
     monkeypatch.setattr(train_tgrpo, "build_policy", recording_build_policy)
     monkeypatch.setattr(update, "tgrpo_loss", nan_on_first_update)
     start_weights = load_file(start / "runs" / "start" / "hf" / "model.safetensors")
-    result = run_in_process(start, tmp_path, "rollout.prompts=4")  # one update per step, micro-batch = all of it
+    result = run_in_process(start, tmp_path, "rollout.prompts=4")  # one update per step, 4 micro-batches
     assert result.exit_code == 0, result.output
     policy, reference = built
     assert all(torch.equal(t, start_weights[name.removeprefix("lm.")]) for name, t in reference.state_dict().items()
