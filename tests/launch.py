@@ -20,7 +20,8 @@ def run(args: list[str], run_dir: Path | None = None, **kwargs) -> subprocess.Co
     (None: never retry, e.g. a --resume launch whose directory holds the state under test)."""
     result = subprocess.run(args, capture_output=True, text=True, **kwargs)
     if result.returncode and run_dir is not None and WORKER_ABORT in result.stderr:
-        warnings.warn(f"a torchrun worker aborted ({WORKER_ABORT!r}); retrying once: {' '.join(args[-6:])}",
+        warnings.warn(f"a torchrun worker aborted ({WORKER_ABORT!r}); retrying once: {' '.join(args[-6:])}\n"
+                      f"its stdout ended: {result.stdout[-800:]}\nits stderr began: {result.stderr[:1500]}",
                       stacklevel=2)
         shutil.rmtree(run_dir, ignore_errors=True)
         result = subprocess.run(args, capture_output=True, text=True, **kwargs)
