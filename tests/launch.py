@@ -1,10 +1,10 @@
 """Running a CLI in a subprocess from tests, with one retry for a torchrun worker that aborted in C++.
 
-About 2 in 60 torchrun launches of this suite on the development machine ended with a worker killed by
-`std::terminate` ("terminate called without an active exception", exit -6), always when the suite ran them
-and never in 60+ launches of the same commands from a shell loop; the cause is not found (gloo teardown is
-the usual source of that message). Such a launch is retried once, from a clean run directory, with a warning
-in the test summary; any other failure, and a second abort, fail the test.
+2 of about 30 torchrun launches inside pytest during development ended with a worker killed by
+`std::terminate` ("terminate called without an active exception", exit -6); none of 60+ launches of the same
+commands from a shell loop or a Python driver did. The cause is not found (gloo teardown is the usual source
+of that message). Such a launch is retried once, from a clean run directory, with a warning in the test
+summary; any other failure, and a second abort, fail the test.
 """
 
 import shutil
