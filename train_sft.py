@@ -37,6 +37,7 @@ from psyrl.trainer import (
     build_sampler,
     check_resume,
     check_run_dir,
+    entry_command,
     export_final,
     open_run_dir,
     read_trainer_state,
@@ -55,14 +56,7 @@ LINE_FIELDS = [("loss", "train/loss", ".4f"), ("grad", "train/grad_norm", ".3f")
                ("valid loss", "valid/loss", ".4f")]
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True,
-              help="TOML run config, e.g. configs/sft/tiny.toml.")
-@click.option("--set", "overrides", multiple=True, metavar="TABLE.KEY=VALUE", help="Override one key; repeatable.")
-@click.option("--overwrite", is_flag=True, help="Delete an existing runs/<name>/ and start over.")
-@click.option("--resume", is_flag=True, help="Continue runs/<name>/ from its newest complete checkpoint (model, "
-              "optimiser, data position, RNG); the config may differ only in run.name, run.output_dir and the log, "
-              "checkpoint and fsdp tables.")
+@entry_command("configs/sft/tiny.toml", "model, optimiser, data position, RNG")
 def main(config_path, overrides, overwrite, resume):
     """Supervised fine-tuning on StimuliQA-format records (SFT target: <think>reasoning</think><answer>…).
     Run it with python (one process) or under torchrun (FSDP2 over all ranks)."""

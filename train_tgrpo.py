@@ -36,6 +36,7 @@ from psyrl.trainer import (
     build_sampler,
     check_resume,
     check_run_dir,
+    entry_command,
     export_final,
     open_run_dir,
     read_trainer_state,
@@ -69,14 +70,7 @@ def check_batches(cfg, ctx: Dist) -> None:
                                    f"{G} is undefined); use scope 'cache' or 'batch', or more samples")
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True,
-              help="TOML run config, e.g. configs/tgrpo/tiny.toml.")
-@click.option("--set", "overrides", multiple=True, metavar="TABLE.KEY=VALUE", help="Override one key; repeatable.")
-@click.option("--overwrite", is_flag=True, help="Delete an existing runs/<name>/ and start over.")
-@click.option("--resume", is_flag=True, help="Continue runs/<name>/ from its newest complete checkpoint (model, "
-              "optimiser, trajectory cache, data position, RNG); the config may differ only in run.name, "
-              "run.output_dir and the log, checkpoint and fsdp tables.")
+@entry_command("configs/tgrpo/tiny.toml", "model, optimiser, trajectory cache, data position, RNG")
 def main(config_path, overrides, overwrite, resume):
     """T-GRPO on StimuliQA-format records: the trajectory cache and the bilateral reward of "From Stimuli to Minds".
     Starts from model.path (appendix B: the median-F1 SFT checkpoint). Run it with python (one process) or under

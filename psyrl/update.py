@@ -37,8 +37,8 @@ def as_padded(values: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
 def update(policy, optimizer, batch: list[dict], normalizer: int, old: bool, pad_id: int, cfg, ctx: Dist, amp,
            sums: dict):
     """One optimiser step on this rank's share of a mini-batch (eq. 1), gradients accumulated over micro-batches;
-    adds the loss metrics to `sums`. Without `old` (one update per rollout), logp_old is the update's own
-    detached logp_theta (ratio 1, SPEC §3). Returns (grad norm, applied)."""
+    adds the loss metrics to `sums` (a defaultdict(float); its values become tensors). Without `old` (one update
+    per rollout), logp_old is the update's own detached logp_theta (ratio 1, SPEC §3). Returns (grad norm, applied)."""
     size, T = cfg.optim.micro_batch, cfg.rollout.temperature
     for start in range(0, len(batch), size):
         chunk = batch[start:start + size]
@@ -50,22 +50,23 @@ def update(policy, optimizer, batch: list[dict], normalizer: int, old: bool, pad
         adv = torch.tensor([s["advantage"] for s in chunk], dtype=torch.float32, device=ctx.device)
         loss, metrics = tgrpo_loss(logp, logp_old, adv, mask, normalizer, cfg.loss, logp_ref)
         loss.backward()
-        tokens, sequences = metrics["tokens"].item(), metrics["sequences"].item()
+        # tensors, read once per step in reduce_sums: .item() per micro-batch would sync a GPU each time
+        tokens, sequences = metrics["tokens"].double(), metrics["sequences"].double()
         for key in TOKEN_METRICS:
-            sums[key] += metrics[key].item() * tokens
+            sums[key] += metrics[key].double() * tokens
         for key in SEQUENCE_METRICS:
-            sums[key] += metrics[key].item() * sequences
+            sums[key] += metrics[key].double() * sequences
         sums["tokens"] += tokens
         sums["sequences"] += sequences
         sampler_logp = as_padded([torch.tensor(s["sampler_logprobs"]) for s in chunk], mask)
-        sums["gap"] += ((sampler_logp - logp_old.float()).abs() * mask).sum().item()  # the sampler/trainer gap
+        sums["gap"] += ((sampler_logp - logp_old.float()).abs() * mask).sum().double()  # the sampler/trainer gap
     return clipped_step(policy, optimizer, cfg.optim.grad_clip)
 
 
 def reduce_sums(sums: dict, ctx: Dist) -> dict:
     """Loss metrics over all ranks: token-weighted and sequence-weighted means."""
     keys = sorted(sums)
-    total = all_reduce(torch.tensor([float(sums[k]) for k in keys], dtype=torch.float64), ctx)
+    total = all_reduce(torch.stack([torch.as_tensor(sums[k], dtype=torch.float64).cpu() for k in keys]), ctx)
     s = dict(zip(keys, total.tolist()))
     out = {f"actor/{k}": s[k] / max(s["tokens"], 1) for k in TOKEN_METRICS}
     out.update({f"actor/{k}": s[k] / max(s["sequences"], 1) for k in SEQUENCE_METRICS})
