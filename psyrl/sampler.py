@@ -7,12 +7,13 @@ and tests; a vLLM engine implements the same two calls:
 `TorchSampler` holds its OWN unsharded copy of the model, as a colocated vLLM engine does: the trainer
 updates its FSDP shards, then streams full tensors into this copy (`psyrl.distributed.gather_full_state_dict`).
 
-Sampling is exact nucleus sampling with a KV cache and last-position logits only. Each prompt has its own
-seeded generator, and a token is drawn by the exponential race argmax(p_i / E_i), E_i ~ Exp(1) over the
-whole vocabulary, so the random draw does not depend on how the nucleus was found, on the batch a prompt
-shares, or on the rank it runs on. The logits themselves can differ in their last bits with the batch's
-padding and shapes: in float32 on a CPU that has not changed a sampled token in the tests; in bf16 a
-near-tie can flip, so 1 rank and N ranks are then equal in distribution, not token for token.
+Sampling is exact nucleus sampling with a KV cache and last-position logits only. A token is drawn from the
+full distribution by inverse CDF and redrawn until it falls in the nucleus (rejection: exact, and no sort of
+a 152k vocabulary per token, which cost more than the model's forward at Qwen2.5's vocabulary). Each prompt has
+its own seeded generator, read in row order, so a prompt's draws do not depend on the batch it shares or on the
+rank it runs on. The logits themselves can differ in their last bits with the batch's padding and shapes: in
+float32 on a CPU that has not changed a sampled token in the tests; in bf16 a near-tie can flip, so 1 rank and
+N ranks are then equal in distribution, not token for token.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from transformers import DynamicCache
 
 from psyrl.model import load_weights, stop_token_ids
 
-TOP_K_PRECUT = 64  # candidates tried before the full sort; enough when the distribution is peaked
+REJECTION_ROUNDS = 16  # then a row samples its sorted nucleus directly (only when the nucleus holds little mass)
 
 
 @dataclass(frozen=True)
@@ -41,38 +42,92 @@ class Sample:
     """The sampler's log softmax(logits / T) of each response token over the full vocabulary (T = 1 when greedy)."""
 
 
-def nucleus_mask(probs: torch.Tensor, top_p: float, precut: int = TOP_K_PRECUT) -> torch.Tensor:
-    """Bool [b, V]: the smallest set of most probable tokens whose mass reaches top_p, per row (top-p of
-    Holtzman et al.; the first token is always kept). A top-k pre-cut is used only for rows whose k most
-    probable tokens already hold top_p of the mass, where it gives the same set (up to the order of exactly
-    tied probabilities at the cut); other rows take the full sort."""
+def nucleus_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Bool [b, V]: the nucleus of top-p (Holtzman et al.) by a full sort, the reference `draw` is tested against.
+    A token is in it when the mass of the tokens strictly more probable than it is below top_p: the smallest set
+    of most probable tokens whose mass reaches top_p, plus any token tied with the last one (no sort order
+    decides a tie). Sums in float64."""
     if top_p >= 1.0:
         return torch.ones_like(probs, dtype=torch.bool)
-    k = min(precut, probs.shape[-1])
-    top, top_idx = probs.topk(k, dim=-1)  # [b, k], descending
-    mask = torch.zeros_like(probs, dtype=torch.bool)
-    cheap = top.sum(-1) >= top_p  # [b]: the nucleus lies inside the top k
-    if cheap.any():
-        keep = _mass_before(top[cheap]) < top_p  # the mass before a token is below top_p: it is still needed
-        mask[cheap] = torch.zeros_like(mask[cheap]).scatter(-1, top_idx[cheap], keep)
-    if (~cheap).any():
-        sorted_p, sorted_idx = probs[~cheap].sort(dim=-1, descending=True)
-        keep = _mass_before(sorted_p) < top_p
-        mask[~cheap] = torch.zeros_like(mask[~cheap]).scatter(-1, sorted_idx, keep)
-    return mask
+    sorted_p, order = probs.double().sort(dim=-1, descending=True)
+    before = torch.cat([torch.zeros_like(sorted_p[..., :1]), sorted_p[..., :-1].cumsum(-1)], dim=-1)
+    first_of_tie = torch.searchsorted(-sorted_p, -sorted_p)  # a tie run takes the mass before its first token
+    keep = before.gather(-1, first_of_tie) < top_p
+    return torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, keep)
 
 
-def _mass_before(sorted_p: torch.Tensor) -> torch.Tensor:
-    """Exclusive cumulative sum along the last dim (0 for the first token); exact prefix sums, not cumsum - p."""
-    return torch.cat([torch.zeros_like(sorted_p[..., :1]), sorted_p[..., :-1].cumsum(-1)], dim=-1)
+def in_nucleus(probs: torch.Tensor, tokens: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Bool [b]: whether each row's token is in its nucleus (`nucleus_mask`'s rule), without a sort. A token of
+    probability p > 1 - top_p is in, since the mass above it is at most 1 - p (the common case for a trained
+    model); other rows sum the mass above their token in one pass, in float32 unless the sum lies within 1e-4
+    of top_p, where that row is summed again in float64."""
+    if top_p >= 1.0:
+        return torch.ones_like(tokens, dtype=torch.bool)
+    p = probs.gather(-1, tokens[:, None])  # [b, 1]
+    inside = p.squeeze(-1) > 1.0 - top_p + 1e-4  # mass above <= 1 - p < top_p (probs sum to 1 within 1e-4)
+    rows = (~inside).nonzero().flatten()
+    if len(rows) == 0:
+        return inside
+    sub, p = (probs, p) if len(rows) == len(probs) else (probs[rows], p[rows])
+    above = torch.where(sub > p, sub, 0.0).sum(-1).double()  # mass of the strictly more probable tokens
+    for r in ((above - top_p).abs() < 1e-4).nonzero().flatten().tolist():
+        above[r] = torch.where(sub[r] > p[r], sub[r], 0.0).double().sum().item()  # too close to call in float32
+    inside[rows] = above < top_p
+    return inside
 
 
-def draw(probs: torch.Tensor, mask: torch.Tensor, generators: Sequence[torch.Generator]) -> torch.Tensor:
-    """One token per row from probs restricted to mask: argmax p_i / E_i with E_i ~ Exp(1) (the exponential race,
-    equivalent to sampling the renormalised distribution). Row r takes its noise from generators[r]."""
-    noise = torch.stack([torch.empty(probs.shape[-1], device=probs.device).exponential_(generator=g)
-                         for g in generators])  # [b, V]
-    return torch.where(mask, probs / noise, -1.0).argmax(dim=-1)  # [b]
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """[b] token ids: for each row the token where the cumulative mass crosses u * total (u in [0, 1)), so a token
+    is hit with probability p_i / total. Two levels: block sums, then a cumulative sum inside one block, so the
+    vocabulary is read once and never sorted."""
+    b, V = probs.shape
+    n = V // block * block
+    sums = probs[:, :n].reshape(b, -1, block).sum(-1)  # [b, V // block]
+    if n < V:
+        sums = torch.cat([sums, probs[:, n:].sum(-1, keepdim=True)], dim=-1)
+    edges = sums.double().cumsum(-1)  # [b, blocks]
+    below = lambda x: torch.nextafter(x, torch.zeros_like(x))  # the largest double under x
+    target = torch.minimum(u.double()[:, None] * edges[:, -1:], below(edges[:, -1:]))  # [b, 1], < the total
+    blk = torch.searchsorted(edges, target, right=True)  # [b, 1]: edges[blk - 1] <= target < edges[blk]
+    start = (blk * block).squeeze(-1)  # [b]
+    offsets = torch.arange(block, device=probs.device)
+    index = (start[:, None] + offsets).clamp(max=V - 1)
+    inside = torch.where(start[:, None] + offsets < V, probs.gather(-1, index), 0.0)  # [b, block]
+    before = torch.where(blk > 0, edges.gather(-1, (blk - 1).clamp(min=0)), 0.0)  # [b, 1]
+    local = before + inside.double().cumsum(-1)  # [b, block]
+    # The float32 block sum can exceed the float64 sum of its entries by a rounding: keep the target under the
+    # block's own end, so the token found has local[k - 1] <= target < local[k], i.e. probability > 0.
+    pos = torch.searchsorted(local, torch.minimum(target, below(local[:, -1:])), right=True)
+    return start + pos.squeeze(-1)
+
+
+def uniforms(generators: Sequence[torch.Generator], rows: list[int], device) -> torch.Tensor:
+    return torch.stack([torch.rand((), generator=generators[r], dtype=torch.float64, device=device) for r in rows])
+
+
+def draw(probs: torch.Tensor, top_p: float, generators: Sequence[torch.Generator]) -> torch.Tensor:
+    """One token per row from probs renormalised over the row's nucleus, by rejection: draw from the full
+    distribution (inverse CDF, one uniform from the row's generator), keep the token if it is in the nucleus,
+    else draw again. Exact, and no sort of the vocabulary: a draw is accepted with probability >= top_p.
+    Row r takes its uniforms from generators[r], in row order, so a prompt's draws do not depend on the rows of
+    other prompts beside it."""
+    rows = list(range(len(probs)))
+    tokens = inverse_cdf(probs, uniforms(generators, rows, probs.device))
+    outside = ~in_nucleus(probs, tokens, top_p)
+    for _ in range(REJECTION_ROUNDS):
+        rows = outside.nonzero().flatten()
+        if len(rows) == 0:
+            return tokens
+        sub = probs[rows]  # only the rejected rows are copied
+        picked = inverse_cdf(sub, uniforms(generators, rows.tolist(), probs.device))
+        tokens[rows] = picked
+        outside[rows] = ~in_nucleus(sub, picked, top_p)
+    rows = outside.nonzero().flatten()
+    if len(rows):  # the nucleus holds little of these rows' mass: draw inside it directly
+        sub = probs[rows]
+        tokens[rows] = inverse_cdf(torch.where(nucleus_mask(sub, top_p), sub, 0.0),
+                                   uniforms(generators, rows.tolist(), probs.device))
+    return tokens
 
 
 class TorchSampler:
@@ -130,15 +185,11 @@ class TorchSampler:
                 out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                                  use_cache=True, logits_to_keep=1)
             logits = out.logits[:, -1].float()  # [b, V]
-            logp = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)  # [b, V]
-            if temperature > 0:
-                probs = logp.exp()
-                token = draw(probs, nucleus_mask(probs, top_p), generators)  # [b]
-            else:
-                token = logits.argmax(dim=-1)
+            probs = torch.softmax(logits / temperature if temperature not in (0, 1) else logits, dim=-1)  # [b, V]
+            token = draw(probs, top_p, generators) if temperature > 0 else logits.argmax(dim=-1)  # [b]
             token = torch.where(done, pad, token)  # finished rows idle on padding
             tokens.append(token)
-            logps.append(logp.gather(-1, token[:, None]).squeeze(-1))
+            logps.append(probs.gather(-1, token[:, None]).squeeze(-1).log())  # a drawn token's p is far from 0
             done |= torch.isin(token, stops)
             if done.all():
                 break

@@ -9,7 +9,7 @@ from psyrl import prompts
 from psyrl.config import ModelConfig, PromptConfig
 from psyrl.data import load_stimuliqa
 from psyrl.model import load_model, load_tokenizer, stop_token_ids, token_logprobs
-from psyrl.sampler import Sample, TorchSampler, draw, nucleus_mask
+from psyrl.sampler import Sample, TorchSampler, draw, in_nucleus, inverse_cdf, nucleus_mask
 
 CPU = torch.device("cpu")
 
@@ -72,37 +72,69 @@ def test_samples_depend_on_their_own_seed_only(setup):
     assert len({s.token_ids for s in together[0]}) > 1  # the G samples of a prompt differ
 
 
-def test_nucleus_is_exact_against_a_full_sort():
+def reference_nucleus(row: list[float], top_p: float) -> set[int]:
+    """Plain Python: a token is kept when the mass of the strictly more probable tokens is below top_p."""
+    return {i for i, p in enumerate(row) if sum(q for q in row if q > p) < top_p}
+
+
+def test_nucleus_matches_plain_python_including_ties():
     gen = torch.Generator().manual_seed(0)
-    logits = torch.randn(64, 3000, generator=gen) * torch.linspace(0.5, 8.0, 64)[:, None]  # flat to peaked rows
-    probs = torch.softmax(logits, -1)
-    for top_p in (0.3, 0.9, 0.99, 1.0):
+    logits = torch.randn(12, 300, generator=gen) * torch.linspace(0.5, 8.0, 12)[:, None]  # flat to peaked rows
+    probs = torch.cat([torch.softmax(logits, -1), torch.tensor([[0.4, 0.2, 0.2, 0.2] + [0.0] * 296])])
+    for top_p in (0.3, 0.5, 0.9, 0.99):
         mask = nucleus_mask(probs, top_p)
-        sorted_p, order = probs.sort(-1, descending=True)  # reference: smallest prefix with mass >= top_p
-        size = ((sorted_p.cumsum(-1) < top_p).sum(-1) + 1).clamp(max=probs.shape[-1])
-        if top_p == 1.0:
-            size[:] = probs.shape[-1]  # top-p 1 keeps everything, whatever the rounding of the sum
-        reference = torch.zeros_like(mask)
-        for row in range(len(probs)):
-            reference[row, order[row, :size[row]]] = True
-        assert torch.equal(mask, reference)
-        assert torch.equal(mask, nucleus_mask(probs, top_p, precut=probs.shape[-1]))  # the full-sort path
-        if top_p == 0.9:  # some rows took the top-k pre-cut, others the full sort
-            assert 0 < (probs.topk(64).values.sum(-1) >= top_p).sum() < len(probs)
-        # the same seed draws the same tokens whichever path found the nucleus
-        a = draw(probs, mask, [torch.Generator().manual_seed(r) for r in range(len(probs))])
-        b = draw(probs, reference, [torch.Generator().manual_seed(r) for r in range(len(probs))])
-        assert torch.equal(a, b) and mask.gather(-1, a[:, None]).all()
+        for r, row in enumerate(probs.double().tolist()):
+            assert set(mask[r].nonzero().flatten().tolist()) == reference_nucleus(row, top_p), (r, top_p)
+        every = torch.arange(probs.shape[-1]).repeat(len(probs), 1)  # in_nucleus for every token of every row
+        one_pass = torch.stack([in_nucleus(probs, every[:, k], top_p) for k in range(probs.shape[-1])], dim=1)
+        assert torch.equal(one_pass, mask)
+    assert nucleus_mask(probs[-1:], 0.5)[0, :4].tolist() == [True] * 4  # the tied 0.2s all stay at the cut
+    assert nucleus_mask(probs, 1.0).all() and in_nucleus(probs, every[:, 7], 1.0).all()
+
+
+def test_inverse_cdf_hits_each_token_with_its_probability():
+    probs = torch.softmax(torch.randn(1, 1000, generator=torch.Generator().manual_seed(1)), -1)
+    u = torch.linspace(0, 1, 200001, dtype=torch.float64)[:-1]  # an even grid of u: counts follow the CDF
+    tokens = inverse_cdf(probs.expand(len(u), -1), u, block=64)  # 1000 = 15 blocks of 64 + a 40-token tail
+    counts = torch.bincount(tokens, minlength=1000).double() / len(u)
+    assert (counts - probs[0].double()).abs().max() < 2e-5
+    zero = probs.clone()
+    zero[0, 500:] = 0.0  # tokens of probability 0 are never drawn
+    assert inverse_cdf(zero.expand(len(u), -1), u, block=64).max() < 500
+    # a float32 block sum that rounds above its float64 cumulative sum must not land on a zero entry
+    x = 1.5 * 2**-25
+    p = torch.zeros(1, 512)
+    p[0, 0], p[0, 1], p[0, 300] = 0.75, x, 0.25 - x
+    sum32, sum64 = p[0, :256].sum().double(), p[0, :256].double().sum()
+    assert sum32 > sum64  # the rounding this case needs
+    total = sum32 + p[0, 256:].sum().double()
+    for u in ((sum64 + (sum32 - sum64) / 2) / total, torch.tensor(1 - 2**-53, dtype=torch.float64)):
+        token = inverse_cdf(p, u.reshape(1))
+        assert p[0, token] > 0, (u, token)
 
 
 def test_draw_follows_the_renormalised_nucleus():
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
-    mask = nucleus_mask(probs, 0.8)
-    assert mask.tolist() == [[True, True, False, False]]
+    assert nucleus_mask(probs, 0.8).tolist() == [[True, True, False, False]]
     g = torch.Generator().manual_seed(0)
-    counts = torch.bincount(torch.cat([draw(probs, mask, [g]) for _ in range(20000)]), minlength=4)
+    counts = torch.bincount(torch.cat([draw(probs, 0.8, [g]) for _ in range(20000)]), minlength=4)
     assert counts[2:].sum() == 0
     assert abs(counts[0] / 20000 - 0.625) < 0.015  # 0.5 / 0.8
+    # a nucleus of little mass (top-p 1e-3 on a flat row) ends the rejection rounds and draws inside it
+    flat = torch.softmax(torch.randn(2, 5000, generator=torch.Generator().manual_seed(2)) * 0.01, -1)
+    mask = nucleus_mask(flat, 1e-3)
+    assert (torch.where(mask, flat, 0.0).sum(-1) < 2e-3).all()  # 16 rounds nearly always reject
+    drawn = draw(flat, 1e-3, [torch.Generator().manual_seed(3), torch.Generator().manual_seed(4)])
+    assert mask.gather(-1, drawn[:, None]).all()
+
+
+def test_draw_reads_each_rows_generator_in_row_order():
+    probs = torch.softmax(torch.randn(6, 2000, generator=torch.Generator().manual_seed(5)), -1)
+    shared = [torch.Generator().manual_seed(7)] * 3 + [torch.Generator().manual_seed(8)] * 3  # two prompts, n = 3
+    both = draw(probs, 0.9, shared)
+    first = draw(probs[:3], 0.9, [torch.Generator().manual_seed(7)] * 3)
+    second = draw(probs[3:], 0.9, [torch.Generator().manual_seed(8)] * 3)
+    assert torch.equal(both, torch.cat([first, second]))
 
 
 def test_response_ends_at_the_first_stop_token(setup):
@@ -179,3 +211,18 @@ def test_validation_on_a_benchmark_file_scores_f1_accuracy(setup):
 def model_policy(model):
     from psyrl.model import Policy
     return Policy(model)
+
+
+def test_validation_reward_is_the_variants_final_reward_on_the_same_items(setup):
+    from psyrl.config import load_config
+    from psyrl.data import load_stimuliqa
+    from psyrl.validation import validate
+
+    _, tokenizer, model, _ = setup
+    records = load_stimuliqa("data/demo/test.jsonl")[:2]
+    texts = [f"<think>the cue event</think><answer>{records[0].answer}</answer>", "zzz"]  # F1 1 + format 1; 0 + 0
+    for variant in ("base", "bilateral"):  # equal lengths: ratio 1, so no BR bonus; 0.5 F1 + 0.5 format
+        cfg = load_config(None, [f"reward.variant={variant}"])
+        metrics, _ = validate(model_policy(model), ScriptedSampler(list(texts)), tokenizer, records, cfg)
+        assert metrics["valid/reward"] == pytest.approx(0.5) and metrics["valid/f1"] == 0.5
+        assert metrics["valid/format"] == 0.5 and metrics["valid/length"] == 1.0 and "valid/loss" in metrics
