@@ -1,5 +1,6 @@
 """Models, tokenizers and `token_logprobs` against the naive full-logit computation."""
 
+import contextlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -117,6 +118,15 @@ def test_bf16_autocast_stays_close_to_float32(model):
         low = token_logprobs(model, ids, mask, 1.0)
     assert low.dtype == torch.float32  # the log-softmax itself runs in float32
     torch.testing.assert_close(low, token_logprobs(model, ids, mask, 1.0), atol=0.05, rtol=0.02)
+    grads = []
+    for amp in (torch.autocast("cpu", dtype=torch.bfloat16), contextlib.nullcontext()):
+        model.zero_grad()
+        with amp:
+            token_logprobs(model, ids, mask, 0.7, chunk=6).sum().backward()  # backward recomputes in bf16
+        grads.append(model.lm_head.weight.grad.clone())
+    assert grads[0].dtype == torch.float32
+    cosine = torch.nn.functional.cosine_similarity(grads[0].flatten(), grads[1].flatten(), dim=0)
+    assert cosine > 0.99, cosine
 
 
 def test_load_weights_fills_every_parameter_or_names_the_missing_one(model, qwen_tokenizer):
