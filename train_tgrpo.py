@@ -161,7 +161,9 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
                                  "sequence": SFTExample("", tuple(prompt_ids) + s.token_ids, len(prompt_ids))})
             lap("score")
             if cfg.log.samples_every and step % cfg.log.samples_every == 0 and ctx.is_main:
-                write_samples(run_dir / "samples" / f"step-{step}.jsonl", samples, components, adv)
+                write_samples(run_dir / "samples", step, samples, components, adv,
+                              [train_prompts[indices[p]][0] for p in range(B)], cfg.log.samples_prompts,
+                              cfg.reward.variant)
 
             # ---------------------------------------------------------------- reference and old log-probs
             sequences = [m["sequence"] for m in mine]

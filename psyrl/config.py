@@ -200,11 +200,15 @@ class LogConfig:
     """Show tqdm progress bars (rank 0)."""
     samples_every: int = 0
     """T-GRPO: every this many steps write `samples/step-N.jsonl`, every sample of the step (prompt id, response,
-    finish reason, reward components, advantage); 0 = never."""
+    finish reason, reward components, advantage), and `samples/step-N.md`, the first `samples_prompts` prompts with
+    their G responses for reading; 0 = never."""
+    samples_prompts: int = 4
+    """Prompts shown in `samples/step-N.md`."""
 
     def __post_init__(self):
         require(self.every >= 1, "every", f"expected >= 1, got {self.every}")
         require(self.samples_every >= 0, "samples_every", f"expected >= 0, got {self.samples_every}")
+        require(self.samples_prompts >= 1, "samples_prompts", f"expected >= 1, got {self.samples_prompts}")
 
 
 @dataclass

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -67,11 +68,54 @@ def step_metrics(samples: list[dict], components: dict, adv: torch.Tensor, G: in
             "rollout/zero_variance_groups": (groups.amax(dim=1) == groups.amin(dim=1)).double().mean().item()}
 
 
-def write_samples(path: Path, samples: list[dict], components: dict, adv: torch.Tensor) -> None:
-    """Every sample of a step with its reward components and advantage, one JSON object per line."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    keys = [k for k in ("f1", "fmt", "rep", "br", "len", "short", "final") if k in components]
-    write_text(path, "".join(json.dumps({"id": s["id"], "sample": s["index"], "response": s["text"],
-                                         "tokens": s["length"], "finish_reason": s["finish_reason"],
-                                         **{k: components[k][n].item() for k in keys}, "advantage": adv[n].item()})
-                             + "\n" for n, s in enumerate(samples)))
+COLUMNS = {"f1": "F1", "fmt": "format", "rep": "rep. penalty", "br": "BR", "len": "length", "short": "short",
+           "final": "final"}  # reward components as SPEC §2 names them; a variant has a subset
+
+
+def write_samples(directory: Path, step: int, samples: list[dict], components: dict, adv: torch.Tensor,
+                  records: list, shown: int, variant: str) -> None:
+    """samples/step-N.jsonl (every sample of the step with its reward components and advantage) and
+    samples/step-N.md (the first `shown` prompts with their G responses: what people read)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    keys = [k for k in COLUMNS if k in components]
+    rows = [{"id": s["id"], "sample": s["index"], "response": s["text"], "tokens": s["length"],
+             "finish_reason": s["finish_reason"], **{k: components[k][n].item() for k in keys},
+             "advantage": adv[n].item()} for n, s in enumerate(samples)]
+    write_text(directory / f"step-{step}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    write_text(directory / f"step-{step}.md", samples_markdown(step, rows, components, records, shown, variant))
+
+
+def samples_markdown(step: int, rows: list[dict], components: dict, records: list, shown: int, variant: str) -> str:
+    """One step's first `shown` prompts as Markdown: story, question, gold answer, then per response its reward
+    components, advantage, length and finish reason, and the response text itself."""
+    keys = [k for k in COLUMNS if k in components]
+    G = len(rows) // len(records)
+    means = reward_metrics(components)
+    out = [f"# Step {step}", "",
+           f"{len(records)} prompts x {G} samples, reward `{variant}`. Step means over all {len(rows)} samples "
+           "(the `metrics.jsonl` row of this step): "
+           + ", ".join(f"{name} {means[label]:.3f}" for name, label in (
+               ("final", "reward/final"), ("F1", "reward/f1"), ("format", "reward/format"),
+               ("length", "response/length")) if label in means) + ".",
+           f"The first {min(shown, len(records))} prompts follow; every sample is in `step-{step}.jsonl`.", ""]
+    for p, record in enumerate(records[:shown]):
+        group = rows[p * G:(p + 1) * G]
+        out += [f"## Prompt {p + 1}: `{record.id}`", "", quote(record.stimuli), ">",
+                quote(f"**Q:** {record.question}"), "", f"Gold answer: **{record.answer}**", "",
+                "| sample | " + " | ".join(COLUMNS[k] for k in keys) + " | advantage | tokens | finish |",
+                "| ---: | " + " | ".join("---:" for _ in keys) + " | ---: | ---: | --- |"]
+        out += [f"| {r['sample']} | " + " | ".join(f"{r[k]:.3f}" for k in keys)
+                + f" | {r['advantage']:+.3f} | {r['tokens']} | {r['finish_reason']} |" for r in group]
+        out.append("")
+        for r in group:
+            fence = "`" * max(3, longest_backtick_run(r["response"]) + 1)  # a response cannot close its own block
+            out += [f"Sample {r['sample']}:", "", f"{fence}text", r["response"], fence, ""]
+    return "\n".join(out)
+
+
+def quote(text: str) -> str:
+    return "\n".join(f"> {line}" for line in text.splitlines() or [""])
+
+
+def longest_backtick_run(text: str) -> int:
+    return max((len(m) for m in re.findall(r"`+", text)), default=0)

@@ -40,8 +40,21 @@ class MetricsFile:
 
 
 def read_metrics(path: str | Path) -> list[dict]:
+    """The rows of a metrics.jsonl; a line that is not a JSON object with an integer `step` names its line."""
+    rows = []
     with Path(path).open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                got = line.strip()[:80]
+                raise ValueError(f"{path}:{n}: expected a JSON object with an integer 'step', got {got!r}")
+            rows.append(row)
+    return rows
 
 
 def step_line(row: dict, fields: list[tuple[str, str, str]]) -> str:

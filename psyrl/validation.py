@@ -19,7 +19,7 @@ from psyrl.config import Config
 from psyrl.data import BenchmarkRecord, StimuliRecord
 from psyrl.distributed import ONE_PROCESS, Dist, all_gather_lists, all_reduce, rank_share
 from psyrl.model import autocast
-from psyrl.rewards import answer_components
+from psyrl.rewards import answer_components, final_rewards
 from psyrl.sft import build_examples, micro_batch_losses, response_tokens
 from psyrl.text import best_option, extract_answer
 
@@ -35,7 +35,9 @@ def sample_items(records: Sequence, count: int, seed: int) -> list:
 def validate(policy, sampler, tokenizer, records: Sequence[StimuliRecord] | Sequence[BenchmarkRecord], cfg: Config,
              ctx: Dist = ONE_PROCESS):
     """(metrics, outputs): valid/f1 (eq. 4-5 on the extracted answer), valid/format (eq. 6), valid/length (tokens),
-    and valid/loss (NLL per response token of the SFT targets) for StimuliQA records, or valid/accuracy (SPEC §7
+    valid/reward (the mean final reward of reward.variant, L-bar and r-bar_F1 taken over these responses: the
+    same items at every validation, so start and end compare without the prompt-to-prompt noise of a training
+    step), and valid/loss (NLL per response token of the SFT targets) for StimuliQA records, or valid/accuracy (SPEC §7
     F1-accuracy: the option of highest F1 to the answer; a tie is `E` and wrong) and valid/not_applicable (the
     fraction of E choices) for benchmark-schema records; outputs: one `psyrl.sampler.Sample` per record, in
     record order.
@@ -51,10 +53,13 @@ def validate(policy, sampler, tokenizer, records: Sequence[StimuliRecord] | Sequ
                                [cfg.run.seed + i for i, _ in local])
     outputs = all_gather_lists([group[0] for group in samples], ctx)
     parts = answer_components([s.text for s in outputs], [r.answer for r in records], cfg.prompt.mode, cfg.reward)
+    lengths = torch.tensor([len(s.token_ids) for s in outputs], dtype=torch.float64)
+    final, _ = final_rewards(parts, lengths, lengths.mean().item(), parts["f1"].mean().item(), cfg.reward)
     metrics = {
+        "valid/reward": final.mean().item(),  # reward.variant's final reward, these items as a one-step cache
         "valid/f1": parts["f1"].mean().item(),
         "valid/format": parts["fmt"].mean().item(),
-        "valid/length": sum(len(s.token_ids) for s in outputs) / len(outputs),
+        "valid/length": lengths.mean().item(),
         "valid/items": len(records),
     }
     if isinstance(records[0], BenchmarkRecord):  # SPEC §7 F1-accuracy; no SFT target, so no loss
