@@ -110,6 +110,46 @@ def tiny_tokenizer_command(demo_dir, out):
     click.echo(f"wrote {build_shipped(demo_dir, out)}")
 
 
+@main.command("plot")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="PNG to write (default: RUN_DIR/curves.png for one run, curves.png here for several).")
+@click.option("--smooth", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Trailing mean over this many steps for the per-step curves (1 = raw only).")
+def plot_command(run_dirs, out, smooth):
+    """Training curves of one or several runs overlaid, as one PNG: reward components, held-out F1, response
+    length and KL over steps (the paper's Fig. 5 compares the base and bilateral rewards this way). Needs
+    matplotlib: pip install -e '.[plot]'."""
+    try:
+        from psyrl.plot import plot_runs
+
+        out = out or (Path(run_dirs[0]) / "curves.png" if len(run_dirs) == 1 else Path("curves.png"))
+        panels = plot_runs(run_dirs, out, smooth)
+    except ModuleNotFoundError as e:
+        if e.name != "matplotlib":
+            raise
+        raise click.ClickException("psyrl plot needs matplotlib: pip install -e '.[plot]'") from None
+    except (OSError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"wrote {out} ({len(panels)} panels: {', '.join(panels)})")
+
+
+@main.command("summary")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--window", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Steps averaged at the start and at the end of the per-step metrics.")
+def summary_command(run_dirs, window):
+    """A Markdown table comparing the start and the end of T-GRPO runs: held-out F1 and final reward at the first
+    and the last validation, and the mean training reward, F1 and response length over the first and the last
+    WINDOW steps."""
+    from psyrl.summary import summary_table
+
+    try:
+        click.echo(summary_table(run_dirs, window))
+    except (OSError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+
+
 main.add_command(demo_data_command)
 
 
