@@ -55,7 +55,8 @@ def tgrpo_sets(start: Path, out: Path, *extra: str) -> list[str]:
     return [f"run.output_dir={json.dumps(str(out))}", "run.name=rl", f"model.path={start / 'runs' / 'start' / 'hf'}",
             f"data.train_file={start / 'train.jsonl'}", 'data.valid_file=""', "run.steps=2", "rollout.prompts=8",
             "rollout.samples=4", "optim.global_batch=4", "rollout.max_new_tokens=24", "sampler.batch=4",
-            "optim.micro_batch=4", "optim.logprob_micro_batch=4", "optim.lr=1e-4", "log.progress=false", *extra]
+            "optim.micro_batch=4", "optim.logprob_micro_batch=4", "optim.lr=1e-4", "log.progress=false",
+            "advantage.scope=cache", "rollout.temperature=1.0", "log.samples_every=0", *extra]  # the paper's T-GRPO
 
 
 def run_cli(start, out, *extra, ranks=1, resume=False):
@@ -134,6 +135,28 @@ def test_every_variant_logs_what_psyrl_rewards_computes(start, tmp_path, variant
         assert logged[key] == pytest.approx(value, abs=1e-12), key
     expected_adv = (final - final.mean()) / (final.std() + 1e-6)  # scope cache with one step = eq. 2 on the batch
     assert [s["advantage"] for s in samples] == pytest.approx(expected_adv.tolist(), abs=1e-9)
+    check_markdown(run / "samples" / "step-1.md", samples, logged, load_stimuliqa(start / "train.jsonl"), G=4)
+
+
+def check_markdown(path: Path, samples: list[dict], logged: dict, records, G: int, shown: int = 4):
+    """samples/step-N.md: the step means of the metrics row, then per shown prompt its story, question, gold
+    answer and a table row per response (reward components, advantage as in step-N.jsonl) and the response."""
+    text = path.read_text()
+    assert f"final {logged['reward/final']:.3f}, F1 {logged['reward/f1']:.3f}" in text
+    by_id = {r.id: r for r in records}
+    sections = text.split("\n## Prompt ")[1:]
+    assert len(sections) == shown
+    for p, section in enumerate(sections):
+        group = samples[p * G:(p + 1) * G]
+        record = by_id[group[0]["id"]]
+        assert section.startswith(f"{p + 1}: `{record.id}`")
+        assert f"> **Q:** {record.question}" in section and f"Gold answer: **{record.answer}**" in section
+        for s in group:
+            row = next(line for line in section.splitlines() if line.startswith(f"| {s['sample']} |"))
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            assert cells[1] == f"{s['f1']:.3f}" and cells[-4] == f"{s['final']:.3f}", row
+            assert cells[-3:] == [f"{s['advantage']:+.3f}", str(s["tokens"]), s["finish_reason"]], row
+            assert f"```text\n{s['response']}\n```" in section
 
 
 def test_group_scope_with_cache_size_one_is_standard_grpo():
