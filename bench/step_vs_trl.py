@@ -88,6 +88,7 @@ def run_psyrl(model_dir: Path, data: Path, work: Path) -> dict:
         "model.path": str(model_dir), "model.dtype": "float32",
         "data.train_file": str(data), "data.valid_file": "", "data.shuffle": False,
         "prompt.mode": "direct", "reward.variant": "base", "loss.kl_coef": BETA,
+        "advantage.scope": "cache", "log.samples_every": 0,  # the paper's T-GRPO, not the tiny demo's settings
         "rollout.prompts": PROMPTS, "rollout.samples": G, "rollout.temperature": TEMPERATURE,
         "rollout.top_p": TOP_P, "rollout.max_new_tokens": NEW_TOKENS, "sampler.batch": PROMPTS * G,
         "optim.lr": LR, "optim.schedule": "constant", "optim.warmup_ratio": 0.0, "optim.weight_decay": 0.01,
