@@ -8,7 +8,7 @@ PIP_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.psyrl-installed
 
-.PHONY: install test test-fast lint bench docs clean demo demo-base
+.PHONY: install test test-fast lint bench docs clean demo demo-base eval self-train
 
 install: $(STAMP)
 
@@ -38,6 +38,7 @@ DEMO_RANKS ?= 2
 DEMO_OUT ?= runs
 DEMO_SFT_SET ?=
 DEMO_TGRPO_SET ?=
+DEMO_EVAL_SET ?= --max-new-tokens 64
 TORCHRUN = $(VENV)/bin/torchrun --standalone --nproc_per_node $(DEMO_RANKS)
 demo: DEMO_REWARD = bilateral
 demo: DEMO_RUN = tiny-tgrpo
@@ -58,7 +59,36 @@ demo demo-base: $(STAMP)
 	@echo
 	@$(VENV)/bin/psyrl summary $(DEMO_OUT)/$(DEMO_RUN)
 	@$(VENV)/bin/psyrl plot $(DEMO_OUT)/$(DEMO_RUN)
-	@echo "results: $(DEMO_OUT)/$(DEMO_RUN)/ (metrics.jsonl, samples/step-N.md, curves.png, hf/); SFT: $(DEMO_OUT)/tiny-sft/"
+	$(TORCHRUN) evaluate.py --model $(DEMO_OUT)/$(DEMO_RUN)/hf --benchmarks data/demo/mc.jsonl \
+	  --out $(DEMO_OUT)/$(DEMO_RUN)/eval-mc $(DEMO_EVAL_SET) --overwrite --no-progress
+	@echo "results: $(DEMO_OUT)/$(DEMO_RUN)/ (metrics.jsonl, samples/step-N.md, curves.png, eval-mc/, hf/); SFT: $(DEMO_OUT)/tiny-sft/"
+
+# The five OOD benchmarks (SPEC §7), EVAL_LIMIT items per task, for the demo's model or MODEL=dir; results.md is
+# printed and written to EVAL_OUT with results.json and predictions.jsonl (an interrupted run resumes).
+MODEL ?= $(DEMO_OUT)/tiny-tgrpo/hf
+EVAL_LIMIT ?= 10
+EVAL_OUT ?= $(DEMO_OUT)/eval/$(notdir $(patsubst %/hf,%,$(MODEL)))
+EVAL_ARGS ?= --max-new-tokens 128
+eval: $(STAMP)
+	@test -f $(MODEL)/config.json || { echo "make eval: no model in $(MODEL): run make demo first, or MODEL=dir"; exit 1; }
+	$(TORCHRUN) evaluate.py --model $(MODEL) --limit $(EVAL_LIMIT) --out $(EVAL_OUT) $(EVAL_ARGS)
+
+# One round of continual self-training (paper §3.3, SPEC §8) on the demo's multiple-choice split: label the
+# selftrain half with the model's own confident answers (tau 0.4, no gold), SFT on them, compare on the eval half.
+SELF_OUT ?= $(DEMO_OUT)/self-train
+SELF_SFT_SET ?=
+self-train: $(STAMP)
+	@test -f $(MODEL)/config.json || { echo "make self-train: no model in $(MODEL): run make demo first, or MODEL=dir"; exit 1; }
+	$(TORCHRUN) evaluate.py --model $(MODEL) --benchmarks data/demo/mc.jsonl --split selftrain \
+	  --out $(SELF_OUT)/label-half --overwrite --no-progress $(DEMO_EVAL_SET)
+	$(VENV)/bin/psyrl self-label $(SELF_OUT)/label-half --out $(SELF_OUT)/self-labelled.jsonl
+	$(TORCHRUN) train_sft.py --config configs/sft/tiny-self-train.toml --set run.output_dir=$(SELF_OUT) \
+	  --set model.path=$(MODEL) --set data.train_file=$(SELF_OUT)/self-labelled.jsonl $(SELF_SFT_SET) --overwrite
+	$(TORCHRUN) evaluate.py --model $(MODEL) --benchmarks data/demo/mc.jsonl --split eval \
+	  --out $(SELF_OUT)/before --overwrite --no-progress $(DEMO_EVAL_SET)
+	$(TORCHRUN) evaluate.py --model $(SELF_OUT)/tiny-self-train/hf --benchmarks data/demo/mc.jsonl --split eval \
+	  --out $(SELF_OUT)/after --overwrite --no-progress $(DEMO_EVAL_SET)
+	@echo; $(VENV)/bin/psyrl compare $(SELF_OUT)/before $(SELF_OUT)/after --label "demo model" --label "+ self-train SFT"
 
 # Regenerates the config reference inside README.md from the dataclass docstrings.
 docs: $(STAMP)

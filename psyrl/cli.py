@@ -150,6 +150,93 @@ def summary_command(run_dirs, window):
         raise click.ClickException(str(e)) from None
 
 
+@main.command("compare")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--label", "labels", multiple=True, help="A row label per run, in order (default: the folder names).")
+def compare_command(run_dirs, labels):
+    """Compare evaluate.py runs (their --out directories): Table 3's layout (F1 and accuracy per benchmark) and
+    Table 2's (F1 per StimuliQA subdimension), one row per run, deltas against the first."""
+    from psyrl.eval_report import compare_markdown, load_results
+
+    if labels and len(labels) != len(run_dirs):
+        raise click.UsageError(f"{len(labels)} --label for {len(run_dirs)} runs")
+    try:
+        results = [load_results(d) for d in run_dirs]
+        click.echo(compare_markdown(labels or [Path(d).name for d in run_dirs], results))
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+
+
+@main.command("lengths")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--label", "labels", multiple=True, help="A label per run, in order (default: the folder names).")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="PNG to write (default: RUN_DIR/lengths.png for one run, lengths.png here for several).")
+def lengths_command(run_dirs, labels, out):
+    """RQ5 / Figure 6: response lengths by question index (1-3) on ToMbench's Unexpected Outcome Test, non-zero-F1
+    samples only, one box per index and run (e.g. a base and a bilateral run side by side), and the counts of valid
+    samples. Needs evaluate.py runs that include tombench, and matplotlib."""
+    from psyrl.evaluation import read_predictions
+    from psyrl.length_analysis import counts_markdown, lengths_by_index, plot_lengths
+
+    if labels and len(labels) != len(run_dirs):
+        raise click.UsageError(f"{len(labels)} --label for {len(run_dirs)} runs")
+    labels = list(labels) or [Path(d).name for d in run_dirs]
+    try:
+        groups = [lengths_by_index(read_predictions(Path(d) / "predictions.jsonl")[0]) for d in run_dirs]
+        out = out or (Path(run_dirs[0]) / "lengths.png" if len(run_dirs) == 1 else Path("lengths.png"))
+        click.echo(counts_markdown(labels, groups))
+        click.echo(f"wrote {plot_lengths(labels, groups, out)}")
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+
+
+@main.command("self-label")
+@click.argument("eval_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", type=click.Path(dir_okay=False), required=True,
+              help="The SFT data set to write (StimuliQA JSONL: data.train_file of train_sft.py).")
+@click.option("--tau", type=float, default=0.4, show_default=True, help="Keep a prediction iff confidence > tau "
+              "(the paper: 0.4 on the F1 confidence).")
+@click.option("--confidence", type=click.Choice(["f1", "logprob"]), default="f1", show_default=True,
+              help="f1: F1 of the extracted answer to its best-matching option (the paper); logprob: exp(mean token "
+                   "log-probability) of the response under the sampler.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random option on an E tie.")
+@click.option("--any-split", is_flag=True, help="Also label predictions of the eval half or of whole benchmarks "
+              "(the paper's transductive setting: it then reports on the items it trained on).")
+def self_label_command(eval_dir, out, tau, confidence, seed, any_split):
+    """Continual self-training (SPEC §8): from an evaluate.py run on the self-train half (--split selftrain), keep
+    each format-valid prediction whose confidence exceeds tau, relabel it with its best-matching option (gold
+    answers are never read) and write an SFT set that train_sft.py takes as it is."""
+    import json
+
+    from psyrl.data import write_jsonl
+    from psyrl.evaluation import read_predictions, resolve_sources
+    from psyrl.self_train import self_label
+
+    try:
+        settings_path = Path(eval_dir) / "eval.json"
+        if not settings_path.is_file():
+            raise ValueError(f"{settings_path}: missing (is {eval_dir} an evaluate.py --out directory?)")
+        settings = json.loads(settings_path.read_text(encoding="utf-8"))
+        if settings["split"] != "selftrain" and not any_split:
+            raise ValueError(f"{eval_dir} evaluated the {settings['split']!r} split: self-labelling it trains on "
+                             "items that are reported. Evaluate with --split selftrain (or pass --any-split)")
+        sources = resolve_sources([s["path"] for s in settings["sources"]], ".")
+        if any(s.schema != "benchmark" for s in sources):
+            raise ValueError("self-labelling needs multiple-choice (benchmark-schema) predictions")
+        records = {r.id: r for s in sources for r in s.records}
+        rows, _ = read_predictions(Path(eval_dir) / "predictions.jsonl")
+        kept, counts = self_label(rows, records, tau, confidence, seed, settings["prompt"], settings["options"])
+        if not kept:
+            raise ValueError(f"no prediction kept at tau = {tau} ({counts}); no data set written")
+        write_jsonl(out, kept)
+    except (OSError, ValueError, KeyError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"self-label: kept {counts['kept']} of {counts['predictions']} predictions (format-invalid "
+               f"{counts['format_invalid']}, confidence <= {tau} {counts['low_confidence']}, no matching option "
+               f"{counts['no_matching_option']}); wrote {out}")
+
+
 main.add_command(demo_data_command)
 
 

@@ -38,15 +38,18 @@ def question_with_options(question: str, options) -> str:
     return "\n".join([question] + [f"{OPTION_LETTERS[i]}. {option}" for i, option in enumerate(options)])
 
 
+def question_text(record: StimuliRecord | BenchmarkRecord, options: str = "paper") -> str:
+    """The question as the prompt shows it: a benchmark's options appended per `prompt.options` (paper §4.1)."""
+    if isinstance(record, BenchmarkRecord) and (
+            options == "all" or (options == "paper" and record.benchmark in PAPER_OPTION_BENCHMARKS)):
+        return question_with_options(record.question, record.options)
+    return record.question
+
+
 def content(record: StimuliRecord | BenchmarkRecord, options: str = "paper") -> str:
     """`Stimuli: <context>\\nQuestion: <question>`, options appended per `prompt.options`, trimmed (A.1)."""
-    if isinstance(record, StimuliRecord):
-        context, question = record.stimuli, record.question
-    else:
-        context, question = record.context, record.question
-        if options == "all" or (options == "paper" and record.benchmark in PAPER_OPTION_BENCHMARKS):
-            question = question_with_options(question, record.options)
-    return f"Stimuli: {context}\nQuestion: {question}".strip()
+    context = record.stimuli if isinstance(record, StimuliRecord) else record.context
+    return f"Stimuli: {context}\nQuestion: {question_text(record, options)}".strip()
 
 
 def messages(record: StimuliRecord | BenchmarkRecord, cfg: PromptConfig) -> list[dict[str, str]]:

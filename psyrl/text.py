@@ -75,14 +75,21 @@ def token_f1(pred: str, gold: str) -> float:
     return set_f1(set(normalize(pred)), set(normalize(gold)))
 
 
-def best_option(pred: str, options: list[str]) -> int | None:
-    """Index of the option with the highest F1 to `pred`; None (the paper's "E", not applicable)
-    when the top score is shared by several options or is 0 (no option matches at all)."""
+def option_scores(pred: str, options) -> list[float]:
+    """Token-set F1 (eq. 4-5) of `pred` to each option, in option order."""
+    pred_set = set(normalize(pred))
+    return [set_f1(pred_set, set(normalize(option))) for option in options]
+
+
+def choice_of(scores) -> int | None:
+    """SPEC §7 F1-accuracy's choice from the option scores: the single best option; None (the paper's "E", not
+    applicable) when the top score is shared by several options (duplicate options included) or is 0."""
+    top = max(scores)
+    return None if top == 0.0 or list(scores).count(top) > 1 else list(scores).index(top)
+
+
+def best_option(pred: str, options) -> int | None:
+    """Index of the option with the highest F1 to `pred`, or None (E): `choice_of(option_scores(pred, options))`."""
     if not options:
         raise ValueError("best_option needs at least one option")
-    pred_set = set(normalize(pred))
-    scores = [set_f1(pred_set, set(normalize(option))) for option in options]
-    top = max(scores)
-    if top == 0.0 or scores.count(top) > 1:
-        return None
-    return scores.index(top)
+    return choice_of(option_scores(pred, options))

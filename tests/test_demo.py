@@ -23,7 +23,8 @@ def make(target: str, out: Path) -> subprocess.CompletedProcess:
         pytest.skip("needs make and the environment `make test` builds")
     sets = lambda keys: " ".join(f"--set {k}" for k in keys)
     args = ["make", "--no-print-directory", target, f"VENV={VENV}", f"DEMO_OUT={out}",
-            f"DEMO_SFT_SET={sets(SHORT_SFT)}", f"DEMO_TGRPO_SET={sets(SHORT_TGRPO)}"]
+            f"DEMO_SFT_SET={sets(SHORT_SFT)}", f"DEMO_TGRPO_SET={sets(SHORT_TGRPO)}",
+            "DEMO_EVAL_SET=--limit 2 --max-new-tokens 8"]
     return subprocess.run(args, capture_output=True, text=True, timeout=900)
 
 
@@ -40,9 +41,28 @@ def test_demo_and_demo_base_run_end_to_end(tmp_path):
     assert 'variant = "bilateral"' in (rl / "config.resolved.toml").read_text()
     assert (rl / "curves.png").exists() and (rl / "samples" / "step-2.md").exists() and (rl / "hf").is_dir()
     assert "| tiny-tgrpo | bilateral | 2 |" in result.stdout and f"results: {rl}/" in result.stdout
+    # ... and ends with evaluate.py on the multiple-choice split: 2 items per subdimension
+    assert json.loads((rl / "eval-mc" / "results.json").read_text())["results"]["demo"]["count"] == 12
+    assert "| run | demo F1 | demo Acc |" in result.stdout
     # demo-base reuses the finished SFT run and trains the base reward beside it
     result = make("demo-base", tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "reusing the finished SFT run" in result.stdout
     assert "| tiny-tgrpo-base | base | 2 |" in result.stdout
     assert 'variant = "base"' in (tmp_path / "tiny-tgrpo-base" / "config.resolved.toml").read_text()
+
+
+def test_self_train_round_recipe():
+    # the round's order (a tiny test model keeps nothing at tau 0.4, so the pieces run in tests/test_evaluate.py)
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    result = subprocess.run(["make", "--no-print-directory", "-n", "self-train", "MODEL=m", "SELF_OUT=o",
+                             f"VENV={VENV}"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.replace("\\\n", "").splitlines()  # the recipe's continued lines joined
+    steps = [line for line in lines if "evaluate.py" in line or "self-label" in line or "train_sft.py" in line]
+    assert [("--split selftrain" in s, "self-label o/label-half" in s, "train_sft.py" in s, "--split eval" in s)
+            for s in steps] == [(True, False, False, False), (False, True, False, False), (False, False, True, False),
+                                (False, False, False, True), (False, False, False, True)]
+    assert "--model m " in steps[0] and "--model o/tiny-self-train/hf" in steps[4]
+    assert "data.train_file=o/self-labelled.jsonl" in steps[2] and "model.path=m" in steps[2]

@@ -1,0 +1,273 @@
+"""Evaluation on the OOD benchmarks (paper §4.1 "Metrics", appendix B, SPEC §7): F1 and F1-accuracy per benchmark
+and per task, for any local Hugging Face checkpoint.
+
+    python evaluate.py --model runs/tiny-tgrpo/hf --limit 10 --out runs/eval/tiny
+    torchrun --nproc_per_node N evaluate.py --model DIR ...        (items split across ranks, one model per rank)
+    python evaluate.py compare RUN_A RUN_B ...                     (Table 2/3-style, deltas against RUN_A)
+    python evaluate.py lengths RUN_A [RUN_B] --out fig6.png        (RQ5 / Figure 6)
+
+Responses come from the sampler interface of the trainers (`psyrl.sampler`), one per item, seeded per item id, so an
+item's response does not depend on the ranks, the batch, --limit or a resume. Predictions are appended to
+`<out>/predictions.jsonl` as they finish; a second run with the same --out and generation settings skips the items
+already there (an interrupted evaluation resumes). At the end: predictions.jsonl in item order, results.json,
+results.md. ToMbench's licence says "evaluation only": its items are never training data here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import click
+import transformers
+from tqdm import tqdm
+
+from psyrl import prompts
+from psyrl.atomic import write_text
+from psyrl.cli import compare_command, lengths_command
+from psyrl.config import ModelConfig, PromptConfig
+from psyrl.data import DataError
+from psyrl.distributed import all_gather_lists, barrier, cleanup, init_distributed, print0
+from psyrl.eval_report import results_markdown
+from psyrl.evaluation import (
+    EXTRA_BENCHMARKS,
+    HALVES,
+    PAPER_BENCHMARKS,
+    EvalError,
+    aggregate,
+    item_seed,
+    read_predictions,
+    resolve_sources,
+    score_response,
+    select_items,
+)
+from psyrl.length_analysis import counts_markdown, lengths_by_index
+from psyrl.model import autocast, load_model, load_tokenizer
+from psyrl.sampler import TorchSampler
+
+BENCHMARK_DIR = Path(__file__).resolve().parent / "data" / "benchmarks"
+GENERATION_KEYS = ("model", "model_fingerprint", "tokenizer", "prompt", "temperature", "top_p", "seed",
+                   "max_new_tokens", "dtype")  # what a resume must share with the run it continues
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """config.json, and each weight file's name, size and first and last MiB: a changed checkpoint is noticed on
+    resume without reading gigabytes."""
+    h = hashlib.sha256((model_dir / "config.json").read_bytes())
+    for f in sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("*.bin")):
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with f.open("rb") as fh:
+            h.update(fh.read(1 << 20))
+            fh.seek(max(0, size - (1 << 20)))
+            h.update(fh.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
+def model_label(model_dir: Path) -> str:
+    """A row label: `tiny-tgrpo` for runs/tiny-tgrpo/hf, `tiny-sft/step-200` for a checkpoint's hf/."""
+    path = model_dir.resolve()
+    if path.name != "hf":
+        return path.name
+    if path.parent.parent.name == "checkpoints":
+        return f"{path.parent.parent.parent.name}/{path.parent.name}"
+    return path.parent.name
+
+
+def split_specs(values) -> list[str]:
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model", "model_dir", type=click.Path(file_okay=False), default=None,
+              help="A local Hugging Face model directory: a psyrl export (runs/<name>/hf, a checkpoint's hf/) or any "
+                   "Qwen2.5 checkpoint.")
+@click.option("--benchmarks", multiple=True, metavar="NAME|FILE[,...]",
+              help=f"Benchmark names ({', '.join(PAPER_BENCHMARKS)}; extra: {', '.join(EXTRA_BENCHMARKS)}) or JSONL "
+                   "files in the benchmark or StimuliQA schema; repeatable or comma-separated. Default: the paper's "
+                   "five.")
+@click.option("--benchmark-dir", type=click.Path(file_okay=False), default=str(BENCHMARK_DIR),
+              show_default="data/benchmarks next to evaluate.py",
+              help="Where the benchmark names are looked up (<dir>/<name>/*.jsonl).")
+@click.option("--prompt", "mode", type=click.Choice(["cot", "direct"]), default="cot", show_default=True,
+              help="Appendix A.1 instruction: think then answer, or answer only.")
+@click.option("--temperature", type=float, default=0.5, show_default=True,
+              help="Sampling temperature (the paper's validation: 0.5); 0 = greedy.")
+@click.option("--top-p", type=float, default=0.99, show_default=True, help="Nucleus mass (A.3: 0.99).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (each item draws with its own "
+              "seed derived from this and its id).")
+@click.option("--max-new-tokens", type=int, default=2048, show_default=True, help="Longest response (A.3: 2048).")
+@click.option("--limit", type=int, default=0, show_default=True,
+              help="At most N items per benchmark task (StimuliQA: per subdimension), a seeded choice; 0 = all.")
+@click.option("--split", "half", type=click.Choice(HALVES), default="all", show_default=True,
+              help="SPEC §8: `selftrain` or `eval` half of every benchmark (a seeded hash of the item id), or all.")
+@click.option("--split-seed", type=int, default=0, show_default=True, help="Seed of the --split hash.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Output directory (predictions.jsonl, results.json, results.md). Default: runs/eval/<model name>.")
+@click.option("--overwrite", is_flag=True, help="Delete --out's earlier predictions instead of resuming them.")
+@click.option("--batch", type=int, default=16, show_default=True,
+              help="Items generated together per rank (on a CPU, 64 was at most 22% faster than 16 on short prompts "
+                   "and up to 4.8x slower on the benchmarks' long ones; on a GPU take more).")
+@click.option("--tokenizer", default="", help="Tokenizer directory or a shipped one (tiny, qwen2.5); default: the "
+              "model directory's.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
+              help="Compute dtype (bfloat16: autocast).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="auto: CUDA (rank r on GPU r) when available, else the CPU.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="A progress bar on rank 0.")
+@click.pass_context
+def main(click_ctx, model_dir, benchmarks, benchmark_dir, mode, temperature, top_p, seed, max_new_tokens, limit, half,
+         split_seed, out_dir, overwrite, batch, tokenizer, dtype, device, progress):
+    """Evaluate a checkpoint on the OOD benchmarks: F1 (x100) and F1-accuracy (%) per benchmark and per task, format
+    rate, E choices and response length (results.md, results.json, predictions.jsonl). Sub-commands compare runs and
+    draw the RQ5 length analysis."""
+    if click_ctx.invoked_subcommand is not None:
+        if model_dir is not None:
+            raise click.UsageError("--model evaluates; it does not go with a sub-command")
+        return
+    if model_dir is None:
+        raise click.UsageError("--model DIR is required (or a sub-command: compare, lengths)")
+    problems = [m for ok, m in [(temperature >= 0, "--temperature must be >= 0"), (0 < top_p <= 1, "--top-p must be "
+                "in (0, 1]"), (max_new_tokens >= 1, "--max-new-tokens must be >= 1"), (batch >= 1, "--batch must be "
+                ">= 1"), (limit >= 0, "--limit must be >= 0")] if not ok]
+    if problems:
+        raise click.UsageError("; ".join(problems))
+    out = Path(out_dir) if out_dir else Path("runs") / "eval" / Path(model_dir).resolve().name
+    try:
+        transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar per rank
+        ctx = init_distributed(device)
+        evaluate(ctx, Path(model_dir), split_specs(benchmarks) or list(PAPER_BENCHMARKS), benchmark_dir, mode,
+                 temperature, top_p, seed, max_new_tokens, limit, half, split_seed, out, overwrite, batch, tokenizer,
+                 dtype, progress)
+        cleanup(ctx)
+    except (EvalError, DataError, OSError, ValueError) as e:
+        if int(os.environ.get("RANK", "0")) != 0:  # every rank fails alike; rank 0 says it once
+            raise SystemExit(1) from None
+        raise click.ClickException(str(e)) from None
+
+
+main.add_command(compare_command, "compare")
+main.add_command(lengths_command, "lengths")
+
+
+def evaluate(ctx, model_dir: Path, specs, benchmark_dir, mode, temperature, top_p, seed, max_new_tokens, limit, half,
+             split_seed, out: Path, overwrite, batch, tokenizer_name, dtype, progress) -> None:
+    # ---------------------------------------------------------------- inputs, checked before any write
+    sources = resolve_sources(specs, benchmark_dir)
+    items = [(s, r) for s in sources for r in select_items(s.records, limit, half, split_seed)]
+    if not items:
+        raise EvalError(f"no item to evaluate in {', '.join(s.name for s in sources)} (split {half})")
+    model_cfg = ModelConfig(path=str(model_dir), tokenizer=tokenizer_name, dtype=dtype)
+    tokenizer = load_tokenizer(model_cfg)
+    settings = {"model": str(model_dir.resolve()), "model_fingerprint": model_fingerprint(model_dir),
+                "tokenizer": tokenizer_name, "prompt": mode, "temperature": temperature, "top_p": top_p, "seed": seed,
+                "max_new_tokens": max_new_tokens, "dtype": dtype, "split": half, "split_seed": split_seed,
+                "limit": limit, "options": PromptConfig().options,
+                "sources": [{"name": s.name, "path": str(s.path), "schema": s.schema} for s in sources]}
+    done = {} if overwrite else previous_predictions(out, settings, {r.id for _, r in items})
+    barrier(ctx)  # every rank has read the old files before rank 0 rewrites them
+    predictions = out / "predictions.jsonl"
+    if ctx.is_main:
+        if overwrite and out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_text(out / "eval.json", json.dumps(settings, indent=2) + "\n")
+        write_text(predictions, "".join(json.dumps(row) + "\n" for row in done.values()))  # without a torn last line
+    model = load_model(model_cfg, tokenizer, device=ctx.device)
+    sampler = TorchSampler(model, tokenizer, ctx.device, batch, amp=autocast(model_cfg, ctx.device))
+    prompt_cfg = PromptConfig(mode=mode)
+    pending = [(s, r) for s, r in items if r.id not in done]
+    pending.sort(key=lambda item: len(prompts.content(item[1])))  # similar lengths per batch: less padding
+    print0(f"evaluate: {model_dir} on {ctx.world} x {ctx.device}: {len(items)} items "
+           f"({', '.join(f'{s.name} {sum(1 for x, _ in items if x is s)}' for s in sources)}); "
+           f"{len(done)} already in {predictions}, {len(pending)} to generate", ctx)
+
+    # ---------------------------------------------------------------- generate and score, appending as we go
+    stats = {"rank": ctx.rank, "items": 0, "response_tokens": 0, "generate_s": 0.0}
+    t0 = time.perf_counter()
+    per_round = batch * ctx.world
+    bar = tqdm(total=len(items), initial=len(done), desc="evaluate", unit="item", dynamic_ncols=True,
+               disable=not (progress and ctx.is_main))
+    with predictions.open("a", encoding="utf-8") if ctx.is_main else contextlib.nullcontext() as sink:
+        for start in range(0, len(pending), per_round):
+            mine = pending[start:start + per_round][ctx.rank::ctx.world]  # strided: each rank gets short and long
+            texts = [prompts.render(tokenizer, r, prompt_cfg) for _, r in mine]
+            ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+            t = time.perf_counter()
+            samples = sampler.generate(ids, 1, temperature, top_p, max_new_tokens,
+                                       [item_seed(seed, r.id) for _, r in mine]) if mine else []
+            stats["generate_s"] += time.perf_counter() - t
+            rows = []
+            for (source, record), text, group in zip(mine, texts, samples):
+                s = group[0]
+                row = score_response(record, source.name, s.text, len(s.token_ids), s.finish_reason,
+                                     sum(s.logprobs) / len(s.logprobs), mode)
+                rows.append({**row, "prompt": text})
+                stats["items"] += 1
+                stats["response_tokens"] += len(s.token_ids)
+            rows = all_gather_lists(rows, ctx)
+            if ctx.is_main:  # on disk at once: a crash loses at most the round in flight
+                sink.write("".join(json.dumps(row) + "\n" for row in rows))
+                sink.flush()
+                os.fsync(sink.fileno())
+            for row in rows:
+                done[row["id"]] = row
+            bar.update(len(rows))
+    bar.close()
+    wall = time.perf_counter() - t0
+    per_rank = all_gather_lists([stats], ctx)
+    if not ctx.is_main:
+        return
+
+    # ---------------------------------------------------------------- results
+    rows = [done[r.id] for _, r in items]  # item order: the same file for any ranks, batch or resume
+    write_text(predictions, "".join(json.dumps(row) + "\n" for row in rows))
+    results = aggregate(rows)
+    perf = {"ranks": ctx.world, "device": str(ctx.device), "generated_items": len(pending), "wall_s": wall,
+            "items_per_s": len(pending) / wall if pending and wall > 0 else None, "per_rank": per_rank}
+    write_text(out / "results.json", json.dumps({"settings": settings, "results": results, "perf": perf}, indent=2)
+               + "\n")
+    markdown = results_markdown(model_label(model_dir), results, settings)
+    try:
+        markdown += "\n## RQ5: Unexpected Outcome Test (ToMbench)\n\n" + counts_markdown(
+            [model_label(model_dir)], [lengths_by_index(rows)]) + "\n"
+    except EvalError:
+        pass  # no ToMbench Unexpected Outcome Test item in this evaluation
+    write_text(out / "results.md", markdown)
+    click.echo(markdown)
+    speed = f"{perf['items_per_s']:.2f} items/s over {ctx.world} rank(s)" if perf["items_per_s"] else "nothing new"
+    print0(f"evaluate: {len(pending)} items generated in {wall:.1f} s ({speed}); {out}/results.md, results.json, "
+           "predictions.jsonl", ctx)
+
+
+def previous_predictions(out: Path, settings: dict, selected: set[str]) -> dict[str, dict]:
+    """The finished rows of an earlier run in `out`, by id, after checking it generated the same way."""
+    predictions, saved = out / "predictions.jsonl", out / "eval.json"
+    if not predictions.exists():
+        return {}
+    if not saved.is_file():
+        raise EvalError(f"{out} holds predictions.jsonl but no eval.json: not an evaluate.py directory, or damaged; "
+                        "use another --out or --overwrite")
+    try:
+        before = json.loads(saved.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise EvalError(f"{saved}: {e}; use --overwrite to start again") from None
+    changed = [f"{k}: {before.get(k)!r} -> {settings[k]!r}" for k in GENERATION_KEYS if before.get(k) != settings[k]]
+    if changed:
+        raise EvalError(f"{out} holds predictions made differently ({'; '.join(changed)}); use another --out, or "
+                        "--overwrite to delete them")
+    rows, _ = read_predictions(predictions, tolerate_torn_end=True)
+    outside = sorted({r["id"] for r in rows} - selected)
+    if outside:
+        raise EvalError(f"{predictions} holds {len(outside)} predictions for items outside this selection (e.g. "
+                        f"{outside[0]!r}); choose a selection that includes them, another --out, or --overwrite")
+    return {r["id"]: r for r in rows}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""`evaluate.py` end to end on a tiny random model: every benchmark on 2 ranks, resume, compare, lengths,
+self-label into train_sft.py, and the refusals of bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from launch import run
+
+from psyrl.config import ModelConfig
+from psyrl.data import load_benchmark
+from psyrl.evaluation import PAPER_BENCHMARKS, resolve_sources, select_items
+from psyrl.model import load_model, load_tokenizer
+
+ALL = list(PAPER_BENCHMARKS) + ["emobench", "data/demo/test.jsonl", "data/demo/mc.jsonl"]
+FAST = ["--max-new-tokens", "6", "--no-progress"]
+FIELDS = {"id", "benchmark", "task", "index", "prompt", "response", "extracted", "f1", "format", "tokens", "finish",
+          "mean_logprob", "option_f1", "choice", "correct"}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A random-init tiny Qwen2 exported like a psyrl run's hf/ (weights, config, tokenizer)."""
+    out = tmp_path_factory.mktemp("model") / "hf"
+    cfg = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    tokenizer = load_tokenizer(cfg)
+    load_model(cfg, tokenizer, seed=0).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def evaluate(*args, ranks=1, run_dir=None):
+    launcher = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                     "--nproc_per_node", str(ranks)]
+    return run(launcher + ["evaluate.py", *map(str, args)], run_dir=run_dir, timeout=600)
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_every_benchmark_on_two_ranks_then_resume(tiny_model, tmp_path):
+    out = tmp_path / "eval"
+    args = ["--model", tiny_model, "--benchmarks", ",".join(ALL), "--limit", 1, "--out", out, "--batch", 4, *FAST]
+    result = evaluate(*args, ranks=2, run_dir=out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = [r.id for s in resolve_sources(ALL, "data/benchmarks") for r in select_items(s.records, 1, "all", 0)]
+    rows = lines(out / "predictions.jsonl")
+    assert [r["id"] for r in rows] == expected  # the union over ranks is the item set: none lost or doubled
+    assert all(set(r) == FIELDS for r in rows)
+    results = json.loads((out / "results.json").read_text())
+    assert list(results["results"]) == ["tombench", "simpletom", "socialiqa", "cosmosqa", "bbh", "emobench",
+                                        "demo/test", "demo"]
+    assert results["results"]["tombench"]["count"] == 20 and len(results["results"]["tombench"]["tasks"]) == 20
+    assert results["results"]["demo/test"]["accuracy"] is None  # StimuliQA format: by subdimension, no options
+    assert sorted(p["items"] for p in results["perf"]["per_rank"]) == [len(rows) // 2, len(rows) - len(rows) // 2]
+    markdown = (out / "results.md").read_text()
+    assert "| run | ToMbench F1 | ToMbench Acc | SimpleToM F1 |" in markdown and "**demo/test**" in markdown
+    assert "## RQ5" in markdown and markdown in result.stdout
+
+    # a crash mid-write: the last 5 lines lost and a torn one left; the resume redoes exactly those 5 items
+    full = (out / "predictions.jsonl").read_text().splitlines(keepends=True)
+    (out / "predictions.jsonl").write_text("".join(full[:-5]) + full[-5][:30])
+    again = evaluate(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"{len(rows) - 5} already in" in again.stdout and "5 to generate" in again.stdout
+    resumed = lines(out / "predictions.jsonl")
+    strip = lambda r: {k: v for k, v in r.items() if k != "mean_logprob"}  # noqa: E731  (last bits vary with batch)
+    assert [strip(r) for r in resumed] == [strip(r) for r in rows]
+    assert [r["mean_logprob"] for r in resumed] == pytest.approx([r["mean_logprob"] for r in rows], abs=1e-5)
+
+    # other generation settings are refused, not mixed in
+    changed = evaluate(*args[:-len(FAST)], "--max-new-tokens", 7, "--no-progress")
+    assert changed.returncode != 0 and "max_new_tokens: 6 -> 7" in changed.stderr
+
+    # compare (deltas against the first) and the RQ5 plot read the outputs
+    compared = evaluate("compare", out, out, "--label", "a", "--label", "b")
+    assert compared.returncode == 0, compared.stderr
+    assert "| b | " in compared.stdout and "(+0.00)" in compared.stdout
+    figure = evaluate("lengths", out, "--out", tmp_path / "fig6.png")
+    assert figure.returncode == 0, figure.stderr
+    assert (tmp_path / "fig6.png").stat().st_size > 0 and "index 1" in figure.stdout
+
+
+@pytest.mark.slow
+def test_self_train_round_pieces(tiny_model, tmp_path):
+    # a random model keeps nothing at tau = 0.4, and says so instead of writing an empty set
+    out = tmp_path / "label"
+    result = evaluate("--model", tiny_model, "--benchmarks", "data/demo/mc.jsonl", "--split", "selftrain", "--limit",
+                      2, "--out", out, *FAST)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ids = [r["id"] for r in lines(out / "predictions.jsonl")]
+    held = select_items(load_benchmark("data/demo/mc.jsonl"), 0, "eval", 0)
+    assert ids and not set(ids) & {r.id for r in held}
+    psyrl = [sys.executable, "-m", "psyrl.cli"]
+    labelled = subprocess.run(psyrl + ["self-label", str(out), "--out", str(tmp_path / "s.jsonl")],
+                              capture_output=True, text=True)
+    assert labelled.returncode != 0 and "no prediction kept at tau = 0.4" in labelled.stderr
+
+    # with answers that match their options (rewritten predictions), the set is written and train_sft.py takes it
+    rows = lines(out / "predictions.jsonl")
+    records = {r.id: r for r in load_benchmark("data/demo/mc.jsonl")}
+    for row in rows:
+        row["response"] = f"<think>the cue</think><answer>{records[row['id']].options[1]}</answer>"
+        row["extracted"], row["format"] = records[row["id"]].options[1], 1.0
+    (out / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    labelled = subprocess.run(psyrl + ["self-label", str(out), "--out", str(tmp_path / "s.jsonl")],
+                              capture_output=True, text=True)
+    assert labelled.returncode == 0, labelled.stderr
+    assert f"kept {len(rows)} of {len(rows)}" in labelled.stdout
+    sft = subprocess.run([sys.executable, "train_sft.py", "--config", "configs/sft/tiny-self-train.toml", "--set",
+                          f"model.path={json.dumps(str(tiny_model))}", "--set",
+                          f"data.train_file={json.dumps(str(tmp_path / 's.jsonl'))}", "--set",
+                          f"run.output_dir={json.dumps(str(tmp_path / 'runs'))}", "--set", "run.steps=2", "--set",
+                          "data.valid_items=4", "--set", "log.progress=false"], capture_output=True, text=True,
+                         timeout=600)
+    assert sft.returncode == 0, sft.stderr[-3000:]
+    assert f"{len(rows)} training examples" in sft.stdout
+    assert (tmp_path / "runs" / "tiny-self-train" / "hf" / "config.json").is_file()
+
+    # the eval half is refused: it would train on what is reported
+    result = evaluate("--model", tiny_model, "--benchmarks", "data/demo/mc.jsonl", "--split", "eval", "--limit", 1,
+                      "--out", tmp_path / "held", *FAST)
+    assert result.returncode == 0, result.stderr[-3000:]
+    refused = subprocess.run(psyrl + ["self-label", str(tmp_path / "held"), "--out", str(tmp_path / "x.jsonl")],
+                             capture_output=True, text=True)
+    assert refused.returncode != 0 and "--split selftrain" in refused.stderr
+
+
+def test_bad_input_is_refused_before_any_model_is_read(tmp_path):
+    unknown = evaluate("--model", tmp_path, "--benchmarks", "tombench,tomb")
+    assert unknown.returncode != 0
+    assert "unknown benchmark 'tomb': expected one of tombench, simpletom, socialiqa, cosmosqa, bbh, emobench" \
+        in unknown.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x/1", "benchmark": "x", "task": "", "context": "c", "question": "q", "options": ["a"], '
+                   '"answer_index": 0, "answer": "a"}\n')
+    refused = evaluate("--model", tmp_path, "--benchmarks", bad)
+    assert refused.returncode != 0 and f"{bad}:1: key 'options': expected at least 2 options" in refused.stderr
+    missing = evaluate("--model", tmp_path / "nope", "--benchmarks", "bbh", "--limit", 1)
+    assert missing.returncode != 0 and "no such model directory" in missing.stderr
+    assert evaluate("--benchmarks", "bbh").returncode == 2  # --model is required
+    helped = evaluate("--help")
+    assert helped.returncode == 0 and "compare" in helped.stdout and "--split" in helped.stdout
