@@ -6,11 +6,12 @@ and per task, for any local Hugging Face checkpoint.
     python evaluate.py compare RUN_A RUN_B ...                     (Table 2/3-style, deltas against RUN_A)
     python evaluate.py lengths RUN_A [RUN_B] --out fig6.png        (RQ5 / Figure 6)
 
-Responses come from the sampler interface of the trainers (`psyrl.sampler`), one per item, seeded per item id, so an
-item's response does not depend on the ranks, the batch, --limit or a resume. Predictions are appended to
-`<out>/predictions.jsonl` as they finish; a second run with the same --out and generation settings skips the items
-already there (an interrupted evaluation resumes). At the end: predictions.jsonl in item order, results.json,
-results.md. ToMbench's licence says "evaluation only": its items are never training data here.
+Responses come from the sampler interface of the trainers (`psyrl.sampler`), one per item, seeded per item id: an
+item's random draws do not depend on the ranks, the batch, --limit or a resume (its logits can, in their last bits,
+with the batch's shapes). Predictions are appended to `<out>/predictions.jsonl` as they finish; a second run with the
+same --out and generation settings skips the items already there (an interrupted evaluation resumes). At the end:
+predictions.jsonl in item order, results.json, results.md. ToMbench's licence says "evaluation only": `psyrl
+self-label` leaves its items out unless told otherwise.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -32,7 +32,7 @@ from psyrl.atomic import write_text
 from psyrl.cli import compare_command, lengths_command
 from psyrl.config import ModelConfig, PromptConfig
 from psyrl.data import DataError
-from psyrl.distributed import all_gather_lists, barrier, cleanup, init_distributed, print0
+from psyrl.distributed import all_gather_lists, broadcast_object, cleanup, init_distributed, print0
 from psyrl.eval_report import results_markdown
 from psyrl.evaluation import (
     EXTRA_BENCHMARKS,
@@ -45,12 +45,14 @@ from psyrl.evaluation import (
     resolve_sources,
     score_response,
     select_items,
+    task_of,
 )
 from psyrl.length_analysis import counts_markdown, lengths_by_index
 from psyrl.model import autocast, load_model, load_tokenizer
 from psyrl.sampler import TorchSampler
 
 BENCHMARK_DIR = Path(__file__).resolve().parent / "data" / "benchmarks"
+OUTPUT_FILES = ("predictions.jsonl", "eval.json", "results.json", "results.md", "lengths.png")
 GENERATION_KEYS = ("model", "model_fingerprint", "tokenizer", "prompt", "temperature", "top_p", "seed",
                    "max_new_tokens", "dtype")  # what a resume must share with the run it continues
 
@@ -71,7 +73,7 @@ def model_fingerprint(model_dir: Path) -> str:
 
 def model_label(model_dir: Path) -> str:
     """A row label: `tiny-tgrpo` for runs/tiny-tgrpo/hf, `tiny-sft/step-200` for a checkpoint's hf/."""
-    path = model_dir.resolve()
+    path = Path(os.path.abspath(model_dir))  # not resolve(): a symlinked hf/ keeps its run's name
     if path.name != "hf":
         return path.name
     if path.parent.parent.name == "checkpoints":
@@ -109,7 +111,8 @@ def split_specs(values) -> list[str]:
 @click.option("--split-seed", type=int, default=0, show_default=True, help="Seed of the --split hash.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Output directory (predictions.jsonl, results.json, results.md). Default: runs/eval/<model name>.")
-@click.option("--overwrite", is_flag=True, help="Delete --out's earlier predictions instead of resuming them.")
+@click.option("--overwrite", is_flag=True, help="Delete --out's earlier evaluate.py files (predictions, results) "
+              "instead of resuming them; other files there are left alone.")
 @click.option("--batch", type=int, default=16, show_default=True,
               help="Items generated together per rank (on a CPU, 64 was at most 22% faster than 16 on short prompts "
                    "and up to 4.8x slower on the benchmarks' long ones; on a GPU take more).")
@@ -137,7 +140,7 @@ def main(click_ctx, model_dir, benchmarks, benchmark_dir, mode, temperature, top
                 ">= 1"), (limit >= 0, "--limit must be >= 0")] if not ok]
     if problems:
         raise click.UsageError("; ".join(problems))
-    out = Path(out_dir) if out_dir else Path("runs") / "eval" / Path(model_dir).resolve().name
+    out = Path(out_dir) if out_dir else Path("runs") / "eval" / model_label(Path(model_dir)).replace("/", "-")
     try:
         transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar per rank
         ctx = init_distributed(device)
@@ -168,30 +171,37 @@ def evaluate(ctx, model_dir: Path, specs, benchmark_dir, mode, temperature, top_
                 "tokenizer": tokenizer_name, "prompt": mode, "temperature": temperature, "top_p": top_p, "seed": seed,
                 "max_new_tokens": max_new_tokens, "dtype": dtype, "split": half, "split_seed": split_seed,
                 "limit": limit, "options": PromptConfig().options,
-                "sources": [{"name": s.name, "path": str(s.path), "schema": s.schema} for s in sources]}
-    done = {} if overwrite else previous_predictions(out, settings, {r.id for _, r in items})
-    barrier(ctx)  # every rank has read the old files before rank 0 rewrites them
+                "sources": [{"name": s.name, "path": str(s.path.resolve()), "schema": s.schema} for s in sources]}
     predictions = out / "predictions.jsonl"
-    if ctx.is_main:
-        if overwrite and out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True, exist_ok=True)
-        write_text(out / "eval.json", json.dumps(settings, indent=2) + "\n")
-        write_text(predictions, "".join(json.dumps(row) + "\n" for row in done.values()))  # without a torn last line
+    done: dict[str, dict] = {}
+    problem = None
+    if ctx.is_main:  # rank 0 decides and writes; the others learn the outcome (no rank left waiting alone)
+        try:
+            done = {} if overwrite else previous_predictions(out, settings, items)
+            out.mkdir(parents=True, exist_ok=True)
+            for name in OUTPUT_FILES if overwrite else ():  # only evaluate.py's own files: --out may hold others
+                (out / name).unlink(missing_ok=True)
+            write_text(out / "eval.json", json.dumps(settings, indent=2) + "\n")
+            write_text(predictions, "".join(json.dumps(row) + "\n" for row in done.values()))  # no torn last line
+        except (EvalError, OSError) as e:
+            problem = str(e)
+    problem, done_ids = broadcast_object((problem, set(done)), ctx)
+    if problem:
+        raise EvalError(problem)
     model = load_model(model_cfg, tokenizer, device=ctx.device)
     sampler = TorchSampler(model, tokenizer, ctx.device, batch, amp=autocast(model_cfg, ctx.device))
     prompt_cfg = PromptConfig(mode=mode)
-    pending = [(s, r) for s, r in items if r.id not in done]
+    pending = [(s, r) for s, r in items if r.id not in done_ids]
     pending.sort(key=lambda item: len(prompts.content(item[1])))  # similar lengths per batch: less padding
     print0(f"evaluate: {model_dir} on {ctx.world} x {ctx.device}: {len(items)} items "
            f"({', '.join(f'{s.name} {sum(1 for x, _ in items if x is s)}' for s in sources)}); "
-           f"{len(done)} already in {predictions}, {len(pending)} to generate", ctx)
+           f"{len(done_ids)} already in {predictions}, {len(pending)} to generate", ctx)
 
     # ---------------------------------------------------------------- generate and score, appending as we go
     stats = {"rank": ctx.rank, "items": 0, "response_tokens": 0, "generate_s": 0.0}
     t0 = time.perf_counter()
     per_round = batch * ctx.world
-    bar = tqdm(total=len(items), initial=len(done), desc="evaluate", unit="item", dynamic_ncols=True,
+    bar = tqdm(total=len(items), initial=len(done_ids), desc="evaluate", unit="item", dynamic_ncols=True,
                disable=not (progress and ctx.is_main))
     with predictions.open("a", encoding="utf-8") if ctx.is_main else contextlib.nullcontext() as sink:
         for start in range(0, len(pending), per_round):
@@ -245,8 +255,9 @@ def evaluate(ctx, model_dir: Path, specs, benchmark_dir, mode, temperature, top_
            "predictions.jsonl", ctx)
 
 
-def previous_predictions(out: Path, settings: dict, selected: set[str]) -> dict[str, dict]:
-    """The finished rows of an earlier run in `out`, by id, after checking it generated the same way."""
+def previous_predictions(out: Path, settings: dict, items: list) -> dict[str, dict]:
+    """The finished rows of an earlier run in `out`, by id, after checking it generated the same way; their
+    benchmark and task labels re-derived from this run's sources (a file may have moved)."""
     predictions, saved = out / "predictions.jsonl", out / "eval.json"
     if not predictions.exists():
         return {}
@@ -262,10 +273,14 @@ def previous_predictions(out: Path, settings: dict, selected: set[str]) -> dict[
         raise EvalError(f"{out} holds predictions made differently ({'; '.join(changed)}); use another --out, or "
                         "--overwrite to delete them")
     rows, _ = read_predictions(predictions, tolerate_torn_end=True)
-    outside = sorted({r["id"] for r in rows} - selected)
+    selected = {r.id: (s, r) for s, r in items}
+    outside = sorted({r["id"] for r in rows} - set(selected))
     if outside:
         raise EvalError(f"{predictions} holds {len(outside)} predictions for items outside this selection (e.g. "
                         f"{outside[0]!r}); choose a selection that includes them, another --out, or --overwrite")
+    for row in rows:
+        source, record = selected[row["id"]]
+        row["benchmark"], row["task"] = source.name, task_of(record)
     return {r["id"]: r for r in rows}
 
 

@@ -203,7 +203,9 @@ def lengths_command(run_dirs, labels, out):
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random option on an E tie.")
 @click.option("--any-split", is_flag=True, help="Also label predictions of the eval half or of whole benchmarks "
               "(the paper's transductive setting: it then reports on the items it trained on).")
-def self_label_command(eval_dir, out, tau, confidence, seed, any_split):
+@click.option("--include-tombench", is_flag=True, help="Also label ToMbench items (its licence says: evaluation "
+              "only; left out and counted by default).")
+def self_label_command(eval_dir, out, tau, confidence, seed, any_split, include_tombench):
     """Continual self-training (SPEC §8): from an evaluate.py run on the self-train half (--split selftrain), keep
     each format-valid prediction whose confidence exceeds tau, relabel it with its best-matching option (gold
     answers are never read) and write an SFT set that train_sft.py takes as it is."""
@@ -218,6 +220,9 @@ def self_label_command(eval_dir, out, tau, confidence, seed, any_split):
         if not settings_path.is_file():
             raise ValueError(f"{settings_path}: missing (is {eval_dir} an evaluate.py --out directory?)")
         settings = json.loads(settings_path.read_text(encoding="utf-8"))
+        if not (Path(eval_dir) / "results.json").is_file():
+            raise ValueError(f"{eval_dir} has no results.json: the evaluation did not finish (run it again to "
+                             "resume it)")
         if settings["split"] != "selftrain" and not any_split:
             raise ValueError(f"{eval_dir} evaluated the {settings['split']!r} split: self-labelling it trains on "
                              "items that are reported. Evaluate with --split selftrain (or pass --any-split)")
@@ -226,15 +231,19 @@ def self_label_command(eval_dir, out, tau, confidence, seed, any_split):
             raise ValueError("self-labelling needs multiple-choice (benchmark-schema) predictions")
         records = {r.id: r for s in sources for r in s.records}
         rows, _ = read_predictions(Path(eval_dir) / "predictions.jsonl")
-        kept, counts = self_label(rows, records, tau, confidence, seed, settings["prompt"], settings["options"])
+        kept, counts = self_label(rows, records, tau, confidence, seed, settings["prompt"], settings["options"],
+                                  include_tombench)
         if not kept:
             raise ValueError(f"no prediction kept at tau = {tau} ({counts}); no data set written")
         write_jsonl(out, kept)
     except (OSError, ValueError, KeyError) as e:
         raise click.ClickException(str(e)) from None
-    click.echo(f"self-label: kept {counts['kept']} of {counts['predictions']} predictions (format-invalid "
-               f"{counts['format_invalid']}, confidence <= {tau} {counts['low_confidence']}, no matching option "
-               f"{counts['no_matching_option']}); wrote {out}")
+    click.echo(f"self-label: kept {counts['kept']} of {counts['predictions']} predictions (ToMbench, evaluation "
+               f"only: {counts['evaluation_only']}; no context {counts['no_context']}; format-invalid "
+               f"{counts['format_invalid']}; confidence <= {tau} {counts['low_confidence']}; no matching option "
+               f"{counts['no_matching_option']}); wrote {out}"
+               + ("" if settings["prompt"] == "cot" else " (direct prompt: no reasoning; SFT it with prompt.mode = "
+                  '"direct")'))
 
 
 main.add_command(demo_data_command)

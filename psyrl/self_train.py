@@ -51,17 +51,29 @@ def _unlabelled(record: BenchmarkRecord) -> BenchmarkRecord:
                            -1, "", record.meta)
 
 
+EVALUATION_ONLY = ("tombench",)  # ToMbench's licence: "Use ToMBench for evaluation purposes only"
+
+
 def self_label(rows: Sequence[dict], records: Mapping[str, BenchmarkRecord], tau: float = PAPER_TAU,
-               confidence: str = "f1", seed: int = 0, mode: str = "cot",
-               options: str = "paper") -> tuple[list[StimuliRecord], dict[str, int]]:
+               confidence: str = "f1", seed: int = 0, mode: str = "cot", options: str = "paper",
+               include_evaluation_only: bool = False) -> tuple[list[StimuliRecord], dict[str, int]]:
     """(the SFT records, counts) from prediction rows (`psyrl.evaluation.score_response` rows, in any order) and the
-    benchmark records they answer (by id). Counts: predictions, kept, and why the others were dropped."""
-    counts = {"predictions": len(rows), "kept": 0, "format_invalid": 0, "low_confidence": 0, "no_matching_option": 0}
+    benchmark records they answer (by id). Counts: predictions, kept, and why the others were dropped. Items of
+    evaluation-only benchmarks (ToMbench) are left out unless `include_evaluation_only`; items without a context
+    are left out (a StimuliQA record needs its stimuli)."""
+    counts = {"predictions": len(rows), "kept": 0, "evaluation_only": 0, "no_context": 0, "format_invalid": 0,
+              "low_confidence": 0, "no_matching_option": 0}
     kept = []
     for row in rows:
         if row["id"] not in records:
             raise EvalError(f"prediction {row['id']!r} has no benchmark record (a predictions file of other data?)")
         record = _unlabelled(records[row["id"]])
+        if record.benchmark in EVALUATION_ONLY and not include_evaluation_only:
+            counts["evaluation_only"] += 1
+            continue
+        if not record.context.strip():
+            counts["no_context"] += 1
+            continue
         if row["format"] != 1.0:
             counts["format_invalid"] += 1
             continue

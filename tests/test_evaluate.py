@@ -130,6 +130,26 @@ def test_self_train_round_pieces(tiny_model, tmp_path):
     assert refused.returncode != 0 and "--split selftrain" in refused.stderr
 
 
+@pytest.mark.slow
+def test_overwrite_keeps_other_files_and_the_default_out_names_the_run(tiny_model, tmp_path):
+    out = tmp_path / "shared"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    args = ["--model", tiny_model, "--benchmarks", "bbh", "--limit", 1, "--out", out, *FAST]
+    assert evaluate(*args).returncode == 0
+    again = evaluate(*args, "--overwrite")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "0 already in" in again.stdout and (out / "notes.txt").read_text() == "mine"
+    # runs/<name>/hf evaluates into runs/eval/<name>, not runs/eval/hf
+    run_dir = tmp_path / "work"
+    (run_dir / "runs" / "my-run").mkdir(parents=True)
+    (run_dir / "runs" / "my-run" / "hf").symlink_to(tiny_model, target_is_directory=True)
+    named = run([sys.executable, str(Path("evaluate.py").resolve()), "--model", "runs/my-run/hf", "--benchmarks",
+                 "bbh", "--limit", "1", *FAST], cwd=run_dir, timeout=600)
+    assert named.returncode == 0, named.stderr[-2000:]
+    assert (run_dir / "runs" / "eval" / "my-run" / "results.md").is_file()
+
+
 def test_bad_input_is_refused_before_any_model_is_read(tmp_path):
     unknown = evaluate("--model", tmp_path, "--benchmarks", "tombench,tomb")
     assert unknown.returncode != 0

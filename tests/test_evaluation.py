@@ -27,6 +27,7 @@ from psyrl.sft import build_examples
 from psyrl.text import choice_of, option_scores
 
 FEELINGS = ("very happy", "sad", "angry")
+HALVES_PINNED = ["eval", "selftrain", "eval", "eval", "eval", "selftrain"]
 
 
 def mc(item_id, options=FEELINGS, answer_index=0, task="t1", benchmark="toy", meta=None):
@@ -106,7 +107,8 @@ def test_stimuliqa_records_are_grouped_by_subdimension_without_accuracy():
     assert table[4] == "| m | 66.67 | 100.00 | 83.33 | 50.00 | 2 |"
     settings = {"model": "/x/hf", "prompt": "cot", "temperature": 0.5, "top_p": 0.99, "seed": 0, "max_new_tokens": 8,
                 "split": "all", "split_seed": 0, "limit": 0}
-    assert "| Specific" not in results_markdown("m", results, settings)
+    markdown = results_markdown("m", results, settings)
+    assert "| m | 66.67 | 100.00 | 83.33 | 50.00 | 2 |" in markdown and " Acc |" not in markdown.split("## Per")[0]
 
 
 def test_halves_partition_every_benchmark_and_limit_is_per_task():
@@ -116,7 +118,8 @@ def test_halves_partition_every_benchmark_and_limit_is_per_task():
     assert {r.id for r in train}.isdisjoint({r.id for r in held}) and len(train) + len(held) == len(records)
     assert 0.4 < len(train) / len(records) < 0.6
     assert select_items(records, 0, "eval", seed=1) != held  # the split seed moves items
-    assert half_of("bbh/formal_fallacies/0001", 0) == half_of("bbh/formal_fallacies/0001", 0)
+    # pinned: a change of the hash would silently move items between the halves of earlier runs
+    assert [half_of(f"bbh/formal_fallacies/{i:04d}", 0) for i in range(1, 7)] == HALVES_PINNED
     limited = select_items(records, 5, "all", seed=0)
     assert sorted(r.task for r in limited) == sorted(["causal_judgement", "disambiguation_qa", "formal_fallacies"] * 5)
     assert [r.id for r in limited] == [r.id for r in records if r in limited]  # file order
@@ -182,7 +185,8 @@ def label_case():
 def test_self_label_keeps_exactly_the_expected_items():
     rows, records = label_case()
     kept, counts = self_label(rows, records, tau=0.4)
-    assert counts == {"predictions": 6, "kept": 3, "format_invalid": 1, "low_confidence": 2, "no_matching_option": 0}
+    assert counts == {"predictions": 6, "kept": 3, "evaluation_only": 0, "no_context": 0, "format_invalid": 1,
+                      "low_confidence": 2, "no_matching_option": 0}
     assert [(r.id, r.answer) for r in kept][0::2] == [("self/toy/a", "very happy"), ("self/toy/f", "sad")]
     assert kept[1].id == "self/toy/c" and kept[1].answer in ("sad", "angry")
     assert kept[0].reasoning == "she smiles" and kept[0].stimuli == "story toy/a"
@@ -196,8 +200,8 @@ def test_self_label_keeps_exactly_the_expected_items():
     assert self_label(rows, regolded, 0.4) == (kept, counts)
     # the model-probability confidence: exp(mean log p) = 0.5 > 0.4 keeps every formatted one with a matching option
     kept_lp, counts_lp = self_label(rows, records, 0.4, confidence="logprob")
-    assert counts_lp == {"predictions": 6, "kept": 4, "format_invalid": 1, "low_confidence": 0,
-                         "no_matching_option": 1}
+    assert counts_lp == {"predictions": 6, "kept": 4, "evaluation_only": 0, "no_context": 0, "format_invalid": 1,
+                         "low_confidence": 0, "no_matching_option": 1}
     assert self_label(rows, records, 0.6, confidence="logprob")[1]["kept"] == 0
 
 
@@ -216,6 +220,18 @@ def test_paper_option_benchmarks_keep_their_options_in_the_self_labelled_questio
     row = score_response(record, "socialiqa", "<think>t</think><answer>sad</answer>", 3, "stop", -1.0, "cot")
     kept, _ = self_label([row], {record.id: record})
     assert kept[0].question == "How does she feel?\nA. very happy\nB. sad\nC. angry"
+
+
+def test_self_label_leaves_out_tombench_and_items_without_a_context():
+    records = [mc("tombench/x", benchmark="tombench"), BenchmarkRecord("toy/empty", "toy", "t1", "", "How?",
+                                                                          FEELINGS, 0, FEELINGS[0])]
+    rows = [score_response(r, r.benchmark, "<think>t</think><answer>sad</answer>", 3, "stop", -1.0, "cot")
+            for r in records]
+    by_id = {r.id: r for r in records}
+    kept, counts = self_label(rows, by_id)
+    assert kept == [] and counts["evaluation_only"] == 1 and counts["no_context"] == 1
+    kept, counts = self_label(rows, by_id, include_evaluation_only=True)
+    assert [r.id for r in kept] == ["self/tombench/x"] and counts["no_context"] == 1
 
 
 def uot_row(index, f1, tokens):
