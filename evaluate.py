@@ -225,8 +225,7 @@ def evaluate(ctx, model_dir: Path, specs, benchmark_dir, mode, temperature, top_
                 sink.write("".join(json.dumps(row) + "\n" for row in rows))
                 sink.flush()
                 os.fsync(sink.fileno())
-            for row in rows:
-                done[row["id"]] = row
+                done.update((row["id"], row) for row in rows)  # only rank 0 writes the results
             bar.update(len(rows))
     bar.close()
     wall = time.perf_counter() - t0
