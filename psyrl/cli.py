@@ -150,6 +150,13 @@ def summary_command(run_dirs, window):
         raise click.ClickException(str(e)) from None
 
 
+def run_labels(labels, run_dirs) -> list[str]:
+    """One --label per run, in order, or the folder names."""
+    if labels and len(labels) != len(run_dirs):
+        raise click.UsageError(f"{len(labels)} --label for {len(run_dirs)} runs")
+    return list(labels) or [Path(d).name for d in run_dirs]
+
+
 @main.command("compare")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--label", "labels", multiple=True, help="A row label per run, in order (default: the folder names).")
@@ -158,11 +165,9 @@ def compare_command(run_dirs, labels):
     Table 2's (F1 per StimuliQA subdimension), one row per run, deltas against the first."""
     from psyrl.eval_report import compare_markdown, load_results
 
-    if labels and len(labels) != len(run_dirs):
-        raise click.UsageError(f"{len(labels)} --label for {len(run_dirs)} runs")
     try:
         results = [load_results(d) for d in run_dirs]
-        click.echo(compare_markdown(labels or [Path(d).name for d in run_dirs], results))
+        click.echo(compare_markdown(run_labels(labels, run_dirs), results))
     except ValueError as e:
         raise click.ClickException(str(e)) from None
 
@@ -179,9 +184,7 @@ def lengths_command(run_dirs, labels, out):
     from psyrl.evaluation import read_predictions
     from psyrl.length_analysis import counts_markdown, lengths_by_index, plot_lengths
 
-    if labels and len(labels) != len(run_dirs):
-        raise click.UsageError(f"{len(labels)} --label for {len(run_dirs)} runs")
-    labels = list(labels) or [Path(d).name for d in run_dirs]
+    labels = run_labels(labels, run_dirs)
     try:
         groups = [lengths_by_index(read_predictions(Path(d) / "predictions.jsonl")[0]) for d in run_dirs]
         out = out or (Path(run_dirs[0]) / "lengths.png" if len(run_dirs) == 1 else Path("lengths.png"))

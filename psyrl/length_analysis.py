@@ -7,6 +7,7 @@ as in the paper. Length = response tokens. matplotlib is imported only to draw (
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,10 +41,7 @@ def counts_markdown(labels: Sequence[str], groups: Sequence[tuple[dict, dict]]) 
 
 
 def _median(values: list[int]) -> str:
-    if not values:
-        return "-"
-    s, n = sorted(values), len(values)
-    return f"{(s[(n - 1) // 2] + s[n // 2]) / 2:g}"
+    return f"{statistics.median(values):g}" if values else "-"
 
 
 def plot_lengths(labels: Sequence[str], groups: Sequence[tuple[dict, dict]], out: str | Path) -> Path:

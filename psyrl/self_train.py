@@ -14,6 +14,7 @@ of a benchmark (`evaluate.py --split selftrain`) and reports on the `eval` half.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Mapping, Sequence
@@ -47,8 +48,7 @@ def confidence_of(scores: Sequence[float], mean_logprob: float, confidence: str)
 
 def _unlabelled(record: BenchmarkRecord) -> BenchmarkRecord:
     """The record without its gold answer, so that nothing below can read it."""
-    return BenchmarkRecord(record.id, record.benchmark, record.task, record.context, record.question, record.options,
-                           -1, "", record.meta)
+    return dataclasses.replace(record, answer_index=-1, answer="")
 
 
 EVALUATION_ONLY = ("tombench",)  # ToMbench's licence: "Use ToMBench for evaluation purposes only"

@@ -84,8 +84,9 @@ def option_scores(pred: str, options) -> list[float]:
 def choice_of(scores) -> int | None:
     """SPEC §7 F1-accuracy's choice from the option scores: the single best option; None (the paper's "E", not
     applicable) when the top score is shared by several options (duplicate options included) or is 0."""
+    scores = list(scores)
     top = max(scores)
-    return None if top == 0.0 or list(scores).count(top) > 1 else list(scores).index(top)
+    return None if top == 0.0 or scores.count(top) > 1 else scores.index(top)
 
 
 def best_option(pred: str, options) -> int | None:
