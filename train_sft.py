@@ -110,7 +110,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
         def run_validation():
             nonlocal sampler
             if sampler is None:
-                sampler = build_sampler(policy, cfg, tokenizer, ctx)
+                sampler = build_sampler(policy, cfg, tokenizer, ctx, cfg.rollout.valid_temperature)  # validates only
             else:
                 sync_weights(sampler, policy, ctx)
             return validate(policy, sampler, tokenizer, valid_records, cfg, ctx)
@@ -164,6 +164,8 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
 
     # ---------------------------------------------------------------- final export
     export_final(policy, tokenizer, run_dir, ctx, "sft")
+    if sampler is not None:
+        sampler.close()
     if valid_records and cfg.checkpoint.every and ctx.is_main:
         step, score, path = select_checkpoint(run_dir, "median")
         print0(f"sft: median-F1 checkpoint (appendix B): step {step}, valid F1 {score:.4f}, {path / 'hf'}", ctx)

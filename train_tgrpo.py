@@ -220,6 +220,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
 
     # ---------------------------------------------------------------- final export
     export_final(policy, tokenizer, run_dir, ctx, "tgrpo")
+    sampler.close()
 
 
 if __name__ == "__main__":

@@ -122,12 +122,28 @@ class RolloutConfig:
 
 @dataclass
 class SamplerConfig:
-    engine: Literal["torch"] = "torch"
+    engine: Literal["torch", "vllm"] = "torch"
     """What generates responses: `torch` (psyrl's own sampler on an unsharded copy of the model, KV cache, exact
-    top-p; CPUs and tests)."""
+    top-p; CPUs and tests) or `vllm` (a vLLM 0.32 engine colocated in every torchrun rank, `psyrl.vllm_sampler`;
+    GPU nodes, `pip install -e '.[vllm]'`). Both take the weights from the trainer after every update."""
     batch: int = 64
-    """Sequences generated together by the torch sampler (whole prompts: a prompt's G responses stay together)."""
+    """torch: sequences generated together (whole prompts: a prompt's G responses stay together)."""
+    max_num_seqs: int = 256
+    """vllm: sequences the engine decodes together at most (vLLM's max_num_seqs; it schedules within it)."""
+    tensor_parallel: int = 1
+    """vllm: ranks that hold one engine together (consecutive ranks; A.3: 2 on 4 GPUs). Must divide the ranks."""
+    gpu_memory_utilization: float = 0.8
+    """vllm: the fraction of each GPU the engine may take for weights and KV cache while awake (A.3: 0.8)."""
+    sleep: bool = True
+    """vllm on GPUs: put the engine to sleep (level 1: weights to CPU, KV cache freed) between sampling and the
+    next weight sync, so that the update has the GPU. Off = the engine keeps its memory throughout."""
+    enforce_eager: bool = False
+    """vllm: no CUDA graphs (less memory and a faster start, slower decoding)."""
 
     def __post_init__(self):
         check_choices(self)
         require(self.batch >= 1, "batch", f"expected >= 1, got {self.batch}")
+        require(self.max_num_seqs >= 1, "max_num_seqs", f"expected >= 1, got {self.max_num_seqs}")
+        require(self.tensor_parallel >= 1, "tensor_parallel", f"expected >= 1, got {self.tensor_parallel}")
+        require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization",
+                f"expected 0 < gpu_memory_utilization <= 1, got {self.gpu_memory_utilization}")

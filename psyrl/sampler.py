@@ -3,7 +3,8 @@
 One small interface the trainer calls (SPEC §9 `sampler` table), implemented here in PyTorch for CPUs
 and tests; a vLLM engine implements the same two calls:
   generate(prompt_token_ids, n, temperature, top_p, max_new_tokens, seed) -> per prompt, n `Sample`s;
-  load_weights(iterator of (name, tensor)) -> the fresh weights, one tensor at a time.
+  load_weights(iterator of (name, tensor)) -> the fresh weights, one tensor at a time;
+  close() -> at the end of the run, after its last collective.
 `TorchSampler` holds its OWN unsharded copy of the model, as a colocated vLLM engine does: the trainer
 updates its FSDP shards, then streams full tensors into this copy (`psyrl.distributed.gather_full_state_dict`).
 
@@ -141,6 +142,9 @@ class TorchSampler:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """The weight sync: copy each (name, full tensor) into this sampler's own model as it arrives."""
         load_weights(self.model, named_tensors)
+
+    def close(self) -> None:
+        """Nothing to release (the interface's end-of-run call; the vLLM sampler shuts its engine down)."""
 
     @torch.no_grad()
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], n: int, temperature: float, top_p: float,

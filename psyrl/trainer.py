@@ -30,9 +30,10 @@ from psyrl.distributed import (
     print0,
     unsharded_copy,
 )
-from psyrl.model import Policy, load_model
+from psyrl.model import Policy, load_model, model_config
 from psyrl.runlog import MetricsFile, truncate_metrics
 from psyrl.sampler import TorchSampler
+from psyrl.vllm_sampler import VLLMSampler, VLLMUnavailable, engine_model_dir, import_vllm  # imports no vLLM
 
 RESUME_FREE = ("run.name", "run.output_dir", "log", "checkpoint", "fsdp")  # may change on --resume: same numbers
 
@@ -69,8 +70,12 @@ def run_entry(train: Callable, config_path, overrides, overwrite: bool, resume: 
         try:
             cfg = load_config(config_path, overrides)
             offload = cfg.fsdp.offload or cfg.fsdp.ref_offload  # CPU-resident shards need gloo next to nccl
+            check_sampler(cfg)
             ctx = init_distributed(cfg.run.device, offload, cfg.fsdp.timeout_minutes)
-        except (ConfigError, ValueError) as e:
+            if cfg.sampler.engine == "vllm" and ctx.world % cfg.sampler.tensor_parallel:
+                raise ValueError(f"sampler.tensor_parallel = {cfg.sampler.tensor_parallel} must divide the "
+                                 f"{ctx.world} ranks (each group of consecutive ranks holds one vLLM engine)")
+        except (ConfigError, ValueError, VLLMUnavailable) as e:
             raise click.ClickException(str(e)) from None
         try:
             train(cfg, ctx, overwrite, resume)
@@ -81,6 +86,12 @@ def run_entry(train: Callable, config_path, overrides, overwrite: bool, resume: 
         if int(os.environ.get("RANK", "0")) != 0:
             raise SystemExit(e.exit_code) from None
         raise
+
+
+def check_sampler(cfg) -> None:
+    """Before anything starts: `sampler.engine = "vllm"` needs vLLM installed (a torch run never imports it)."""
+    if cfg.sampler.engine == "vllm":
+        import_vllm()
 
 
 def check_run_dir(run_dir: Path, overwrite: bool, resume: bool) -> bool:
@@ -201,9 +212,23 @@ def build_policy(cfg, tokenizer, ctx: Dist, offload: bool | None = None) -> Poli
     return load_sharded(build, ctx, cfg.model.dtype, offload, cfg.fsdp.reshard_after_forward)
 
 
-def build_sampler(policy: Policy, cfg, tokenizer, ctx: Dist) -> TorchSampler:
-    """The sampler with its own unsharded copy of the policy in the compute dtype, filled one tensor at a time
-    from the (possibly sharded) policy. Collective under torchrun."""
+def build_sampler(policy: Policy, cfg, tokenizer, ctx: Dist, temperature: float | None = None):
+    """The sampler of `sampler.engine`, holding the policy's current weights. `torch`: its own unsharded copy of the
+    policy in the compute dtype, filled one tensor at a time from the (possibly sharded) policy. `vllm`: a colocated
+    engine started on dummy weights, then given the policy's by a first weight sync, whose log-probs are exact at
+    `temperature` (default rollout.temperature; see `psyrl.vllm_sampler.logprobs_mode`). Collective under torchrun."""
+    if cfg.sampler.engine == "vllm":
+        architecture = model_config(cfg.model, tokenizer)
+        with engine_model_dir(architecture) as model_dir:
+            sampler = VLLMSampler(model_dir, tokenizer, ctx, dtype=cfg.model.dtype,
+                                  max_model_len=architecture.max_position_embeddings, batch=cfg.sampler.max_num_seqs,
+                                  tensor_parallel=cfg.sampler.tensor_parallel,
+                                  gpu_memory_utilization=cfg.sampler.gpu_memory_utilization, sleep=cfg.sampler.sleep,
+                                  temperature=cfg.rollout.temperature if temperature is None else temperature,
+                                  enforce_eager=cfg.sampler.enforce_eager,
+                                  seed=cfg.run.seed)
+        sync_weights(sampler, policy, ctx)
+        return sampler
     lm = unsharded_copy(policy, load_model(cfg.model, tokenizer, empty=True), ctx, cfg.model.dtype)
     return TorchSampler(lm, tokenizer, ctx.device, cfg.sampler.batch)
 

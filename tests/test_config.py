@@ -55,6 +55,7 @@ def test_gpu_tgrpo_configs_carry_appendix_a3(size):
     assert (c.optim.micro_batch, c.optim.logprob_micro_batch, c.loss.kl_coef) == (4, 16, 1e-2)
     assert (c.model.dtype, c.fsdp.offload, c.fsdp.ref_offload) == ("bfloat16", True, True)
     assert c.reward.variant == "bilateral"
+    assert (c.sampler.tensor_parallel, c.sampler.gpu_memory_utilization, c.sampler.sleep) == (2, 0.8, True)  # A.3
     assert c.rollout.prompts % c.optim.global_batch == 0 and c.optim.global_batch % 4 == 0  # 4 GPUs
 
 

@@ -1,0 +1,46 @@
+"""A vLLM engine started for one temperature, in its own process (vLLM's parallel state is per process): samples
+at that temperature and top-p, and prints each sampled token's vLLM log-prob minus the trainer's
+log softmax(logits / T), as JSON. Used by tests/test_vllm_cli.py.
+
+    python tests/vllm_probe.py TEMPERATURE TOP_P
+"""
+
+import json
+import sys
+
+import torch
+
+from psyrl import prompts
+from psyrl.config import ModelConfig, PromptConfig
+from psyrl.data import load_stimuliqa
+from psyrl.distributed import ONE_PROCESS, gather_full_state_dict
+from psyrl.model import load_model, load_tokenizer, model_config, token_logprobs
+from psyrl.vllm_sampler import VLLMSampler, engine_model_dir
+
+CFG = ModelConfig(tokenizer="tiny", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                  intermediate_size=256, max_position_embeddings=1024)
+
+
+def main(temperature: float, top_p: float) -> None:
+    tokenizer = load_tokenizer(CFG)
+    model = load_model(CFG, tokenizer, seed=0).eval()
+    with engine_model_dir(model_config(CFG, tokenizer)) as model_dir:
+        sampler = VLLMSampler(model_dir, tokenizer, ONE_PROCESS, dtype="float32", max_model_len=1024, batch=16,
+                              temperature=temperature, enforce_eager=True)
+    sampler.load_weights(gather_full_state_dict(model))
+    ids = [prompts.prompt_ids(tokenizer, r, PromptConfig()) for r in load_stimuliqa("data/demo/test.jsonl")[:3]]
+    differences = []
+    for prompt, group in zip(ids, sampler.generate(ids, 2, temperature, top_p, 24, seed=5)):
+        for s in group:
+            full = torch.tensor([prompt + list(s.token_ids)])
+            positions = torch.zeros(1, full.shape[1] - 1, dtype=torch.bool)
+            positions[0, len(prompt) - 1:] = True
+            with torch.no_grad():
+                mine = token_logprobs(model, full, torch.ones_like(full), temperature, positions)[positions]
+            differences += (torch.tensor(s.logprobs) - mine).tolist()
+    sampler.close()
+    print("PROBE " + json.dumps({"mode": sampler.logprobs_mode, "differences": differences}))
+
+
+if __name__ == "__main__":
+    main(float(sys.argv[1]), float(sys.argv[2]))
