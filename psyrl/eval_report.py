@@ -86,7 +86,8 @@ def task_table(result: dict) -> str:
 def results_markdown(label: str, result: dict, settings: dict) -> str:
     """results.md: what was evaluated, then the Table 3 (and Table 2) layout, then the per-task table."""
     head = (f"# Evaluation of `{settings['model']}`\n\n"
-            f"prompt `{settings['prompt']}`, temperature {settings['temperature']}, top-p {settings['top_p']}, seed "
+            f"engine `{settings.get('engine', 'torch')}`, prompt `{settings['prompt']}`, temperature "
+            f"{settings['temperature']}, top-p {settings['top_p']}, seed "
             f"{settings['seed']}, at most {settings['max_new_tokens']} new tokens; split `{settings['split']}`"
             f"{'' if settings['split'] == 'all' else ' (split seed ' + str(settings['split_seed']) + ')'}, "
             f"limit {settings['limit'] or 'none'} per task. F1 ×100; Acc = F1-accuracy in % (a tie at the top is E "

@@ -1,7 +1,7 @@
 """The sampler: G responses per prompt, with the sampler's own token log-probs, and the weight sync.
 
 One small interface the trainer calls (SPEC §9 `sampler` table), implemented here in PyTorch for CPUs
-and tests; a vLLM engine implements the same two calls:
+and tests, and on a colocated vLLM engine in `psyrl.vllm_sampler` (`sampler.engine = "vllm"`):
   generate(prompt_token_ids, n, temperature, top_p, max_new_tokens, seed) -> per prompt, n `Sample`s;
   load_weights(iterator of (name, tensor)) -> the fresh weights, one tensor at a time;
   close() -> at the end of the run, after its last collective.

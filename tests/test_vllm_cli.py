@@ -75,6 +75,7 @@ def test_evaluate_on_vllm_greedy_equals_the_torch_engine(tiny_model, tmp_path):
         assert result.returncode == 0, result.stderr[-3000:]
         rows[engine] = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
         assert json.loads((out / "results.json").read_text())["settings"]["engine"] == engine
+        assert f"engine `{engine}`" in (out / "results.md").read_text()
     assert len(rows["vllm"]) == len(rows["torch"]) > 0
     for v, t in zip(rows["vllm"], rows["torch"]):
         assert (v["id"], v["response"], v["tokens"], v["finish"]) == (t["id"], t["response"], t["tokens"], t["finish"])
