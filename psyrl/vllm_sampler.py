@@ -147,6 +147,7 @@ class VLLMSampler:
         self.asleep: set[str] = set()  # the tags currently asleep
         self.llm = vllm.LLM(
             model=str(model_dir), skip_tokenizer_init=True,  # psyrl tokenizes and decodes itself
+            generation_config="vllm",  # not the checkpoint's: its eos ids or max_new_tokens would override psyrl's
             dtype=dtype, load_format="dummy" if dummy_weights else "auto",
             tensor_parallel_size=tensor_parallel, distributed_executor_backend="external_launcher",
             gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleeps,
