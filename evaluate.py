@@ -50,7 +50,12 @@ from psyrl.evaluation import (
 from psyrl.length_analysis import counts_markdown, lengths_by_index
 from psyrl.model import autocast, load_model, load_tokenizer, model_config
 from psyrl.sampler import TorchSampler
-from psyrl.vllm_sampler import VLLMSampler, VLLMUnavailable, import_vllm  # imports no vLLM until one is built
+from psyrl.vllm_sampler import (  # imports no vLLM until one is built
+    VLLMSampler,
+    VLLMUnavailable,
+    check_tensor_parallel,
+    import_vllm,
+)
 
 BENCHMARK_DIR = Path(__file__).resolve().parent / "data" / "benchmarks"
 OUTPUT_FILES = ("predictions.jsonl", "eval.json", "results.json", "results.md", "lengths.png")
@@ -157,8 +162,8 @@ def main(click_ctx, model_dir, benchmarks, benchmark_dir, mode, temperature, top
         if engine == "vllm":
             import_vllm()  # before anything starts
         ctx = init_distributed(device)
-        if engine == "vllm" and ctx.world % tensor_parallel:
-            raise EvalError(f"--tensor-parallel {tensor_parallel} must divide the {ctx.world} ranks")
+        if engine == "vllm":
+            check_tensor_parallel(tensor_parallel, ctx.world, "--tensor-parallel")
         engine_settings = {"engine": engine, "tensor_parallel": tensor_parallel,
                            "gpu_memory_utilization": gpu_memory_utilization}
         evaluate(ctx, Path(model_dir), split_specs(benchmarks) or list(PAPER_BENCHMARKS), benchmark_dir, mode,

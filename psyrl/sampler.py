@@ -131,6 +131,17 @@ def draw(probs: torch.Tensor, top_p: float, generators: Sequence[torch.Generator
     return tokens
 
 
+def prompt_seeds(prompt_token_ids: Sequence[Sequence[int]], seed: int | Sequence[int]) -> list[int]:
+    """One seed per prompt (an int seed gives prompt i seed + i), after checking the prompts: every sampler's
+    `generate` takes its arguments through this."""
+    seeds = [seed + i for i in range(len(prompt_token_ids))] if isinstance(seed, int) else list(seed)
+    if len(seeds) != len(prompt_token_ids):
+        raise ValueError(f"{len(seeds)} seeds for {len(prompt_token_ids)} prompts")
+    if any(len(p) == 0 for p in prompt_token_ids):
+        raise ValueError("an empty prompt: every prompt needs at least one token")
+    return seeds
+
+
 class TorchSampler:
     """Batched autoregressive sampling on a plain (unsharded) transformers causal LM."""
 
@@ -152,11 +163,7 @@ class TorchSampler:
         """n samples for each prompt, in prompt order. temperature 0 = greedy. `seed`: one per prompt, or an int
         from which prompt i takes seed + i; a prompt's samples depend only on its prompt, its seed and the
         weights, never on the other prompts of the call."""
-        seeds = [seed + i for i in range(len(prompt_token_ids))] if isinstance(seed, int) else list(seed)
-        if len(seeds) != len(prompt_token_ids):
-            raise ValueError(f"{len(seeds)} seeds for {len(prompt_token_ids)} prompts")
-        if any(len(p) == 0 for p in prompt_token_ids):
-            raise ValueError("an empty prompt: every prompt needs at least one token")
+        seeds = prompt_seeds(prompt_token_ids, seed)
         per_call = max(1, self.batch // n)  # whole prompts per forward: a prompt's n rows share one generator
         order = sorted(range(len(prompt_token_ids)), key=lambda i: len(prompt_token_ids[i]))  # less padding
         results: list = [None] * len(prompt_token_ids)

