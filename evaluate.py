@@ -17,7 +17,6 @@ self-label` leaves its items out unless told otherwise.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import time
@@ -29,6 +28,7 @@ from tqdm import tqdm
 
 from psyrl import prompts
 from psyrl.atomic import write_text
+from psyrl.checkpoint import model_fingerprint
 from psyrl.cli import compare_command, lengths_command
 from psyrl.config import ModelConfig, PromptConfig
 from psyrl.data import DataError
@@ -48,10 +48,9 @@ from psyrl.evaluation import (
     task_of,
 )
 from psyrl.length_analysis import counts_markdown, lengths_by_index
-from psyrl.model import autocast, load_model, load_tokenizer, model_config
-from psyrl.sampler import TorchSampler
+from psyrl.model import load_tokenizer
+from psyrl.trainer import checkpoint_sampler
 from psyrl.vllm_sampler import (  # imports no vLLM until one is built
-    VLLMSampler,
     VLLMUnavailable,
     check_tensor_parallel,
     import_vllm,
@@ -62,20 +61,6 @@ OUTPUT_FILES = ("predictions.jsonl", "eval.json", "results.json", "results.md", 
 GENERATION_KEYS = ("model", "model_fingerprint", "tokenizer", "prompt", "temperature", "top_p", "seed",
                    "max_new_tokens", "dtype", "engine")  # what a resume must share with the run it continues
 DEFAULTS_BEFORE = {"engine": "torch"}  # settings absent from the eval.json of an older psyrl: what it used
-
-
-def model_fingerprint(model_dir: Path) -> str:
-    """config.json, and each weight file's name, size and first and last MiB: a changed checkpoint is noticed on
-    resume without reading gigabytes."""
-    h = hashlib.sha256((model_dir / "config.json").read_bytes())
-    for f in sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("*.bin")):
-        size = f.stat().st_size
-        h.update(f"{f.name}:{size}".encode())
-        with f.open("rb") as fh:
-            h.update(fh.read(1 << 20))
-            fh.seek(max(0, size - (1 << 20)))
-            h.update(fh.read(1 << 20))
-    return h.hexdigest()[:16]
 
 
 def model_label(model_dir: Path) -> str:
@@ -210,7 +195,7 @@ def evaluate(ctx, model_dir: Path, specs, benchmark_dir, mode, temperature, top_
     problem, done_ids = broadcast_object((problem, set(done)), ctx)
     if problem:
         raise EvalError(problem)
-    sampler = build_eval_sampler(model_dir, model_cfg, tokenizer, ctx, batch, temperature, engine, progress)
+    sampler = checkpoint_sampler(model_dir, model_cfg, tokenizer, ctx, batch, temperature, engine, progress)
     prompt_cfg = PromptConfig(mode=mode)
     pending = [(s, r) for s, r in items if r.id not in done_ids]
     pending.sort(key=lambda item: len(prompts.content(item[1])))  # similar lengths per batch: less padding
@@ -274,21 +259,6 @@ def evaluate(ctx, model_dir: Path, specs, benchmark_dir, mode, temperature, top_
     speed = f"{perf['items_per_s']:.2f} items/s over {ctx.world} rank(s)" if perf["items_per_s"] else "nothing new"
     print0(f"evaluate: {len(pending)} items generated in {wall:.1f} s ({speed}); {out}/results.md, results.json, "
            "predictions.jsonl", ctx)
-
-
-def build_eval_sampler(model_dir: Path, model_cfg: ModelConfig, tokenizer, ctx, batch: int, temperature: float,
-                       engine: dict, progress: bool):
-    """The trainers' sampler interface on the model's own weights: psyrl's torch sampler, or a vLLM engine that
-    reads the checkpoint itself (no weight sync: nothing trains here)."""
-    if engine["engine"] == "torch":
-        model = load_model(model_cfg, tokenizer, device=ctx.device)
-        return TorchSampler(model, tokenizer, ctx.device, batch, amp=autocast(model_cfg, ctx.device))
-    architecture = model_config(model_cfg, tokenizer)
-    return VLLMSampler(model_dir, tokenizer, ctx, dtype=model_cfg.dtype,
-                       max_model_len=architecture.max_position_embeddings, batch=batch * engine["tensor_parallel"],
-                       tensor_parallel=engine["tensor_parallel"],
-                       gpu_memory_utilization=engine["gpu_memory_utilization"], sleep=False, dummy_weights=False,
-                       temperature=temperature, progress=progress and ctx.is_main)
 
 
 def previous_predictions(out: Path, settings: dict, items: list) -> dict[str, dict]:

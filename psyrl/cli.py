@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from psyrl.build_cli import build_group
 from psyrl.checkpoint import select_checkpoint
 from psyrl.config import ConfigError, config_reference, dump_config, load_config
 from psyrl.data import DataError, load_records
@@ -250,6 +251,7 @@ def self_label_command(eval_dir, out, tau, confidence, seed, any_split, include_
 
 
 main.add_command(demo_data_command)
+main.add_command(build_group)
 
 
 if __name__ == "__main__":

@@ -152,6 +152,14 @@ def _decode(line: bytes):
         raise ValueError(f"invalid JSON ({e.msg} at column {e.colno})") from None
 
 
+def raise_line_errors(path: Path, errors: list[str], what: str = "line(s)") -> None:
+    """A DataError listing the first 20 `file:line: problem` messages, if there are any."""
+    if errors:
+        shown = errors[:MAX_REPORTED_ERRORS]
+        more = f"\n... and {len(errors) - len(shown)} more" if len(errors) > len(shown) else ""
+        raise DataError(f"{path}: {len(errors)} bad {what}, nothing loaded:\n" + "\n".join(shown) + more)
+
+
 def _load(path: str | Path, parse) -> list:
     path = Path(path)
     if not path.is_file():
@@ -168,10 +176,7 @@ def _load(path: str | Path, parse) -> list:
             continue
         first_line_of[record.id] = lineno
         records.append(record)
-    if errors:
-        shown = errors[:MAX_REPORTED_ERRORS]
-        more = f"\n... and {len(errors) - len(shown)} more" if len(errors) > len(shown) else ""
-        raise DataError(f"{path}: {len(errors)} bad line(s), nothing loaded:\n" + "\n".join(shown) + more)
+    raise_line_errors(path, errors)
     if not records:
         raise DataError(f"{path}: the file holds no records")
     return records

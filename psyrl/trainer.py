@@ -30,7 +30,7 @@ from psyrl.distributed import (
     print0,
     unsharded_copy,
 )
-from psyrl.model import Policy, load_model, model_config
+from psyrl.model import Policy, autocast, load_model, model_config
 from psyrl.runlog import MetricsFile, truncate_metrics
 from psyrl.sampler import TorchSampler
 from psyrl.vllm_sampler import (  # imports no vLLM
@@ -236,6 +236,22 @@ def build_sampler(policy: Policy, cfg, tokenizer, ctx: Dist, temperature: float 
         return sampler
     lm = unsharded_copy(policy, load_model(cfg.model, tokenizer, empty=True), ctx, cfg.model.dtype)
     return TorchSampler(lm, tokenizer, ctx.device, cfg.sampler.batch)
+
+
+def checkpoint_sampler(model_dir: Path, model_cfg, tokenizer, ctx: Dist, batch: int, temperature: float,
+                       engine: dict, progress: bool):
+    """The sampler interface on a checkpoint's own weights, for tools that only generate (evaluate.py, psyrl build):
+    psyrl's torch sampler, or a vLLM engine that reads the checkpoint itself (no weight sync: nothing trains).
+    `engine`: engine, tensor_parallel, gpu_memory_utilization."""
+    if engine["engine"] == "torch":
+        model = load_model(model_cfg, tokenizer, device=ctx.device)
+        return TorchSampler(model, tokenizer, ctx.device, batch, amp=autocast(model_cfg, ctx.device))
+    architecture = model_config(model_cfg, tokenizer)
+    return VLLMSampler(model_dir, tokenizer, ctx, dtype=model_cfg.dtype,
+                       max_model_len=architecture.max_position_embeddings, batch=batch * engine["tensor_parallel"],
+                       tensor_parallel=engine["tensor_parallel"],
+                       gpu_memory_utilization=engine["gpu_memory_utilization"], sleep=False, dummy_weights=False,
+                       temperature=temperature, progress=progress and ctx.is_main)
 
 
 def sync_weights(sampler, policy: Policy, ctx: Dist) -> None:

