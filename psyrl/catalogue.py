@@ -29,7 +29,7 @@ from pathlib import Path
 
 import tomli
 
-from psyrl.data import DIMENSIONS, SUBDIMENSIONS, DataError, raise_line_errors
+from psyrl.data import DIMENSIONS, SUBDIMENSIONS, DataError, parse_numbered, raise_line_errors
 
 TEXT_COLUMNS = ("stimuli", "stimulus", "text", "story")  # looked for in this order when --text-column is not given
 MISSING = {"", "na", "n/a", "nan", "null", "none", "-"}  # cells that mean "not coded" (case-insensitive)
@@ -84,8 +84,8 @@ def load_catalogue(path: str | Path) -> dict[str, Variable]:
             top = json.loads(text)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
-        entries = top.get("variable") if isinstance(top, dict) else None
-        starts = _json_element_lines(text) if isinstance(entries, list) else []
+        entries = top.get("variable") if isinstance(top, dict) else top  # {"variable": [...]} or the list alone
+        starts = _json_element_lines(text, isinstance(top, list)) if isinstance(entries, list) else []
         key_line = lambda start, key: _line_after(text, start, rf'"{key}"\s*:')  # noqa: E731
     else:
         try:
@@ -95,10 +95,10 @@ def load_catalogue(path: str | Path) -> dict[str, Variable]:
         entries = top.get("variable")
         starts = [m.start() for m in re.finditer(r"^[ \t]*\[\[[ \t]*variable[ \t]*\]\]", text, re.MULTILINE)]
         key_line = lambda start, key: _line_after(text, start, rf"^[ \t]*{key}[ \t]*=")  # noqa: E731
-    if not isinstance(top, dict) or not isinstance(entries, list) or not entries:
-        raise DataError(f"{path}: expected one or more [[variable]] tables (JSON: {{\"variable\": [...]}}), found "
-                        f"{'none' if isinstance(top, dict) else type(top).__name__}")
-    unknown = sorted(set(top) - {"variable"})
+    if not isinstance(entries, list) or not entries:
+        raise DataError(f"{path}: expected one or more [[variable]] tables (JSON: {{\"variable\": [...]}} or a list), "
+                        f"found {'none' if isinstance(top, dict | list) else type(top).__name__}")
+    unknown = sorted(set(top) - {"variable"}) if isinstance(top, dict) else []
     errors = [f"{path}:1: unknown top-level key {unknown[0]!r} (expected only [[variable]] tables)"] if unknown else []
     variables: dict[str, Variable] = {}
     for i, entry in enumerate(entries):
@@ -169,10 +169,11 @@ def _line_after(text: str, start: int, pattern: str) -> int:
     return _line_of(text, match.start() if match else start)
 
 
-def _json_element_lines(text: str) -> list[int]:
-    """The offsets of the elements of the top-level "variable" array of a JSON catalogue."""
+def _json_element_lines(text: str, top_level_list: bool) -> list[int]:
+    """The offsets of the elements of a JSON catalogue's variable array (the top-level "variable" key's, or the
+    document's when it is a list)."""
     decoder = json.JSONDecoder()
-    key = re.search(r'"variable"\s*:\s*\[', text)
+    key = re.search(r"\s*\[" if top_level_list else r'"variable"\s*:\s*\[', text)
     offsets, pos = [], key.end() if key else len(text)
     while pos < len(text):
         pos = len(text) - len(text[pos:].lstrip(" \t\r\n,"))
@@ -208,19 +209,7 @@ def load_labelled(path: str | Path, catalogue: dict[str, Variable], id_column: s
             errors.append(f"{path}:1: column {column!r} is not a variable of the catalogue; {hint}pass "
                           f"--ignore-column {column} to build without it")
     raise_line_errors(path, errors, "column(s)")
-    stimuli, first_line = [], {}
-    for lineno, row in rows:
-        try:
-            stimulus = _stimulus(row, catalogue, id_column, text_column)
-        except ValueError as e:
-            errors.append(f"{path}:{lineno}: {e}")
-            continue
-        if stimulus.id in first_line:
-            errors.append(f"{path}:{lineno}: duplicate id {stimulus.id!r} (first on line {first_line[stimulus.id]})")
-            continue
-        first_line[stimulus.id] = lineno
-        stimuli.append(stimulus)
-    raise_line_errors(path, errors, "row(s)")
+    stimuli = parse_numbered(path, rows, lambda row: _stimulus(row, catalogue, id_column, text_column), "row(s)")
     if not stimuli:
         raise DataError(f"{path}: the table holds no stimuli")
     return stimuli

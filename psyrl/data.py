@@ -160,14 +160,12 @@ def raise_line_errors(path: Path, errors: list[str], what: str = "line(s)") -> N
         raise DataError(f"{path}: {len(errors)} bad {what}, nothing loaded:\n" + "\n".join(shown) + more)
 
 
-def _load(path: str | Path, parse) -> list:
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such data file")
+def parse_numbered(path: Path, numbered: Iterable[tuple[int, object]], parse, what: str = "line(s)") -> list:
+    """parse(x) for every (line number, x), each record's `id` unique; a DataError lists every bad one."""
     records, errors, first_line_of = [], [], {}
-    for lineno, line in _lines(path):
+    for lineno, item in numbered:
         try:
-            record = parse(_decode(line))
+            record = parse(item)
         except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors too
             errors.append(f"{path}:{lineno}: {e}")
             continue
@@ -176,7 +174,15 @@ def _load(path: str | Path, parse) -> list:
             continue
         first_line_of[record.id] = lineno
         records.append(record)
-    raise_line_errors(path, errors)
+    raise_line_errors(path, errors, what)
+    return records
+
+
+def _load(path: str | Path, parse) -> list:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such data file")
+    records = parse_numbered(path, _lines(path), lambda line: parse(_decode(line)))
     if not records:
         raise DataError(f"{path}: the file holds no records")
     return records

@@ -23,12 +23,14 @@ _FIELDS = {"question": "question", "answer": "answer", "correct answer": "answer
            "reasoning": "reason", "explanation": "reason", "stimuli": "stimulus", "stimulus": "stimulus",
            "story": "stimulus"}
 _LABEL_WORDS = "question|correct answer|answer|reasoning|reason|explanation|stimuli|stimulus|story"
+_MARKER = r"[\s>#*_\-\u2022]*(?:\d+[.)]\s*)?"  # what may precede a label on its line: bullets, headings, numbers
 _LABEL_LINE = re.compile(
-    rf"^[\s>#*_\-\u2022]*(?:\d+[.)]\s*)?[*_]*\s*(?P<label>{_LABEL_WORDS})(?:\s*\d+)?\s*[*_]*\s*[:\uff1a]\s*[*_]*"
-    r"\s*(?P<rest>.*)$", re.IGNORECASE)
+    rf"^{_MARKER}[*_]*\s*(?P<label>{_LABEL_WORDS})(?:\s*\d+)?\s*[*_]*\s*[:\uff1a]\s*[*_]*\s*(?P<rest>.*)$",
+    re.IGNORECASE)
+_LEADING_MARKER = re.compile(_MARKER)
 # a label run into the previous text ("...? Answer: Anger Reason: ..."): exact capitals only, so prose is left alone
-_INLINE_LABEL = re.compile(r"(?<=\S)(?<!Correct)[ \t]+(?=(?:\*\*|__)?(?:Question|Correct Answer|Answer|Reason)"
-                           r"(?:\*\*|__)?\s*:)")
+_INLINE_LABEL = re.compile(r"(?<=\S)(?<!Correct)[ \t]+(?=(?:\*\*|__)?(?:Question|Correct Answer|Answer|Reasoning|"
+                           r"Reason|Explanation|Stimuli|Stimulus)(?:\*\*|__)?\s*:)")
 _TEMPLATE = re.compile(r"<\s*(?:Insert (?:question|answer) here|Explain why the answer is correct)\s*>", re.I)
 MAX_TOPIC_WORDS = 12  # a longer line is a sentence about topics, not a topic
 
@@ -53,7 +55,11 @@ class QAPair:
 def _fields(text: str) -> list[tuple[str, list[str]]]:
     """(field, lines) for every label in order; text before the first label is dropped."""
     fields: list[tuple[str, list[str]]] = []
-    for line in _INLINE_LABEL.sub("\n", text).splitlines():
+    lines = []
+    for raw in text.splitlines():
+        marker = _LEADING_MARKER.match(raw).end()  # "2. Answer:" stays one label; only what follows is split
+        lines += (raw[:marker] + _INLINE_LABEL.sub("\n", raw[marker:])).split("\n")
+    for line in lines:
         if line.strip().startswith("```"):
             continue
         match = _LABEL_LINE.match(line)
@@ -115,8 +121,8 @@ def parse_topics(text: str) -> tuple[list[str], Counter]:
     dropped: Counter = Counter()
     start, end = text.find("["), text.rfind("]")
     if 0 <= start < end:
-        try:
-            items = json.loads(text[start:end + 1])
+        try:  # a trailing comma, as models often write, is tolerated
+            items = json.loads(re.sub(r",\s*\]", "]", text[start:end + 1]))
         except json.JSONDecodeError:
             items = None
         if isinstance(items, list) and items and all(isinstance(t, str) for t in items):
@@ -129,10 +135,10 @@ def parse_topics(text: str) -> tuple[list[str], Counter]:
     for line in lines:
         if line.strip().startswith("```") or not line.strip():
             continue
-        if line.rstrip().endswith(":"):
+        topic = _BULLET.sub("", re.sub(r"\*\*|__", "", line)).strip(" \t*_`\"'[").rstrip(" \t*_`\"'.,;]")
+        if topic.endswith(":"):
             dropped["header"] += 1
             continue
-        topic = _BULLET.sub("", line).strip().strip("*_`\"'").strip().rstrip(".,;").strip()
         if not topic:
             continue
         if len(topic.split()) > MAX_TOPIC_WORDS:
@@ -154,7 +160,8 @@ _REASONING_LABEL = re.compile(r"^\s*[*_#]*\s*(?:step[- ]by[- ]step\s+)?reasoning
 
 def parse_reasoning(text: str, answer: str) -> str:
     """The rationale in a generation of the reasoning-CoT prompt, which must not give the answer: raises Rejected
-    (answer_tag when it wrote an <answer> tag, states_answer when the answer's words appear in it in order, empty).
+    (answer_tag when it wrote an <answer> tag, states_answer when the answer's words appear in it consecutively,
+    empty).
     <think> tags and a leading `Reasoning:` label are removed (the prompt forbids them; they are harmless)."""
     if "<answer>" in text or "</answer>" in text:
         raise Rejected("answer_tag")

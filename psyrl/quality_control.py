@@ -40,8 +40,8 @@ REFERENCE_WORDS = frozenset(
     "stimuli stimulus story narrative narrator narrators speaker author writer scenario situation passage text "
     "described describes describe account i me my myself you your yourself he him his she her they them their "
     "person character".split())
-RATING_WORDS = frozenset("score scored rating rated rate level value out of on a the scale is it would be points "
-                         "point intensity degree approximately about around".split())
+RATING_WORDS = frozenset("score scored rating rated rate level value out of on a the scale to from is it would be "
+                         "points point intensity degree approximately about around".split())
 # a multiple-choice stem ends where the options start: "A)", "(b)", "C." or "d:" after a space or a line break
 _OPTIONS = re.compile(r"(?:^|\s)\(?[A-Ea-e][).:]\s+\S")
 
@@ -58,9 +58,8 @@ def question_stem(question: str) -> str:
 
 def names_code(text: str, code: str) -> bool:
     """Whether `text` writes the variable code, its `_` as `_`, `\\_` or `-`, in any case."""
-    prefix, _, rest = code.partition("_")
-    parts = [re.escape(prefix)] + ([r"(?:\\?_|-)", re.escape(rest)] if rest else [])
-    return re.search(rf"(?<![A-Za-z0-9]){''.join(parts)}(?![A-Za-z0-9])", text, re.IGNORECASE) is not None
+    pattern = r"(?:\\?_|-)".join(re.escape(part) for part in code.split("_"))
+    return re.search(rf"(?<![A-Za-z0-9]){pattern}(?![A-Za-z0-9])", text, re.IGNORECASE) is not None
 
 
 def writes_number(text: str, value: float) -> bool:

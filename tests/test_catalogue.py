@@ -55,6 +55,10 @@ def test_a_json_catalogue_is_the_same_shape(tmp_path):
 
     path = write(tmp_path, "c.json", json.dumps(tomli.loads(GOOD), indent=2))
     assert load_catalogue(path) == load_catalogue(write(tmp_path, "c.toml", GOOD))
+    listed = write(tmp_path, "l.json", json.dumps(tomli.loads(GOOD)["variable"], indent=2))
+    assert load_catalogue(listed) == load_catalogue(path)
+    with pytest.raises(DataError, match=r"l.json:17: variable 2: 'description' must not be empty"):
+        load_catalogue(write(tmp_path, "l.json", listed.read_text().replace('"diversity"', '""', 1)))
 
 
 @pytest.mark.parametrize("edit, line, message", [
