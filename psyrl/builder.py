@@ -461,9 +461,10 @@ def build_reasoning(run: BuildRun, data_path, *, n_short: int = PAPER_REASONING,
               "short_words": short_words, "quota": quota,
               "mean_words": {k: sum(w) / len(w) if w else None for k, w in words.items()}}
     short_of = [k for k in kept if len(kept[k]) < quota[k]]
+    unfilled = f"; the file ran out before the {' and '.join(short_of)} quota{'s' * (len(short_of) > 1)} filled"
     summary = (f"{position} of {len(records)} records visited (seeded order) for {n_short} short (<= {short_words} "
                f"words) and {n_long} long rationales: kept {len(kept['short'])} short and {len(kept['long'])} long "
-               f"in reasoning.jsonl" + (f"; the file ran out before the {' and '.join(short_of)} quota" if short_of
-                                         else "") + ". Generations beyond a filled quota count as surplus.")
+               f"in reasoning.jsonl{unfilled if short_of else ''}. Generations beyond a filled quota count as "
+               "surplus.")
     _write_report(run.out, report, report_markdown(f"psyrl build reasoning: {run.out}", summary, report))
     return report

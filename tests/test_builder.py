@@ -270,3 +270,12 @@ def test_cli_plumbing_on_a_tiny_model_one_process_and_two_ranks(tiny_model, tmp_
                                timeout=600)
     assert reasoning.returncode == 0, reasoning.stderr
     assert "records visited (seeded order)" in reasoning.stdout
+    # what the builder keeps, evaluate.py takes as it is (the scripted build: the tiny model keeps nothing)
+    build_qa(build_run(tmp_path / "scripted", ScriptedSampler(qa_response)), CATALOGUE, TABLE, n_train=1, n_test=1)
+    evaluated = subprocess.run([sys.executable, "evaluate.py", "--model", str(tiny_model), "--benchmarks",
+                                str(tmp_path / "scripted" / "test.jsonl"), "--max-new-tokens", "4", "--out",
+                                str(tmp_path / "eval"), "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert evaluated.returncode == 0, evaluated.stderr
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
+    assert [(b["count"], sorted(b["tasks"])) for b in results.values()] == [
+        (2, ["national theme", "specific emotions"])]  # sample 0 only: B_disap and J_div kept, 1 test pair each
