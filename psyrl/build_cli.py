@@ -122,7 +122,10 @@ def run_build(body):
                 click.echo((Path(out_dir) / "report.md").read_text(encoding="utf-8"))
             cleanup(ctx)
         except (BuildError, DataError, OSError, ValueError, VLLMUnavailable) as e:
-            if int(os.environ.get("RANK", "0")) != 0:  # every rank fails alike; rank 0 says it once
+            rank = int(os.environ.get("RANK", "0"))
+            if rank != 0:  # input and settings errors are every rank's alike: rank 0 says them once
+                if not isinstance(e, BuildError | DataError | VLLMUnavailable):
+                    click.echo(f"psyrl build: rank {rank}: {e}", err=True)  # possibly this rank's alone
                 raise SystemExit(1) from None
             raise click.ClickException(str(e)) from None
     return command
@@ -150,9 +153,9 @@ def qc_and_split_options(command):
               help="Variable catalogue, TOML or JSON (see data/build/catalogue.toml).")
 @click.option("--table", "table_path", required=True, type=click.Path(dir_okay=False),
               help="Labelled stimuli, CSV or JSONL: an id, the text, one column per variable.")
-@click.option("--id-column", default="id", show_default=True, help="The table's id column.")
+@click.option("--id-column", default=None, help="The table's id column (default: `id`, in any case).")
 @click.option("--text-column", default=None, help="The table's stimulus column (default: the first of stimuli, "
-              "stimulus, text, story).")
+              "stimulus, text, story, in any case).")
 @click.option("--ignore-column", "ignore_columns", multiple=True, help="A table column that is not a variable; "
               "repeatable.")
 @qc_and_split_options

@@ -113,7 +113,8 @@ def _check_previous(out: Path, command: str, settings: dict) -> None:
     previous = before.get("generation", {})
     changed = [f"{k}: {previous.get(k)!r} -> {settings.get(k)!r}" for k in GENERATION_KEYS
                if previous.get(k) != settings.get(k)]
-    if changed:
+    log = out / "generations.jsonl"
+    if changed and log.exists() and log.stat().st_size > 0:  # nothing generated yet (a failed start): no conflict
         raise BuildError(f"{out} holds generations made differently ({'; '.join(changed)}); use another --out, or "
                          "--overwrite to delete them")
 
@@ -202,10 +203,13 @@ def _judge(candidates: list[Candidate], comparison: bool, near_duplicate: float)
     """(kept records, dropped rows, tally): parse, leak rules, then duplicates, in generation order."""
     tally, dropped, passed = Tally(), [], []
     for c in candidates:
+        cut = c.output["finish_reason"] == "length"
         try:
             pair = parse_qa(c.output["text"], want_stimulus=comparison)
+            if cut and not pair.reason:  # cut before its Reason: the answer may be cut too
+                raise Rejected("truncated")
         except Rejected as e:  # a generation cut at max_new_tokens fails for that reason, whatever it lacks
-            dropped.append((c, "truncated" if c.output["finish_reason"] == "length" else e.reason, None))
+            dropped.append((c, "truncated" if cut else e.reason, None))
             continue
         stimulus = pair.stimulus if comparison else c.stimulus
         reason = leak_reason(pair, stimulus, c.variable, c.value)
@@ -272,9 +276,10 @@ def _finish_qa(run: BuildRun, command: str, catalogue, candidates, comparison: b
     return report
 
 
-def build_qa(run: BuildRun, catalogue_path, table_path, *, id_column: str = "id", text_column: str | None = None,
-             ignore_columns: Sequence[str] = (), near_duplicate: float = NEAR_DUPLICATE, n_train: int = 200,
-             n_test: int = 100, min_count: int | None = None, split_seed: int = 0, overwrite: bool = False):
+def build_qa(run: BuildRun, catalogue_path, table_path, *, id_column: str | None = None,
+             text_column: str | None = None, ignore_columns: Sequence[str] = (), near_duplicate: float = NEAR_DUPLICATE,
+             n_train: int = 200, n_test: int = 100, min_count: int | None = None, split_seed: int = 0,
+             overwrite: bool = False):
     """StimuliQA from a table of labelled stimuli: one dataset-generation prompt per (stimulus, coded variable).
     Returns the report on rank 0 (None on the others)."""
     catalogue = load_catalogue(catalogue_path)
@@ -308,6 +313,8 @@ def read_topics(path, catalogue: dict[str, Variable]) -> dict[str, list[str]]:
             continue
         try:
             row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError('expected a JSON object {"variable": ..., "topic": ...}')
             code, topic = row["variable"], row["topic"]
             if code not in catalogue:
                 raise ValueError(f"variable {code!r} is not in the catalogue")
@@ -332,12 +339,14 @@ def build_comparison(run: BuildRun, catalogue_path, topics_path=None, *, near_du
         code: list(v.topics) for code, v in catalogue.items() if v.topics}
     jobs, info = [], {}
     for code, variable in catalogue.items():
-        for i, topic in enumerate(topics.get(code, [])):
-            key = f"{code}:{i:04d}"
-            jobs.append(Job(key, prompts.comparison_prompt(variable, topic)))
-            info[key] = (variable, "", None, code)
+        for topic in dict.fromkeys(topics.get(code, []), None):  # a repeated topic once
+            key = f"{code}:{prompt_sha(topic_key(topic))[:10]}"  # by topic: adding one regenerates no other
+            if key not in info:
+                jobs.append(Job(key, prompts.comparison_prompt(variable, topic)))
+                info[key] = (variable, "", None, code)
     if not jobs:
-        raise BuildError(f"no topic to build from: {topics_path or str(catalogue_path) + ' has no topics ='}")
+        raise BuildError(f"no topic to build from: {topics_path or catalogue_path} has no topic for a variable of "
+                         f"{catalogue_path}")
     run.open("comparison", {"catalogue": str(catalogue_path), "topics": str(topics_path or "")}, overwrite)
     rows = run.generate(jobs, "comparison pairs")
     if not run.ctx.is_main:
@@ -387,7 +396,8 @@ def build_topics(run: BuildRun, catalogue_path, *, max_topics: int = PAPER_TOPIC
                 seen.add(topic_key(topic))
                 kept.append((topic, "generated"))
                 new += 1
-        per_variable[job.key] = {"seeds": len(variable.topics), "generated": new, "topics": len(kept)}
+        seeds = sum(origin == "seed" for _, origin in kept)
+        per_variable[job.key] = {"seeds": seeds, "generated": new, "topics": min(len(kept), max_topics)}
         lines += [{"variable": job.key, "topic": t, "origin": origin} for t, origin in kept[:max_topics]]
     write_nonempty(run.out / "topics.jsonl", lines)
     write_nonempty(run.out / "dropped.jsonl", dropped)
@@ -429,7 +439,11 @@ def build_reasoning(run: BuildRun, data_path, *, n_short: int = PAPER_REASONING,
         jobs = [Job(r.id, prompts.reasoning_prompt(r)) for r in batch]
         rows = run.generate(jobs, "reasoning", progress=False)  # every rank: the loop's decision needs the rows
         for record, job in zip(batch, jobs):
+            taken = False
             for j, output in enumerate(rows[job.key]["outputs"]):
+                if taken:  # one rationale per record
+                    tally.add(record.variable, "extra_sample")
+                    continue
                 try:
                     if output["finish_reason"] == "length":
                         raise Rejected("truncated")
@@ -445,7 +459,7 @@ def build_reasoning(run: BuildRun, data_path, *, n_short: int = PAPER_REASONING,
                 tally.add(record.variable, "kept")
                 kept[kind].append(dataclasses.replace(record, reasoning=rationale))
                 bar.update(1)
-                break  # one rationale per record
+                taken = True
     bar.close()
     if not run.ctx.is_main:
         return None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+import io
 import json
 import math
 import re
@@ -95,6 +96,8 @@ def load_catalogue(path: str | Path) -> dict[str, Variable]:
         entries = top.get("variable")
         starts = [m.start() for m in re.finditer(r"^[ \t]*\[\[[ \t]*variable[ \t]*\]\]", text, re.MULTILINE)]
         key_line = lambda start, key: _line_after(text, start, rf"^[ \t]*{key}[ \t]*=")  # noqa: E731
+    if isinstance(entries, dict):
+        raise DataError(f"{path}: `variable` is one table; write each variable as [[variable]] (an array of tables)")
     if not isinstance(entries, list) or not entries:
         raise DataError(f"{path}: expected one or more [[variable]] tables (JSON: {{\"variable\": [...]}} or a list), "
                         f"found {'none' if isinstance(top, dict | list) else type(top).__name__}")
@@ -185,22 +188,25 @@ def _json_element_lines(text: str, top_level_list: bool) -> list[int]:
 
 
 # ---------------------------------------------------------------- labelled table
-def load_labelled(path: str | Path, catalogue: dict[str, Variable], id_column: str = "id",
+def load_labelled(path: str | Path, catalogue: dict[str, Variable], id_column: str | None = None,
                   text_column: str | None = None, ignore_columns: Sequence[str] = ()) -> list[LabelledStimulus]:
-    """Every row of a CSV or JSONL table of labelled stimuli, values checked against the catalogue's ranges; a
-    DataError lists `file:line: problem` for every bad row. Columns that are neither the id, the text nor a catalogue
-    variable are an error unless named in `ignore_columns` (a misspelt variable would otherwise vanish silently)."""
+    """Every row of a CSV (comma, semicolon or tab separated) or JSONL table of labelled stimuli, values checked
+    against the catalogue's ranges; a DataError lists `file:line: problem` for every bad row. The id column is `id`
+    and the text column the first of TEXT_COLUMNS, in any case, unless named. Columns that are neither the id, the
+    text nor a catalogue variable are an error unless named in `ignore_columns` (a misspelt variable would
+    otherwise vanish silently); columns without a name (a spreadsheet's index, a trailing comma) are ignored."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such table of labelled stimuli")
-    rows = _jsonl_rows(path) if path.suffix.lower() in (".jsonl", ".json") else _csv_rows(path)
+    rows = _json_rows(path) if path.suffix.lower() in (".jsonl", ".json") else _csv_rows(path)
     header = list(dict.fromkeys(k for _, row in rows if isinstance(row, dict) for k in row))
-    if text_column is None:
-        text_column = next((c for c in TEXT_COLUMNS if c in header), TEXT_COLUMNS[0])
+    lower = {c.lower(): c for c in reversed(header)}
+    id_column = id_column or lower.get("id", "id")
+    text_column = text_column or next((lower[c] for c in TEXT_COLUMNS if c in lower), TEXT_COLUMNS[0])
     errors = []
-    for column in (id_column, text_column):
+    for column, option in ((id_column, "--id-column"), (text_column, "--text-column")):
         if rows and column not in header:
-            errors.append(f"{path}:1: no {column!r} column (columns: {', '.join(header)})")
+            errors.append(f"{path}:1: no {column!r} column (columns: {', '.join(header)}); name it with {option}")
     known = {id_column, text_column, *catalogue, *ignore_columns}
     for column in header:
         if column not in known:
@@ -246,36 +252,54 @@ def _stimulus(row, catalogue: dict[str, Variable], id_column: str, text_column: 
     return LabelledStimulus(ident.strip(), text.strip(), values)
 
 
-def _csv_rows(path: Path) -> list[tuple[int, dict]]:
-    """(first line, {column: cell}) per data row; ragged rows and repeated column names are errors."""
+def _text(path: Path) -> str:
+    """The file as UTF-8 (a byte-order mark dropped); a bad byte is reported with its line."""
+    raw = path.read_bytes()
     try:
-        with path.open(encoding="utf-8-sig", newline="") as f:
-            reader = csv.reader(f)
-            header = next(reader, None)
-            if header is None:
-                raise DataError(f"{path}: empty file (expected a header row)")
-            header = [h.strip() for h in header]
-            repeated = sorted({h for h in header if header.count(h) > 1})
-            if repeated or "" in header:
-                raise DataError(f"{path}:1: header: " + (f"column {repeated[0]!r} appears twice" if repeated
-                                                          else "a column has no name"))
-            rows, errors, line = [], [], reader.line_num + 1
-            for cells in reader:
-                if any(c.strip() for c in cells):
-                    if len(cells) != len(header):
-                        errors.append(f"{path}:{line}: {len(cells)} cells, the header has {len(header)}")
-                    else:
-                        rows.append((line, dict(zip(header, cells))))
-                line = reader.line_num + 1
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not valid UTF-8 (byte {e.start + 1})") from None
+        line, column = raw[:e.start].count(b"\n") + 1, e.start - raw.rfind(b"\n", 0, e.start)
+        raise DataError(f"{path}:{line}: not valid UTF-8 (byte {column} of the line); save it as UTF-8") from None
+
+
+def _csv_rows(path: Path) -> list[tuple[int, dict]]:
+    """(first line, {column: cell}) per data row; the delimiter is the header line's most frequent of `,` `;` tab.
+    Ragged rows and repeated column names are errors."""
+    text = _text(path)
+    first = text.split("\n", 1)[0]
+    delimiter = max(",;\t", key=first.count)
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    try:
+        header = next(reader, None)
+        if header is None:
+            raise DataError(f"{path}: empty file (expected a header row)")
+        header = [h.strip() for h in header]
+        repeated = sorted({h for h in header if h and header.count(h) > 1})
+        if repeated:
+            raise DataError(f"{path}:1: header: column {repeated[0]!r} appears twice")
+        rows, errors, line = [], [], reader.line_num + 1
+        for cells in reader:
+            if any(c.strip() for c in cells):
+                if len(cells) != len(header):
+                    errors.append(f"{path}:{line}: {len(cells)} cells, the header has {len(header)}")
+                else:  # a column without a name is a spreadsheet's index or a trailing comma: ignored
+                    rows.append((line, {h: c for h, c in zip(header, cells) if h}))
+            line = reader.line_num + 1
     except csv.Error as e:
         raise DataError(f"{path}:{reader.line_num}: {e}") from None
     raise_line_errors(path, errors, "row(s)")
     return rows
 
 
-def _jsonl_rows(path: Path) -> list[tuple[int, dict]]:
+def _json_rows(path: Path) -> list[tuple[int, dict]]:
+    """(line, object) per row of a JSONL file, or of a .json file holding one JSON array of objects."""
+    if path.suffix.lower() == ".json" and _text(path).lstrip().startswith("["):
+        text = _text(path)
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+        return [(_line_of(text, offset), row) for offset, row in zip(_json_element_lines(text, True), rows)]
     rows, errors = [], []
     with path.open("rb") as f:
         for lineno, line in enumerate(f, start=1):

@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from psyrl.atomic import write_text
 from psyrl.data import DataError
-from psyrl.distributed import Dist, all_gather_lists, broadcast_object
+from psyrl.distributed import Dist, agree, all_gather_lists, broadcast_object
 from psyrl.evaluation import item_seed
 
 
@@ -122,10 +122,16 @@ def generate(ctx: Dist, sampler, tokenizer, jobs: Sequence[Job], log: Path, logg
             rows = all_gather_lists([{"key": j.key, "prompt_sha": prompt_sha(j.prompt), "outputs": [
                 {"text": s.text, "finish_reason": s.finish_reason, "tokens": len(s.token_ids)} for s in group]}
                 for j, group in zip(mine, groups)], ctx)
+            failure = None
             if ctx.is_main:  # on disk at once: a crash loses at most the round in flight
-                sink.write(_lines(rows))
-                sink.flush()
-                os.fsync(sink.fileno())
+                try:
+                    sink.write(_lines(rows))
+                    sink.flush()
+                    os.fsync(sink.fileno())
+                except OSError as e:
+                    failure = e
+            if not agree(failure is None, ctx):  # a full disk on rank 0 stops every rank, none left waiting
+                raise failure or OSError(f"rank 0 could not write {log}")
             done.update((row["key"], row) for row in rows)
             logged.update((row["key"], row) for row in rows)
             bar.update(len(rows))

@@ -3,9 +3,11 @@
 The paper saw generators "rephrase the parameter into a question and return the annotated value as the answer"
 and filtered such trivial pairs out; it does not print its rules. psyrl's, applied in this order (the first that
 fires is the pair's reason). Words are eq. 5's normalised tokens; content words are those outside STOPWORDS.
-- variable_code: the question or the answer names the variable's code (`B_disap`, `b-disap`, markdown's `B\\_disap`).
-- value_in_question: the annotated value is written as a number in the question and not in the stimulus (a number
-  the story itself holds, "I waited 2 hours", is fair to ask about).
+- variable_code: the question or the answer names the variable's code (`B_disap`, `b-disap`, markdown's `B\\_disap`);
+  only for codes with `_` or a digit (a code that is a plain word, `anger`, may fairly appear in a question).
+- value_in_question: the annotated value is written as a number in the question's stem and not in the stimulus (a
+  number the story itself holds, "I waited 2 hours", is fair to ask about). The variable's scale as the prompt gave
+  it ("on a scale of 0 to 3", "out of 3") is set aside first, or extreme labels would be dropped for naming it.
 - answer_is_value: the answer is only numbers once rating words (score, level, out of, ...) are set aside: "2",
   "Score: 2", "2/3". A number is never an answer that needed the story.
 - answer_in_question: every content word of the answer is in the question's stem (the question before its options:
@@ -68,18 +70,33 @@ def writes_number(text: str, value: float) -> bool:
     return re.search(rf"(?<![\d.]){number}(?:\.0+)?(?![\d])(?!\.\d)", text) is not None
 
 
+def without_scale(text: str, variable: Variable) -> str:
+    """`text` minus the variable's scale as a question states it ("on a scale of 0 to 3", "0-3", "out of 3"): the
+    prompt gives the range, so a question may repeat it whatever the label is."""
+    low, high = (re.escape(number_text(x)) for x in (variable.low, variable.high))
+    return re.sub(rf"(?<![\d.]){low}\s*(?:to|-|\u2013|and)\s*{high}(?![\d])|(?:out of|/)\s*{high}(?![\d])", " ", text,
+                  flags=re.IGNORECASE)
+
+
+def code_like(code: str) -> bool:
+    """A code with `_` or a digit (`B_disap`): a plain word (`anger`) is left to the other rules, since a question
+    about anger may say so."""
+    return "_" in code or any(c.isdigit() for c in code)
+
+
 def leak_reason(pair: QAPair, stimulus: str, variable: Variable, value: float | None) -> str | None:
     """The first rule of the module doc that drops `pair`, or None to keep it. `value` is the annotated label (None
     for comparison sets, which have none)."""
     question, answer = pair.question, pair.answer
-    if names_code(question, variable.code) or names_code(answer, variable.code):
+    if code_like(variable.code) and (names_code(question, variable.code) or names_code(answer, variable.code)):
         return "variable_code"
-    if value is not None and writes_number(question, value) and not writes_number(stimulus, value):
+    stem = question_stem(question)
+    if (value is not None and writes_number(without_scale(stem, variable), value)
+            and not writes_number(stimulus, value)):
         return "value_in_question"
     rest = [w for w in normalize(answer) if w not in RATING_WORDS]
     if rest and all(w.isdigit() for w in rest):
         return "answer_is_value"
-    stem = question_stem(question)
     stem_words, answer_words, story_words = content_words(stem), content_words(answer), content_words(stimulus)
     if answer_words and answer_words <= stem_words:
         return "answer_in_question"

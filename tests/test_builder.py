@@ -15,9 +15,9 @@ from psyrl.builder import BuildError, BuildRun, build_comparison, build_qa, buil
 from psyrl.catalogue import load_catalogue, load_labelled
 from psyrl.cli import main
 from psyrl.config import ModelConfig
-from psyrl.data import StimuliRecord, load_stimuliqa, sft_target, write_jsonl
+from psyrl.data import DataError, StimuliRecord, load_stimuliqa, sft_target, write_jsonl
 from psyrl.distributed import ONE_PROCESS
-from psyrl.generation_log import Sampling
+from psyrl.generation_log import Sampling, prompt_sha
 from psyrl.model import load_model, load_tokenizer
 from psyrl.sampler import Sample
 
@@ -144,6 +144,19 @@ def test_a_build_directory_refuses_other_settings_and_commands(tmp_path):
     build_qa(build_run(tmp_path, fresh, settings={**SETTINGS, "temperature": 1.0}), CATALOGUE, TABLE,
              overwrite=True)
     assert fresh.prompts == 44
+    # a start that failed before generating anything leaves no settings to keep
+    failed = build_run(tmp_path / "failed", None)
+    failed.make_sampler = lambda: (_ for _ in ()).throw(OSError("out of GPU memory"))
+    with pytest.raises(OSError, match="out of GPU memory"):
+        build_qa(failed, CATALOGUE, TABLE)
+    build_qa(build_run(tmp_path / "failed", ScriptedSampler(qa_response), settings={**SETTINGS, "model": "other"}),
+             CATALOGUE, TABLE)
+    bad_topics = tmp_path / "topics.jsonl"
+    bad_topics.write_text('{"variable": "B_disap", "topic": "x"}\n["B_disap", "y"]\n'
+                          '{"variable": "Nope", "topic": "z"}\n')
+    with pytest.raises(DataError, match=r"topics.jsonl:2: expected a JSON object[^\n]*\n.*topics.jsonl:3: variable "
+                                        r"'Nope' is not in the catalogue"):
+        build_comparison(build_run(tmp_path / "c", None), CATALOGUE, bad_topics)
 
 
 # ---------------------------------------------------------------- topics, comparison, reasoning
@@ -184,10 +197,16 @@ def test_comparison_sets_take_the_generated_stimulus(tmp_path):
                               n_train=1, n_test=1)
     assert (report["kept"], report["dropped"]) == (2, {"no_stimulus": 1})
     train = load_stimuliqa(tmp_path / "out" / "train.jsonl")
-    assert [(r.id, r.variable) for r in train] == [("B_disap:0000", "B_disap")]
+    assert [(r.id, r.variable) for r in train] == [(f"B_disap:{prompt_sha('a lost match')[:10]}", "B_disap")]
     assert load_stimuliqa(tmp_path / "out" / "qa.jsonl")[1].stimuli == (
         "Last year I lived through a late train, and I still think about it.")
     assert report["split"]["excluded"] == {"C_dpol": 0}
+    # a topic added in the middle is the only prompt generated again (jobs are keyed by their topic)
+    write_jsonl(topics, [{"variable": "B_disap", "topic": t} for t in ("a lost match", "a new one", "a late train")]
+                + [{"variable": "C_dpol", "topic": "a closed library"}])
+    added = ScriptedSampler(comparison_response)
+    build_comparison(build_run(tmp_path / "out", added), CATALOGUE, topics, n_train=1, n_test=1)
+    assert added.prompts == 1
     # without --topics: the catalogue's seed topics, 24 of them
     seeded = ScriptedSampler(comparison_response)
     build_comparison(build_run(tmp_path / "seeds", seeded), CATALOGUE)

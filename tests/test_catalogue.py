@@ -151,3 +151,32 @@ def test_table_columns_ignored_chosen_and_jsonl_errors(tmp_path):
         load_labelled(write(tmp_path, "t.jsonl", '{"id": "a", "stimuli": "x", "B_disap": true}\n'), catalogue)
     with pytest.raises(DataError, match="holds no stimuli"):
         load_labelled(write(tmp_path, "t.csv", "id,stimuli\n"), catalogue)
+
+
+def test_tables_as_spreadsheets_write_them(tmp_path):
+    catalogue = load_catalogue(write(tmp_path, "c.toml", GOOD))
+    expected = [("s1", "A story; with a semicolon.", {"B_disap": 3.0}), ("s2", "Another.", {"J_div": 1.0})]
+    semicolon = write(tmp_path, "t.csv", 'ID;Story;B_disap;J_div\ns1;"A story; with a semicolon.";3;\ns2;Another.;;1\n')
+    tab = write(tmp_path, "t.tsv",
+                "ID\tStory\tB_disap\tJ_div\ns1\tA story; with a semicolon.\t3\t\ns2\tAnother.\t\t1\n")
+    pandas = write(tmp_path, "p.csv",
+                   ',id,stimuli,B_disap,J_div\n0,s1,"A story; with a semicolon.",3,\n1,s2,Another.,,1\n')
+    array = write(tmp_path, "t.json", json.dumps([{"id": "s1", "text": "A story; with a semicolon.", "B_disap": 3},
+                                                  {"id": "s2", "text": "Another.", "J_div": 1}], indent=1))
+    for path in (semicolon, tab, pandas, array):
+        assert [(s.id, s.text, s.values) for s in load_labelled(path, catalogue)] == expected, path
+    second = array.read_text().splitlines().index(" {", 2) + 1  # the line where the second row's object opens
+    with pytest.raises(DataError, match=rf"t.json:{second}: 'J_div': 9 is outside"):
+        load_labelled(write(tmp_path, "t.json", array.read_text().replace('"J_div": 1', '"J_div": 9')), catalogue)
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes("id,stimuli\ns1,fine\ns2,caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin.csv:3: not valid UTF-8 \(byte 7 of the line\)"):
+        load_labelled(latin, catalogue)
+    with pytest.raises(DataError, match=r"no 'key' column \(columns: id, stimuli, B_disap, J_div\); name it with "
+                                        r"--id-column"):
+        load_labelled(write(tmp_path, "t.csv", TABLE), catalogue, id_column="key")
+
+
+def test_one_variable_table_instead_of_an_array_of_tables(tmp_path):
+    with pytest.raises(DataError, match=r"`variable` is one table; write each variable as \[\[variable\]\]"):
+        load_catalogue(write(tmp_path, "c.toml", GOOD.split("\n\n")[0].replace("[[variable]]", "[variable]")))

@@ -144,7 +144,7 @@ def test_parse_qa_no_stimulus(text):
                  ["Loneliness in old age", "Betrayal by a sibling", "Public embarrassment", "Exam failure",
                   "Losing a job"], {}, id="numbered"),
     pytest.param('Here are more topics:\n["grief", "jealousy in friendships", "a cancelled wedding"]\nEnjoy!',
-                 ["grief", "jealousy in friendships", "a cancelled wedding"], {}, id="json"),
+                 ["grief", "jealousy in friendships", "a cancelled wedding"], {"header": 1, "chatter": 1}, id="json"),
     pytest.param('```json\n[\n  "grief",\n  "envy"\n]\n```', ["grief", "envy"], {}, id="json_fenced"),
     pytest.param("### Emotional topics:\n- Grief\n\n**Social topics**:\n- Rejection", ["Grief", "Rejection"],
                  {"header": 2}, id="headers"),
@@ -152,8 +152,13 @@ def test_parse_qa_no_stimulus(text):
                                                                                  "Guilt"], {}, id="markdown"),
     pytest.param("- Here is a list of topics that relate to the idea of loss\n"
                  "- the quiet grief of watching an old parent slowly forget your name",
-                 ["the quiet grief of watching an old parent slowly forget your name"], {"too_long": 1},
-                 id="too_long"),
+                 ["the quiet grief of watching an old parent slowly forget your name"], {"chatter": 1},
+                 id="chatter_line"),
+    pytest.param("- grief\n- a long sentence about how every one of these topics relates to the loss of trust\n"
+                 "I hope these help!\nLet me know if you need more.\nWhat about envy?", ["grief"],
+                 {"too_long": 1, "chatter": 3}, id="too_long_and_sign_offs"),
+    pytest.param('["grief", "envy"]\n3. a cancelled wedding\n4. Envy', ["grief", "envy", "a cancelled wedding",
+                                                                      "Envy"], {}, id="json_echo_then_new_lines"),
 ])
 def test_parse_topics(text, topics, dropped):
     assert parse_topics(text) == (topics, Counter(dropped))
@@ -231,3 +236,24 @@ def test_parse_reasoning_rejects(text, answer, reason):
 ])
 def test_contains_words(text, phrase, expected):
     assert contains_words(text, phrase) is expected
+
+
+def test_parse_qa_numbered_labels_on_one_line_and_an_unlabelled_explanation():
+    assert parse_qa(f"1. Question: {Q} 2. Answer: Disappointed 3. Reason: {R}") == PAIR
+    explained = parse_qa(f"Question: {OPTIONS_Q}\nAnswer: B) Disappointed\nThe narrator trained for months.")
+    assert (explained.answer, explained.reason) == ("B) Disappointed", "")
+
+
+@pytest.mark.parametrize("rationale, answer, given", [
+    ("Months of training vanished, so he is clearly disappointed.", "B) Disappointed", True),
+    ("Months of training vanished overnight.", "B) Disappointed", False),
+    ("No one came to the party, which hurts.", "No", False),
+    ("She waited alone. The answer is no.", "No", True),
+    ("Answer: yes", "Yes", True),
+])
+def test_parse_reasoning_states_answer_sets_option_letters_and_yes_no_apart(rationale, answer, given):
+    if given:
+        with pytest.raises(Rejected, match="states_answer"):
+            parse_reasoning(rationale, answer)
+    else:
+        assert parse_reasoning(rationale, answer) == rationale

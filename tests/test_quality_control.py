@@ -165,3 +165,25 @@ def test_first_of_a_group_is_kept_in_generation_order():
     items = [("s1", UPSET_RACE), ("s1", UPSET), ("s1", UPSET_RACE)]
     assert duplicate_reasons(items) == [None, "near_duplicate", "duplicate"]
     assert duplicate_reasons([]) == []
+
+
+@pytest.mark.parametrize("question, value, expected", [
+    ("On a scale of 0 to 3, how let down was the narrator after the race?", 3.0, None),
+    ("On a scale of 0 to 3, how let down was the narrator after the race?", 0.0, None),
+    ("Rated 0-3, how let down was the narrator after the race?", 3.0, None),
+    ("The narrator's letdown is 3 out of 3; what caused it?", 3.0, "value_in_question"),
+    ("The narrator's letdown is 3 out of 3; what caused it?", 2.0, None),
+    ("How let down was the narrator?\nA) 0\nB) 1\nC) 2\nD) 3", 2.0, None),
+])
+def test_value_in_question_sets_the_scale_and_the_options_aside(question, value, expected):
+    assert leak_reason(QAPair(question, "Deeply let down"), MARATHON, DISAP, value) == expected
+
+
+def test_a_code_that_is_a_plain_word_is_not_a_leak():
+    anger = Variable("anger", "anger", 0.0, 3.0, "emotional reactions", "specific emotions", "anger")
+    pair = QAPair("How much anger did the narrator feel when the race was cancelled?", "A burst of frustration")
+    assert leak_reason(pair, MARATHON, anger, 2.0) is None
+    assert leak_reason(pair, MARATHON, Variable("B_anger", *list(anger.__dict__.values())[1:]), 2.0) is None
+    leaky = QAPair("What is the narrator's B_anger?", "A burst of frustration")
+    assert leak_reason(leaky, MARATHON, Variable("B_anger", *list(anger.__dict__.values())[1:]), 2.0) == \
+        "variable_code"
