@@ -156,7 +156,10 @@ def main(click_ctx, model_dir, benchmarks, benchmark_dir, mode, temperature, top
                  dtype, engine_settings, progress)
         cleanup(ctx)
     except (EvalError, DataError, OSError, ValueError, VLLMUnavailable) as e:
-        if int(os.environ.get("RANK", "0")) != 0:  # every rank fails alike; rank 0 says it once
+        rank = int(os.environ.get("RANK", "0"))
+        if rank != 0:  # input and settings errors are every rank's alike: rank 0 says them once
+            if not isinstance(e, EvalError | DataError | VLLMUnavailable):
+                click.echo(f"evaluate: rank {rank}: {e}", err=True)  # possibly this rank's alone
             raise SystemExit(1) from None
         raise click.ClickException(str(e)) from None
 
