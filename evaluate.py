@@ -49,7 +49,7 @@ from psyrl.evaluation import (
 )
 from psyrl.length_analysis import counts_markdown, lengths_by_index
 from psyrl.model import load_tokenizer
-from psyrl.trainer import checkpoint_sampler
+from psyrl.trainer import checkpoint_sampler, fail_once
 from psyrl.vllm_sampler import (  # imports no vLLM until one is built
     VLLMUnavailable,
     check_tensor_parallel,
@@ -156,12 +156,7 @@ def main(click_ctx, model_dir, benchmarks, benchmark_dir, mode, temperature, top
                  dtype, engine_settings, progress)
         cleanup(ctx)
     except (EvalError, DataError, OSError, ValueError, VLLMUnavailable) as e:
-        rank = int(os.environ.get("RANK", "0"))
-        if rank != 0:  # input and settings errors are every rank's alike: rank 0 says them once
-            if not isinstance(e, EvalError | DataError | VLLMUnavailable):
-                click.echo(f"evaluate: rank {rank}: {e}", err=True)  # possibly this rank's alone
-            raise SystemExit(1) from None
-        raise click.ClickException(str(e)) from None
+        fail_once(e, "evaluate", (EvalError, DataError, VLLMUnavailable))
 
 
 main.add_command(compare_command, "compare")

@@ -1,4 +1,5 @@
-"""`psyrl build`: the StimuliQA builder's command line (the pipeline itself is psyrl.builder).
+"""`psyrl build`: the StimuliQA builder's command line (the pipeline: psyrl.builder, psyrl.topic_expansion,
+psyrl.reasoning_samples, psyrl.build_run).
 
     psyrl build qa --catalogue C --table T --model DIR --out DIR          (one process; HF/torch sampler on CPU)
     torchrun --nproc_per_node 4 -m psyrl build qa ... --engine vllm --tensor-parallel 4    (a GPU node)
@@ -7,23 +8,13 @@
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
 import click
 import transformers
 
-from psyrl.builder import (
-    PAPER_REASONING,
-    PAPER_TOPICS,
-    SHORT_WORDS,
-    BuildError,
-    BuildRun,
-    build_comparison,
-    build_qa,
-    build_reasoning,
-    build_topics,
-)
+from psyrl.build_run import BuildError, BuildRun
+from psyrl.builder import build_comparison, build_qa
 from psyrl.checkpoint import model_fingerprint
 from psyrl.config import ModelConfig
 from psyrl.data import DataError
@@ -31,7 +22,9 @@ from psyrl.distributed import cleanup, init_distributed
 from psyrl.generation_log import Sampling
 from psyrl.model import load_tokenizer
 from psyrl.quality_control import NEAR_DUPLICATE
-from psyrl.trainer import checkpoint_sampler
+from psyrl.reasoning_samples import PAPER_REASONING, SHORT_WORDS, build_reasoning
+from psyrl.topic_expansion import PAPER_TOPICS, build_topics
+from psyrl.trainer import checkpoint_sampler, fail_once
 from psyrl.vllm_sampler import VLLMUnavailable, check_tensor_parallel, import_vllm
 
 
@@ -122,12 +115,7 @@ def run_build(body):
                 click.echo((Path(out_dir) / "report.md").read_text(encoding="utf-8"))
             cleanup(ctx)
         except (BuildError, DataError, OSError, ValueError, VLLMUnavailable) as e:
-            rank = int(os.environ.get("RANK", "0"))
-            if rank != 0:  # input and settings errors are every rank's alike: rank 0 says them once
-                if not isinstance(e, BuildError | DataError | VLLMUnavailable):
-                    click.echo(f"psyrl build: rank {rank}: {e}", err=True)  # possibly this rank's alone
-                raise SystemExit(1) from None
-            raise click.ClickException(str(e)) from None
+            fail_once(e, "psyrl build", (BuildError, DataError, VLLMUnavailable))
     return command
 
 

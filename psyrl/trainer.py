@@ -11,6 +11,7 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import click
 import transformers
@@ -91,6 +92,17 @@ def run_entry(train: Callable, config_path, overrides, overwrite: bool, resume: 
         if int(os.environ.get("RANK", "0")) != 0:
             raise SystemExit(e.exit_code) from None
         raise
+
+
+def fail_once(error: Exception, prog: str, shared: tuple[type, ...]) -> NoReturn:
+    """End a tool's run on `error` as one click message from rank 0. Another rank exits quietly when the error is of
+    a `shared` type (input and settings errors, every rank's alike) and says it otherwise: it may be its alone."""
+    rank = int(os.environ.get("RANK", "0"))
+    if rank != 0:
+        if not isinstance(error, shared):
+            click.echo(f"{prog}: rank {rank}: {error}", err=True)
+        raise SystemExit(1) from None
+    raise click.ClickException(str(error)) from None
 
 
 def check_sampler(cfg) -> None:

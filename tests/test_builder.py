@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 from launch import run as launch
 
-from psyrl.builder import BuildError, BuildRun, build_comparison, build_qa, build_reasoning, build_topics
+from psyrl.build_run import BuildError, BuildRun
+from psyrl.builder import build_comparison, build_qa
 from psyrl.catalogue import load_catalogue, load_labelled
 from psyrl.cli import main
 from psyrl.config import ModelConfig
@@ -19,7 +20,9 @@ from psyrl.data import DataError, StimuliRecord, load_stimuliqa, sft_target, wri
 from psyrl.distributed import ONE_PROCESS
 from psyrl.generation_log import Sampling, prompt_sha
 from psyrl.model import load_model, load_tokenizer
+from psyrl.reasoning_samples import build_reasoning
 from psyrl.sampler import Sample
+from psyrl.topic_expansion import build_topics
 
 CATALOGUE, TABLE = "data/build/catalogue.toml", "data/build/stimuli.csv"
 TOKENIZER = load_tokenizer(ModelConfig())
