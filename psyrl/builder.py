@@ -17,9 +17,10 @@ from pathlib import Path
 
 from psyrl import prompts
 from psyrl.build_run import BuildError, BuildRun, Tally, report_markdown, write_nonempty, write_report
-from psyrl.catalogue import Variable, load_catalogue, load_labelled
+from psyrl.catalogue import Variable, load_catalogue
 from psyrl.data import DataError, StimuliRecord, split_by_variable
 from psyrl.generation_log import Job, prompt_sha
+from psyrl.labelled_stimuli import load_labelled
 from psyrl.qa_pairs import Rejected, parse_qa, topic_key
 from psyrl.quality_control import NEAR_DUPLICATE, duplicate_reasons, leak_reason
 

@@ -13,12 +13,13 @@ from launch import run as launch
 
 from psyrl.build_run import BuildError, BuildRun
 from psyrl.builder import build_comparison, build_qa
-from psyrl.catalogue import load_catalogue, load_labelled
+from psyrl.catalogue import load_catalogue
 from psyrl.cli import main
 from psyrl.config import ModelConfig
 from psyrl.data import DataError, StimuliRecord, load_stimuliqa, sft_target, write_jsonl
 from psyrl.distributed import ONE_PROCESS
 from psyrl.generation_log import Sampling, prompt_sha
+from psyrl.labelled_stimuli import load_labelled
 from psyrl.model import load_model, load_tokenizer
 from psyrl.reasoning_samples import build_reasoning
 from psyrl.sampler import Sample

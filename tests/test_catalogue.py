@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from psyrl.catalogue import load_catalogue, load_labelled
+from psyrl.catalogue import load_catalogue
 from psyrl.data import DataError
+from psyrl.labelled_stimuli import load_labelled
 
 GOOD = """\
 [[variable]]
