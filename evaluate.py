@@ -28,7 +28,6 @@ from tqdm import tqdm
 
 from psyrl import prompts
 from psyrl.atomic import write_text
-from psyrl.checkpoint import model_fingerprint
 from psyrl.cli import compare_command, lengths_command
 from psyrl.config import ModelConfig, PromptConfig
 from psyrl.data import DataError
@@ -48,7 +47,7 @@ from psyrl.evaluation import (
     task_of,
 )
 from psyrl.length_analysis import counts_markdown, lengths_by_index
-from psyrl.model import load_tokenizer
+from psyrl.model import load_tokenizer, model_fingerprint
 from psyrl.trainer import checkpoint_sampler, fail_once
 from psyrl.vllm_sampler import (  # imports no vLLM until one is built
     VLLMUnavailable,

@@ -15,12 +15,11 @@ import transformers
 
 from psyrl.build_run import BuildError, BuildRun
 from psyrl.builder import build_comparison, build_qa
-from psyrl.checkpoint import model_fingerprint
 from psyrl.config import ModelConfig
 from psyrl.data import DataError
 from psyrl.distributed import cleanup, init_distributed
 from psyrl.generation_log import Sampling
-from psyrl.model import load_tokenizer
+from psyrl.model import load_tokenizer, model_fingerprint
 from psyrl.quality_control import NEAR_DUPLICATE
 from psyrl.reasoning_samples import PAPER_REASONING, SHORT_WORDS, build_reasoning
 from psyrl.topic_expansion import PAPER_TOPICS, build_topics

@@ -12,7 +12,6 @@ tensors only, and DCP's own index `state/.metadata` (torch's format) is the one 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import shutil
 import statistics
@@ -285,17 +284,3 @@ def select_checkpoint(run_dir: str | Path, rule: str = "median", metric: str = "
     by_score = sorted(scores, key=lambda s: (s[1], s[0]))
     target = statistics.median_low([s[1] for s in by_score])
     return next(s for s in by_score if s[1] == target)
-
-
-def model_fingerprint(model_dir: Path) -> str:
-    """config.json, and each weight file's name, size and first and last MiB: a changed checkpoint is noticed on
-    resume (evaluate.py, psyrl build) without reading gigabytes."""
-    h = hashlib.sha256((model_dir / "config.json").read_bytes())
-    for f in sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("*.bin")):
-        size = f.stat().st_size
-        h.update(f"{f.name}:{size}".encode())
-        with f.open("rb") as fh:
-            h.update(fh.read(1 << 20))
-            fh.seek(max(0, size - (1 << 20)))
-            h.update(fh.read(1 << 20))
-    return h.hexdigest()[:16]

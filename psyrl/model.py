@@ -9,6 +9,7 @@ whole batch (vocab 151,936 x 8 x 256 tokens: ~1.2 GiB per copy).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from importlib import resources
 from pathlib import Path
 
@@ -38,6 +39,20 @@ def _model_dir(path: str) -> Path:
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"{p} is not a Hugging Face model directory: it has no config.json")
     return p
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """config.json, and each weight file's name, size and first and last MiB: a changed checkpoint is noticed on
+    resume (evaluate.py, psyrl build) without reading gigabytes."""
+    h = hashlib.sha256((model_dir / "config.json").read_bytes())
+    for f in sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("*.bin")):
+        size = f.stat().st_size
+        h.update(f"{f.name}:{size}".encode())
+        with f.open("rb") as fh:
+            h.update(fh.read(1 << 20))
+            fh.seek(max(0, size - (1 << 20)))
+            h.update(fh.read(1 << 20))
+    return h.hexdigest()[:16]
 
 
 def load_tokenizer(cfg: ModelConfig):
