@@ -98,7 +98,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
         rewind_metrics(run_dir, trainer["step"], ctx)
     params = sum(p.numel() for p in policy.parameters())
     print0(f"sft: {params / 1e6:.2f}M parameters on {ctx.world} x {ctx.device}"
-        f"{' (FSDP2' + (', CPU offload' if cfg.fsdp.offload else '') + ')' if ctx.sharded else ''}; "
+        f"{' (FSDP2' + (', CPU offload' if cfg.fsdp.offload == 'always' else '') + ')' if ctx.sharded else ''}; "
         f"{counts['kept']} training examples (skipped: {counts['no_reasoning']} without reasoning, "
         f"{counts['too_long']} over {cfg.data.max_length} tokens); {len(valid_records)} validation items; "
         f"{steps} steps of {batch} sequences; run directory {run_dir}"
@@ -112,7 +112,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
             if sampler is None:
                 sampler = build_sampler(policy, cfg, tokenizer, ctx, cfg.rollout.valid_temperature)  # validates only
             else:
-                sync_weights(sampler, policy, ctx)
+                sync_weights(sampler, policy, cfg, ctx)
             return validate(policy, sampler, tokenizer, valid_records, cfg, ctx)
 
         if valid_records and first == 1:  # the untrained model's scores: the baseline every later row is compared with
@@ -163,7 +163,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
                 print0(step_line(row, LINE_FIELDS), ctx)
 
     # ---------------------------------------------------------------- final export
-    export_final(policy, tokenizer, run_dir, ctx, "sft")
+    export_final(policy, tokenizer, run_dir, cfg, ctx, "sft")
     if sampler is not None:
         sampler.close()
     if valid_records and cfg.checkpoint.every and ctx.is_main:

@@ -6,8 +6,10 @@
 One step (SPEC §9): B prompts in a seeded, resumable order, split over ranks (a prompt's G samples stay on one
 rank) -> G samples each from the sampler -> answers scored -> cache phase 1 over the records of all ranks
 (L-bar, r-bar_F1) -> final rewards of `reward.variant` -> cache phase 2 -> advantages (eq. 2) -> reference
-log-probs (and logp_old when a rollout gives several updates) -> one update per mini-batch of
-`optim.global_batch` prompts -> weight sync to the sampler. Every `checkpoint.every` steps: validation on the
+log-probs (and logp_old for the mini-batches after the first when a rollout gives several updates) -> one update
+per mini-batch of `optim.global_batch` prompts -> weight sync to the sampler. With `fsdp.offload = "phase"` the
+actor's shards and optimiser state leave the device before the sync and the next rollout and come back after it.
+Every `checkpoint.every` steps: validation on the
 held-out split and `runs/<name>/checkpoints/step-N/` (model, optimiser, RNG, data position, trajectory cache).
 """
 
@@ -24,7 +26,7 @@ import torch
 from psyrl.checkpoint import json_text, load_checkpoint
 from psyrl.config import ConfigError
 from psyrl.data import Cursor, DataError, load_records, load_stimuliqa, next_indices
-from psyrl.distributed import Dist, all_reduce, print0
+from psyrl.distributed import Dist, PhaseOffload, all_reduce, print0
 from psyrl.model import autocast, load_tokenizer
 from psyrl.optim import build_optimizer, lr_factor, set_lr
 from psyrl.rewards import answer_components
@@ -33,6 +35,7 @@ from psyrl.runlog import Laps, peak_memory_gib, step_line
 from psyrl.sft import SFTExample
 from psyrl.trainer import (
     build_policy,
+    build_reference,
     build_sampler,
     check_resume,
     check_run_dir,
@@ -95,7 +98,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
                             f"= {cfg.rollout.max_prompt_tokens} tokens; nothing to train on")
         trainer, data_fingerprint = read_trainer_state(checkpoint, cfg.data.train_file, len(train_prompts))
         policy = build_policy(cfg, tokenizer, ctx)
-        reference = build_policy(cfg, tokenizer, ctx, offload=cfg.fsdp.ref_offload) if cfg.loss.kl_coef > 0 else None
+        reference = build_reference(cfg, tokenizer, ctx) if cfg.loss.kl_coef > 0 else None
     except (ConfigError, DataError, OSError, ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
     warn_about_inputs(cfg, ctx, train_records, valid_records)
@@ -103,9 +106,8 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
     pad_id = tokenizer.pad_token_id
 
     policy.train()
-    if reference is not None:  # pi_ref: the starting checkpoint, frozen (eq. 1's KL term)
-        reference.eval().requires_grad_(False)
     optimizer = build_optimizer(policy, cfg.optim)
+    offload = PhaseOffload(policy, optimizer, ctx.device, cfg.fsdp.offload == "phase")
     amp = contextlib.nullcontext() if ctx.sharded else autocast(cfg.model, ctx.device)  # FSDP: MixedPrecisionPolicy
     B, G, batch, steps = cfg.rollout.prompts, cfg.rollout.samples, cfg.optim.global_batch, cfg.run.steps
     updates_per_step = B // batch
@@ -116,10 +118,11 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
         cache.load_state_dict(json.loads((checkpoint / "trajectory_cache.json").read_text(encoding="utf-8")))
         cursor, skipped_updates, first = Cursor(**trainer["cursor"]), trainer["skipped_updates"], trainer["step"] + 1
         rewind_metrics(run_dir, trainer["step"], ctx)
+    offload.to_host()  # before the engine starts: vLLM refuses a pool larger than the free memory
     sampler = build_sampler(policy, cfg, tokenizer, ctx)  # its own copy, filled from the shards
     params = sum(p.numel() for p in policy.parameters())
     print0(f"tgrpo: {params / 1e6:.2f}M parameters on {ctx.world} x {ctx.device}"
-           f"{' (FSDP2' + (', CPU offload' if cfg.fsdp.offload else '') + ')' if ctx.sharded else ''}; reward "
+           f"{' (FSDP2, offload ' + cfg.fsdp.offload + ')' if ctx.sharded else ''}; reward "
            f"{cfg.reward.variant}, advantage scope {cfg.advantage.scope}, cache {cfg.cache.size} steps; "
            f"{len(train_prompts)} training prompts ({too_long} over {cfg.rollout.max_prompt_tokens} tokens dropped); "
            f"{len(valid_records)} validation items; {steps} steps of {B} prompts x {G} samples, {updates_per_step} "
@@ -128,12 +131,12 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
 
     with step_log(run_dir, cfg, ctx, first, "tgrpo") as (log, bar):
         if valid_records and first == 1:  # the starting model's scores: the baseline of every later row
-            metrics, _ = validate(policy, sampler, tokenizer, valid_records, cfg, ctx)
+            metrics, _ = validate(policy, sampler, tokenizer, valid_records, cfg, ctx, offload.on_device)
             log({"step": 0, "steps": steps, **metrics})
             print0(step_line({"step": 0, "steps": steps, **metrics}, LINE_FIELDS), ctx)
 
         for step in range(first, steps + 1):
-            lap = Laps()
+            lap = Laps(ctx.device)
             # ---------------------------------------------------------------- sample G responses per prompt
             indices, cursor = next_indices(cursor, len(train_prompts), B, cfg.run.seed, cfg.data.shuffle)
             positions = rank_positions(B, batch, ctx)
@@ -165,33 +168,40 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
                               [train_prompts[indices[p]][0] for p in range(B)], cfg.log.samples_prompts,
                               cfg.reward.variant)
 
+            offload.to_device()  # phase offload: the actor's shards and AdamW state back for the experience and update
+            lap("offload")
+
             # ---------------------------------------------------------------- reference and old log-probs
             sequences = [m["sequence"] for m in mine]
-            size, T = cfg.optim.logprob_micro_batch, cfg.rollout.temperature
+            per_rank = len(mine) // updates_per_step
+            size, budget = cfg.optim.logprob_micro_batch, cfg.optim.logprob_micro_batch_tokens
+            T = cfg.rollout.temperature
             if reference is not None:
-                for m, lp in zip(mine, sequence_logprobs(reference, sequences, size, pad_id, T, ctx, amp)):
+                for m, lp in zip(mine, sequence_logprobs(reference, sequences, size, pad_id, T, ctx, amp, budget)):
                     m["logp_ref"] = lp
-            old = updates_per_step > 1  # later mini-batches are off-policy: keep the sampling policy's log-probs
-            if old:
-                for m, lp in zip(mine, sequence_logprobs(policy, sequences, size, pad_id, T, ctx, amp)):
-                    m["logp_old"] = lp
+            # mini-batches after the first are off-policy: the sampling policy's log-probs, computed now; the first
+            # updates the policy that sampled, whose logp_old is the update's own detached logp_theta (SPEC §3)
+            later = sequences[per_rank:]
+            for m, lp in zip(mine[per_rank:], sequence_logprobs(policy, later, size, pad_id, T, ctx, amp, budget)):
+                m["logp_old"] = lp
             lap("logprobs")
 
             # ---------------------------------------------------------------- one update per mini-batch
             sums, grad_norms = defaultdict(float), []
-            per_rank = len(mine) // updates_per_step
             for u in range(updates_per_step):
                 update_index = (step - 1) * updates_per_step + u
                 lr = cfg.optim.lr * lr_factor(update_index, cfg.optim, steps * updates_per_step)
                 set_lr(optimizer, lr)
-                grad_norm, applied = update(policy, optimizer, mine[u * per_rank:(u + 1) * per_rank], batch * G, old,
+                grad_norm, applied = update(policy, optimizer, mine[u * per_rank:(u + 1) * per_rank], batch * G,
                                             pad_id, cfg, ctx, amp, sums)
                 grad_norms.append(grad_norm)
                 if not applied:
                     skipped_updates += 1
                     print0(f"step {step}: non-finite gradient norm {grad_norm}; update skipped", ctx)
             lap("update")
-            sync_weights(sampler, policy, ctx)
+            offload.to_host()  # phase offload: the device is the engine's from here to the next experience pass
+            lap("offload")
+            sync_weights(sampler, policy, cfg, ctx)
             lap("sync")
 
             # ---------------------------------------------------------------- log, validate, checkpoint
@@ -200,10 +210,11 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
                    "actor/skipped_updates": skipped_updates, "actor/updates": updates_per_step,
                    "cache/steps": len(cache), "data/epoch": cursor.epoch, "data/filtered_prompts": too_long,
                    **lap.row()}
-            row["perf/peak_mem_gib"] = float(all_reduce(torch.tensor(peak_memory_gib(ctx.device)), ctx, "max"))
+            peak = max(lap.peaks.values()) if lap.peaks else peak_memory_gib(ctx.device)  # CUDA: per-phase peaks
+            row["perf/peak_mem_gib"] = float(all_reduce(torch.tensor(peak), ctx, "max"))
             save = cfg.checkpoint.every > 0 and (step % cfg.checkpoint.every == 0 or step == steps)
             if valid_records and (save or step == steps):
-                metrics, outputs = validate(policy, sampler, tokenizer, valid_records, cfg, ctx)
+                metrics, outputs = validate(policy, sampler, tokenizer, valid_records, cfg, ctx, offload.on_device)
                 row.update(metrics)
             log(row)  # before the save: a crash right after it must not lose the row of a step it kept
             if save:
@@ -219,7 +230,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
                 print0(step_line(row, LINE_FIELDS), ctx)
 
     # ---------------------------------------------------------------- final export
-    export_final(policy, tokenizer, run_dir, ctx, "tgrpo")
+    export_final(policy, tokenizer, run_dir, cfg, ctx, "tgrpo")
     sampler.close()
 
 

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from psyrl.atomic import replace_dir, sync_tree, temporary, write_text
-from psyrl.distributed import ONE_PROCESS, Dist, agree, gather_full_state_dict
+from psyrl.distributed import DTYPES, ONE_PROCESS, Dist, agree, gather_to_rank0
 
 CHECKPOINT_GLOB = "step-*"
 MANIFEST = "manifest.json"
@@ -48,15 +48,16 @@ def _temporary(final: Path, ctx: Dist, tag: str) -> Path:
     return tmp
 
 
-def _write_hf(policy, tokenizer, directory: Path, ctx: Dist) -> None:
-    """Collective: every rank gathers the full weights one tensor at a time; rank 0 keeps them (CPU) and writes."""
-    state = {}
-    for name, tensor in gather_full_state_dict(policy, "cpu", prefix="lm."):
-        if ctx.is_main:
-            state[name] = tensor
+def _write_hf(policy, tokenizer, directory: Path, ctx: Dist, dtype: str = "float32") -> None:
+    """Collective: the shards go to rank 0 one tensor at a time (`gather_to_rank0`: the other ranks only send), which
+    casts them to `dtype` and writes. config.json states that dtype (transformers would write the live model's)."""
+    state = {name: tensor.to(DTYPES[dtype]) for name, tensor in gather_to_rank0(policy, prefix="lm.")
+             if tensor is not None}
     if ctx.is_main:
         policy.lm.save_pretrained(str(directory), state_dict=state, safe_serialization=True)
         tokenizer.save_pretrained(str(directory))
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+        write_text(directory / "config.json", json.dumps({**config, "dtype": dtype}, indent=2, sort_keys=True) + "\n")
 
 
 def _fail(stage: str, final: Path, error: BaseException | None, ctx: Dist) -> CheckpointError:
@@ -65,12 +66,12 @@ def _fail(stage: str, final: Path, error: BaseException | None, ctx: Dist) -> Ch
                            "created and earlier checkpoints are intact")
 
 
-def export_hf(policy, tokenizer, out_dir: str | Path, ctx: Dist = ONE_PROCESS) -> Path:
-    """config.json, safetensors weights, generation config and tokenizer files of `policy.lm` (sharded or not):
-    loadable as they are by `transformers.AutoModelForCausalLM.from_pretrained` (and by vLLM). Collective."""
+def export_hf(policy, tokenizer, out_dir: str | Path, ctx: Dist = ONE_PROCESS, dtype: str = "float32") -> Path:
+    """config.json, safetensors weights (in `dtype`), generation config and tokenizer files of `policy.lm` (sharded
+    or not): loadable as they are by `transformers.AutoModelForCausalLM.from_pretrained` (and by vLLM). Collective."""
     out = Path(out_dir)
     tmp = _temporary(out, ctx, "export")
-    _write_stages([("HF export", lambda: _write_hf(policy, tokenizer, tmp, ctx)),
+    _write_stages([("HF export", lambda: _write_hf(policy, tokenizer, tmp, ctx, dtype)),
                    ("rename", lambda: _publish(tmp, out, ctx, manifest=False))], tmp, out, ctx)
     return out
 
@@ -120,15 +121,16 @@ def write_manifest(directory: Path, manifest: dict | None = None) -> None:
 
 
 def save_checkpoint(run_dir: str | Path, step: int, policy, optimizer, tokenizer, files: dict[str, str],
-                    ctx: Dist = ONE_PROCESS, keep_state: int = 0) -> Path:
-    """`checkpoints/step-N/`: HF export, model + optimiser shards, every rank's RNG state and the given text files
+                    ctx: Dist = ONE_PROCESS, keep_state: int = 0, export_dtype: str = "float32") -> Path:
+    """`checkpoints/step-N/`: HF export (in `export_dtype`), model + optimiser shards (float32 master weights),
+    every rank's RNG state and the given text files
     (resolved config, trainer state, scores, ...), assembled in a temporary directory and renamed into place.
     Collective. A write error on any rank raises CheckpointError on every rank and leaves no `step-N`."""
     final = Path(run_dir) / "checkpoints" / f"step-{step}"
     tmp = _temporary(final, ctx, "save")
     stages: list[tuple[str, Callable[[], None]]] = [
         ("directory", lambda: _make_dir(tmp, ctx)),  # the ranks' agreement after it is the barrier
-        ("HF export", lambda: _write_hf(policy, tokenizer, tmp / "hf", ctx)),
+        ("HF export", lambda: _write_hf(policy, tokenizer, tmp / "hf", ctx, export_dtype)),
         ("model and optimiser state", lambda: _save_state(policy, optimizer, tmp / "state")),
         ("RNG state", lambda: _save_rng(tmp, ctx)),
         ("trainer files", lambda: _write_files(tmp, files, ctx)),

@@ -143,6 +143,14 @@ class OptimConfig:
     """Sequences per forward/backward on one rank (A.4 SFT: 1; A.3 update: 4); gradients accumulate."""
     logprob_micro_batch: int = 16
     """Sequences per gradient-free forward on one rank: log-probs, validation loss (A.3 experience: 16)."""
+    micro_batch_tokens: int = 0
+    """T-GRPO update: when > 0, micro-batches by a token budget instead of `micro_batch` sequences: a rank's
+    sequences sorted by length and packed while rows x longest row stays within this many tokens (a longer sequence
+    goes alone). Less padding, fewer all-gathers; the loss normaliser is unchanged, so the gradient equals the
+    fixed-size micro-batches' to float rounding. 0 = fixed-size micro-batches."""
+    logprob_micro_batch_tokens: int = 0
+    """T-GRPO experience (reference and old log-probs): the same token budget for the gradient-free forwards, instead
+    of `logprob_micro_batch` sequences; 0 = fixed-size."""
 
     def __post_init__(self):
         check_choices(self)
@@ -156,23 +164,35 @@ class OptimConfig:
         require(self.global_batch >= 1, "global_batch", f"expected >= 1, got {self.global_batch}")
         require(self.micro_batch >= 1, "micro_batch", f"expected >= 1, got {self.micro_batch}")
         require(self.logprob_micro_batch >= 1, "logprob_micro_batch", f"expected >= 1, got {self.logprob_micro_batch}")
+        for key in ("micro_batch_tokens", "logprob_micro_batch_tokens"):
+            require(getattr(self, key) >= 0, key, f"expected >= 0, got {getattr(self, key)}")
 
 
 @dataclass
 class FsdpConfig:
-    offload: bool = False
-    """Under torchrun: keep sharded parameters, gradients and optimiser state in CPU memory (FSDP2 CPUOffloadPolicy;
-    A.3: "parameters and optimiser offloaded to CPU"). The optimiser step then runs on the CPU."""
+    offload: Literal["none", "phase", "always"] = "none"
+    """Under torchrun, where the actor's sharded parameters and AdamW state live. `none`: on the device throughout.
+    `phase` (A.3's "parameters and optimizer offloaded to CPU" as EasyR1 does it): T-GRPO moves the shards and the
+    optimiser state to pinned CPU memory while the sampler rolls out and back to the device before the experience
+    log-probs, so compute and the optimiser step run on the device (SFT has no rollout: there it equals `none`).
+    `always`: FSDP2's CPUOffloadPolicy, shards on the CPU during compute (copied in for each forward and backward,
+    gradients back to the CPU, the optimiser step on the CPU): least device memory, most host traffic."""
     reshard_after_forward: bool = True
     """Free each layer's gathered parameters after its forward and gather again for backward (full sharding,
     ZeRO-3); false keeps them until backward: fewer all-gathers, more memory."""
     ref_offload: bool = True
-    """Under torchrun: keep the T-GRPO reference model's shards in CPU memory (A.3: "reference model on CPU"); its
-    log-probs are one gradient-free forward per step."""
+    """Under torchrun: keep the T-GRPO reference model's shards in CPU memory (A.3: "CPU offload enabled for
+    reference model", FSDP2 CPUOffloadPolicy), in the compute dtype (model.dtype: bf16 as verl and EasyR1 load it);
+    its log-probs are one gradient-free forward per step."""
+    defer_grad_sync: bool = False
+    """Accumulate unsharded gradients over an update's micro-batches and reduce-scatter once, at the last one
+    (FSDP2 set_requires_gradient_sync): one gradient reduction per update instead of one per micro-batch, for a
+    full float32 gradient copy per rank (`psyrl plan` prints its cost)."""
     timeout_minutes: int = 60
     """Collective timeout: how long ranks wait for each other (e.g. while rank 0 writes a checkpoint)."""
 
     def __post_init__(self):
+        check_choices(self)
         require(self.timeout_minutes >= 1, "timeout_minutes", f"expected >= 1, got {self.timeout_minutes}")
 
 
@@ -182,12 +202,16 @@ class CheckpointConfig:
     """Every this many steps and at the last one: save `checkpoints/step-N/` (HF export, resumable training state,
     resolved config, held-out scores when there is a valid_file); 0 = only the final export `hf/` (no resume).
     Appendix B: GRPO starts from the SFT checkpoint with the median F1 (`psyrl select-checkpoint`)."""
+    export_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the weights in every HF export (`hf/`, `checkpoints/step-N/hf/`): bfloat16 halves the files of a
+    bf16 run (the resumable `state/` keeps float32 master weights either way)."""
     keep_state: int = 2
     """Keep the resumable training state (model and optimiser shards, RNG, data position: ~3x the model's size) in
     the last this-many checkpoints only; older ones keep their HF export and scores for the median-F1 choice.
     0 = keep every state."""
 
     def __post_init__(self):
+        check_choices(self)
         require(self.every >= 0, "every", f"expected >= 0, got {self.every}")
         require(self.keep_state >= 0, "keep_state", f"expected >= 0, got {self.keep_state}")
 

@@ -139,11 +139,19 @@ class SamplerConfig:
     next weight sync, so that the update has the GPU. Off = the engine keeps its memory throughout."""
     enforce_eager: bool = False
     """vllm: no CUDA graphs (less memory and a faster start, slower decoding)."""
+    disable_custom_all_reduce: bool = True
+    """vllm: NCCL instead of vLLM's custom all-reduce between the ranks of an engine (tensor_parallel > 1), as EasyR1
+    (the paper's stack) and verl set it: the custom kernel needs GPU peer access, and on PCIe boards without NVLink
+    (RTX A6000) it has been reported to hang. false = vLLM's default (faster on NVLink nodes)."""
+    sync_bucket_mib: int = 512
+    """Weight sync: parameters are cast to model.dtype on the device and all-gathered in buckets of about this many
+    MiB (of the gathered tensors), each bucket streamed into the sampler before the next is gathered."""
 
     def __post_init__(self):
         check_choices(self)
         require(self.batch >= 1, "batch", f"expected >= 1, got {self.batch}")
         require(self.max_num_seqs >= 1, "max_num_seqs", f"expected >= 1, got {self.max_num_seqs}")
         require(self.tensor_parallel >= 1, "tensor_parallel", f"expected >= 1, got {self.tensor_parallel}")
+        require(self.sync_bucket_mib >= 1, "sync_bucket_mib", f"expected >= 1, got {self.sync_bucket_mib}")
         require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization",
                 f"expected 0 < gpu_memory_utilization <= 1, got {self.gpu_memory_utilization}")

@@ -1,4 +1,5 @@
-"""Processes, device mesh and FSDP2 sharding (SPEC §1: torchrun, FSDP2 with CPU offload, mixed precision).
+"""Processes, device mesh, FSDP2 sharding and the moves of sharded state (SPEC §1: torchrun, FSDP2 with CPU offload,
+mixed precision): A.3's phase offload, the bucketed weight gather for the sampler, and the rank-0 gather for exports.
 
 Under `torchrun` every rank runs the same entry script; without it (no WORLD_SIZE, or WORLD_SIZE = 1) psyrl
 runs in one process on a plain model, and every helper here degrades to a no-op or the identity.
@@ -7,7 +8,9 @@ The `Dist` value returned by `init_distributed` is passed around explicitly: no 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -57,12 +60,12 @@ def _device(choice: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def backend(device: torch.device, offload: bool) -> str:
-    """gloo on CPU; nccl on GPU; both under CPU offload, where the broadcast of rank 0's weights runs on
-    CPU-resident shards."""
+def backend(device: torch.device, host_shards: bool) -> str:
+    """gloo on CPU; nccl on GPU; both when some shards live on the host (any offload, the reference model's included):
+    the broadcast of rank 0's weights and the float32 gather of an export then run on CPU tensors."""
     if device.type != "cuda":
         return "gloo"
-    return "cuda:nccl,cpu:gloo" if offload else "nccl"
+    return "cuda:nccl,cpu:gloo" if host_shards else "nccl"
 
 
 def set_threads(local_world: int) -> None:
@@ -72,7 +75,7 @@ def set_threads(local_world: int) -> None:
     torch.set_num_threads(max(1, cores // local_world))
 
 
-def init_distributed(device_choice: str = "auto", offload: bool = False, timeout_minutes: int = 60) -> Dist:
+def init_distributed(device_choice: str = "auto", host_shards: bool = False, timeout_minutes: int = 60) -> Dist:
     """Join the torchrun process group (when WORLD_SIZE > 1) and build the explicit device mesh: the default
     mesh can pick CUDA on a GPU machine and then fail with gloo."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -84,7 +87,7 @@ def init_distributed(device_choice: str = "auto", offload: bool = False, timeout
         return Dist(device=device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend(device, offload), timeout=datetime.timedelta(minutes=timeout_minutes),
+    dist.init_process_group(backend(device, host_shards), timeout=datetime.timedelta(minutes=timeout_minutes),
                             device_id=device if device.type == "cuda" else None)
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("fsdp",))
     return Dist(rank, world, local_rank, local_world, device, mesh)
@@ -121,9 +124,11 @@ def shard(policy: nn.Module, ctx: Dist, dtype: str = "float32", offload: bool = 
 
 
 def load_sharded(build: Callable[[bool], nn.Module], ctx: Dist, dtype: str = "float32", offload: bool = False,
-                 reshard_after_forward: bool = True) -> nn.Module:
+                 reshard_after_forward: bool = True, storage_dtype: str = "float32") -> nn.Module:
     """A sharded `Policy` whose weights are read on rank 0 only and broadcast: `build(empty)` returns the Policy,
-    with real weights when empty is False (rank 0) or on the meta device (other ranks)."""
+    with real weights when empty is False (rank 0) or on the meta device (other ranks). `storage_dtype`: the dtype
+    the shards are kept in (float32 master weights for a policy that trains; the compute dtype for a frozen
+    reference, as verl and EasyR1 load theirs)."""
     error = None
     try:
         policy = build(not ctx.is_main)
@@ -131,6 +136,8 @@ def load_sharded(build: Callable[[bool], nn.Module], ctx: Dist, dtype: str = "fl
         error = e
     if not agree(error is None, ctx):
         raise error or RuntimeError(f"rank {ctx.rank}: rank 0 could not load the model (see its error)")
+    for param in policy.parameters():  # parameters only: rotary inv_freq stays float32
+        param.data = param.data.to(DTYPES[storage_dtype])
     full = {k: v.detach().cpu() for k, v in policy.state_dict().items()} if ctx.is_main else {}
     buffers = {name: b.detach().clone() for name, b in policy.named_buffers()} if ctx.is_main else {}
     shard(policy, ctx, dtype, offload, reshard_after_forward)
@@ -152,19 +159,88 @@ def _broadcast_buffers(model: nn.Module, rank0_buffers: dict[str, torch.Tensor],
         setattr(module, attr, value)
 
 
-def gather_full_state_dict(model: nn.Module, device: str | torch.device = "cpu",
-                           prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) one at a time, on every rank: each sharded parameter is all-gathered when its turn
-    comes, so at most one full tensor exists beyond the shards. Tied parameters appear once, under their first
-    name; `prefix` is stripped from names (e.g. "lm." for a Policy). Collective: every rank must iterate to the
-    end. In one process: the model's own tensors, detached."""
+def _unique_state(model: nn.Module, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of the state dict; tied parameters once, under their first name; `prefix` stripped."""
     seen: set[int] = set()
     for name, tensor in model.state_dict(keep_vars=True).items():
-        if id(tensor) in seen:
-            continue
-        seen.add(id(tensor))
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            yield name.removeprefix(prefix), tensor
+
+
+def gather_full_state_dict(model: nn.Module, device: str | torch.device = "cpu",
+                           prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) one at a time, on every rank, in the parameters' own dtype: each sharded parameter is
+    all-gathered when its turn comes, so at most one full tensor exists beyond the shards. Tied parameters appear
+    once, under their first name; `prefix` is stripped from names (e.g. "lm." for a Policy). Collective: every rank
+    must iterate to the end. In one process: the model's own tensors, detached."""
+    for name, tensor in _unique_state(model, prefix):
         full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-        yield name.removeprefix(prefix), full.detach().to(device)
+        yield name, full.detach().to(device)
+
+
+def gather_to_rank0(model: nn.Module, prefix: str = "") -> Iterator[tuple[str, torch.Tensor | None]]:
+    """(name, full float32-or-own-dtype tensor on the CPU) on rank 0, (name, None) on the others: what an export
+    needs, where only the rank that writes should hold the whole model (an all-gather would give it to every
+    rank). Each shard goes to rank 0 by `gather`, on the CPU when the shards live there (gloo), else on the device.
+    Collective: every rank must iterate to the end."""
+    for name, tensor in _unique_state(model, prefix):
+        if not isinstance(tensor, DTensor):
+            yield name, tensor.detach().cpu()
+            continue
+        local, world = tensor.to_local().detach(), tensor.device_mesh.size()
+        rows = math.ceil(tensor.shape[0] / world)  # FSDP2 shards dim 0 in chunks of ceil(rows / world)
+        padded = local.new_zeros((rows, *tensor.shape[1:]))
+        padded[:local.shape[0]].copy_(local)
+        parts = [torch.empty_like(padded) for _ in range(world)] if dist.get_rank() == 0 else None
+        dist.gather(padded, parts, dst=0)
+        yield name, torch.cat(parts)[:tensor.shape[0]].cpu() if parts is not None else None
+
+
+def sync_buckets(model: nn.Module, device: torch.device, dtype: torch.dtype, bucket_bytes: int,
+                 prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """The weight sync's stream: (name, full tensor in `dtype` on `device`), every rank, in state-dict order.
+    Parameters are grouped into buckets of about `bucket_bytes` of full tensors; for each bucket every rank moves
+    its local shards to `device` (non-blocking from pinned memory), casts them to `dtype` there, packs them into
+    one flat buffer, and one all-gather (NCCL on GPUs) assembles the bucket, whose tensors are yielded before the
+    next bucket is gathered. Cast-then-gather equals gather-then-cast bit for bit (a cast is elementwise), so the
+    sampler receives what the one-at-a-time float32 gather followed by a cast gave. Collective."""
+    entries = list(_unique_state(model, prefix))
+    world = next((t.device_mesh.size() for _, t in entries if isinstance(t, DTensor)), 1)
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in entries:
+        bucket.append((name, tensor))
+        size += tensor.numel() * dtype.itemsize if isinstance(tensor, DTensor) else 0
+        if not isinstance(tensor, DTensor):  # a replicated tensor beside the shards: every rank has it whole
+            bucket.pop()
+            yield name, tensor.detach().to(device=device, dtype=dtype)
+            continue
+        if size >= bucket_bytes:
+            yield from _gather_bucket(bucket, device, dtype, world)
+            bucket, size = [], 0
+    if bucket:
+        yield from _gather_bucket(bucket, device, dtype, world)
+
+
+def _gather_bucket(bucket, device, dtype, world) -> Iterator[tuple[str, torch.Tensor]]:
+    """One all-gather of a bucket's shards (each padded to FSDP2's ceil(rows / world) rows), unpacked per tensor."""
+    layout, offset = [], 0  # (name, full shape, elements of one rank's padded shard, offset in the flat buffer)
+    for name, tensor in bucket:
+        rest = math.prod(tensor.shape[1:])
+        per_rank = math.ceil(tensor.shape[0] / world) * rest
+        layout.append((name, tensor, per_rank, offset))
+        offset += per_rank
+    flat = torch.zeros(offset, dtype=dtype, device=device)  # this rank's share, padding included
+    for _, tensor, _, start in layout:
+        local = tensor.to_local().detach() if isinstance(tensor, DTensor) else tensor.detach()
+        flat[start:start + local.numel()].copy_(local.reshape(-1).to(device, non_blocking=True))  # casts on device
+    gathered = torch.empty(world * offset, dtype=dtype, device=device)  # [world, offset]
+    dist.all_gather_single(gathered, flat)
+    gathered = gathered.view(world, offset)
+    for name, tensor, per_rank, start in layout:
+        rows = gathered[:, start:start + per_rank].reshape(-1, *tensor.shape[1:])  # [world * padded rows, ...]
+        yield name, rows[:tensor.shape[0]].contiguous()
 
 
 def unsharded_copy(policy: nn.Module, empty_lm: nn.Module, ctx: Dist, dtype: str = "float32") -> nn.Module:
@@ -179,6 +255,65 @@ def unsharded_copy(policy: nn.Module, empty_lm: nn.Module, ctx: Dist, dtype: str
         for name, buffer in policy.lm.named_buffers():  # rotary inv_freq: not in the state dict
             lm.get_buffer(name).copy_(buffer)
     return lm
+
+
+class PhaseOffload:
+    """`fsdp.offload = "phase"` (A.3's "parameters and optimizer offloaded to CPU", as EasyR1's offload_params /
+    offload_optimizer do it): the actor's parameter shards and AdamW state move to pinned host memory while the
+    sampler has the device (rollout, weight sync, validation generation) and back before the next forward.
+    Idempotent; disabled (every call a no-op) for the other modes. FSDP2 re-registers a parameter's padded shard
+    after `nn.Module._apply` (`FSDPModule._apply` -> `FSDPParam.reset_sharded_param`, torch 2.13
+    distributed/fsdp/_fully_shard/_fully_shard.py), so the move goes through `_apply` and the Parameter objects,
+    which the optimiser's state is keyed by, stay the same."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device, enabled: bool):
+        self.model, self.optimizer, self.device, self.enabled = model, optimizer, device, enabled
+        self.pin = device.type == "cuda"  # pinning needs a GPU (it raises without one)
+        self.on_host = False
+
+    def to_host(self) -> None:
+        if self.enabled and not self.on_host:
+            self._move(torch.device("cpu"))
+            self.on_host = True
+
+    def to_device(self) -> None:
+        if self.enabled and self.on_host:
+            self._move(self.device)
+            self.on_host = False
+
+    @contextlib.contextmanager
+    def on_device(self):
+        """The actor on the device for the block (a loss pass between two generations), then back where it was."""
+        was_on_host = self.on_host
+        self.to_device()
+        try:
+            yield
+        finally:
+            if was_on_host:
+                self.to_host()
+
+    @torch.no_grad()
+    def _move(self, device: torch.device) -> None:
+        copy = lambda t: _moved(t, device, self.pin)  # noqa: E731
+        self.model._apply(copy)
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0:  # AdamW's `step` stays a CPU scalar
+                    state[key] = copy(value)
+        if device.type == "cpu" and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the host copies are complete before the device memory is reused
+            torch.cuda.empty_cache()
+
+
+def _moved(t: torch.Tensor, device: torch.device, pin: bool) -> torch.Tensor:
+    """A copy of `t` on `device` (a DTensor keeps its mesh and placements); to the host in pinned memory when `pin`.
+    Always a new allocation, on the CPU too, so that the test of this move on a CPU exercises FSDP2's re-registration
+    of the shards."""
+    if isinstance(t, DTensor):
+        local = _moved(t.to_local(), device, pin)
+        return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
+    out = torch.empty(t.shape, dtype=t.dtype, device=device, pin_memory=pin and device.type == "cpu")
+    return out.copy_(t, non_blocking=True)
 
 
 def broadcast_object(obj, ctx: Dist):

@@ -84,16 +84,27 @@ def truncate_metrics(path: str | Path, last_step: int) -> int:
 
 
 class Laps:
-    """Wall seconds of each named phase of a step: `laps("sample")` closes the phase that ran since the last call."""
+    """Wall seconds of each named phase of a step: `laps("sample")` closes the phase that ran since the last call (a
+    name closed twice adds up). On CUDA also the peak memory the trainer's allocator held in each phase."""
 
-    def __init__(self):
+    def __init__(self, device: torch.device | None = None):
         self.start = self.last = time.perf_counter()
         self.seconds: dict[str, float] = {}
+        self.peaks: dict[str, float] = {}
+        self.cuda = device is not None and device.type == "cuda"
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        self.device = device
 
     def __call__(self, name: str) -> None:
         now = time.perf_counter()
-        self.seconds[name], self.last = now - self.last, now
+        self.seconds[name], self.last = self.seconds.get(name, 0.0) + now - self.last, now
+        if self.cuda:
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**30
+            self.peaks[name] = max(self.peaks.get(name, 0.0), peak)
+            torch.cuda.reset_peak_memory_stats(self.device)
 
     def row(self) -> dict[str, float]:
-        """`time/<phase>` of every closed phase and `time/step`, the whole step so far."""
-        return {**{f"time/{k}": v for k, v in self.seconds.items()}, "time/step": time.perf_counter() - self.start}
+        """`time/<phase>` of each closed phase, `time/step` (the whole step so far), on CUDA `perf/peak_gib/<phase>`."""
+        return {**{f"time/{k}": v for k, v in self.seconds.items()}, "time/step": time.perf_counter() - self.start,
+                **{f"perf/peak_gib/{k}": v for k, v in self.peaks.items()}}

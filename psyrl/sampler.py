@@ -207,12 +207,13 @@ class TorchSampler:
             ids = token[:, None]
             mask = torch.cat([mask, torch.ones_like(ids)], dim=-1)
             positions = positions[:, -1:] + 1
-        return [self._sample(row, tokens, logps) for row in range(len(rows))]
+        # one read-back per batch (an element at a time would be one device sync per token per row on a GPU)
+        all_ids, all_logps = torch.stack(tokens, dim=1).tolist(), torch.stack(logps, dim=1).tolist()  # [b, steps]
+        return [self._sample(ids, lps) for ids, lps in zip(all_ids, all_logps)]
 
-    def _sample(self, row: int, tokens: list[torch.Tensor], logps: list[torch.Tensor]) -> Sample:
-        ids = [int(t[row]) for t in tokens]
+    def _sample(self, ids: list[int], logps: list[float]) -> Sample:
         end = next((k for k, t in enumerate(ids) if t in self.stops), None)
         kept = len(ids) if end is None else end + 1
         text_ids = ids[:kept] if end is None else ids[:end]
         return Sample(tuple(ids[:kept]), self.tokenizer.decode(text_ids, skip_special_tokens=False),
-                      "length" if end is None else "stop", tuple(float(lp[row]) for lp in logps[:kept]))
+                      "length" if end is None else "stop", tuple(logps[:kept]))

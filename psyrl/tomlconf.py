@@ -146,7 +146,10 @@ def _check_type(hint, value):
     """The value as the field's type (int -> float is the only conversion), else TypeError.
     Literal choices are checked by the table itself (`check_choices`)."""
     if typing.get_origin(hint) is Literal:
-        hint = type(typing.get_args(hint)[0])
+        choices = typing.get_args(hint)
+        if not isinstance(value, type(choices[0])) or isinstance(value, bool) != isinstance(choices[0], bool):
+            raise TypeError(f"expected one of {', '.join(map(repr, choices))}, got {_type_name(value)} {value!r}")
+        return value
     if isinstance(value, bool) != (hint is bool):  # bool is an int subclass: keep them apart
         raise TypeError(f"expected {hint.__name__}, got {_type_name(value)} {value!r}")
     if hint is float and isinstance(value, (int, float)):

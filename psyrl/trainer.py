@@ -21,14 +21,15 @@ from psyrl.atomic import tidy
 from psyrl.checkpoint import CheckpointError, export_hf, find_resumable, json_text, save_checkpoint
 from psyrl.config import ConfigError, config_changes, dump_config, load_config
 from psyrl.distributed import (
+    DTYPES,
     Dist,
     barrier,
     broadcast_object,
     cleanup,
-    gather_full_state_dict,
     init_distributed,
     load_sharded,
     print0,
+    sync_buckets,
     unsharded_copy,
 )
 from psyrl.model import Policy, autocast, load_model, model_config
@@ -76,9 +77,9 @@ def run_entry(train: Callable, config_path, overrides, overwrite: bool, resume: 
             raise click.ClickException("--overwrite and --resume exclude each other")
         try:
             cfg = load_config(config_path, overrides)
-            offload = cfg.fsdp.offload or cfg.fsdp.ref_offload  # CPU-resident shards need gloo next to nccl
+            host_shards = cfg.fsdp.offload != "none" or cfg.fsdp.ref_offload  # CPU tensors need gloo beside nccl
             check_sampler(cfg)
-            ctx = init_distributed(cfg.run.device, offload, cfg.fsdp.timeout_minutes)
+            ctx = init_distributed(cfg.run.device, host_shards, cfg.fsdp.timeout_minutes)
             if cfg.sampler.engine == "vllm":
                 check_tensor_parallel(cfg.sampler.tensor_parallel, ctx.world)
         except (ConfigError, ValueError, VLLMUnavailable) as e:
@@ -157,9 +158,9 @@ def check_resume(run_dir: Path, cfg, ctx: Dist) -> Path:
 
 def warn_about_inputs(cfg, ctx: Dist, train_records, valid_records) -> None:
     """Console warnings about settings or data that are legal but probably not what was meant."""
-    if cfg.fsdp.offload and not ctx.sharded:
-        print0("note: fsdp.offload applies under torchrun with 2 or more ranks; one process keeps the model in place",
-               ctx)
+    if cfg.fsdp.offload == "always" and not ctx.sharded:
+        print0("note: fsdp.offload = 'always' applies under torchrun with 2 or more ranks; one process keeps the model "
+               "in place", ctx)
     shared = {r.id for r in train_records} & {r.id for r in valid_records}
     if shared:
         print0(f"warning: {len(shared)} validation id(s) are also training ids (e.g. {min(shared)}): not held out", ctx)
@@ -186,15 +187,16 @@ def save_step(run_dir: Path, step: int, policy, optimizer, tokenizer, files: dic
         files = {**files, "validation.json": json_text({"step": step, **metrics}),
                  "validation.jsonl": validation_lines(records, outputs)}
     try:
-        save_checkpoint(run_dir, step, policy, optimizer, tokenizer, files, ctx, cfg.checkpoint.keep_state)
+        save_checkpoint(run_dir, step, policy, optimizer, tokenizer, files, ctx, cfg.checkpoint.keep_state,
+                        cfg.checkpoint.export_dtype)
     except CheckpointError as e:
         raise click.ClickException(str(e)) from None
 
 
-def export_final(policy, tokenizer, run_dir: Path, ctx: Dist, name: str) -> None:
-    """The final HF export `runs/<name>/hf/`."""
+def export_final(policy, tokenizer, run_dir: Path, cfg, ctx: Dist, name: str) -> None:
+    """The final HF export `runs/<name>/hf/`, in checkpoint.export_dtype."""
     try:
-        export_hf(policy, tokenizer, run_dir / "hf", ctx)
+        export_hf(policy, tokenizer, run_dir / "hf", ctx, cfg.checkpoint.export_dtype)
     except CheckpointError as e:
         raise click.ClickException(str(e)) from None
     print0(f"{name}: done; final model in {run_dir / 'hf'}", ctx)
@@ -219,14 +221,28 @@ def rewind_metrics(run_dir: Path, step: int, ctx: Dist) -> None:
             print0(f"warning: dropped {broken} unreadable line(s) of metrics.jsonl (cut short by the crash)", ctx)
 
 
-def build_policy(cfg, tokenizer, ctx: Dist, offload: bool | None = None) -> Policy:
-    """A policy: one process holds the whole model; under torchrun rank 0 reads it and FSDP2 shards it
-    (`offload` overrides fsdp.offload, e.g. for the reference model)."""
+def build_policy(cfg, tokenizer, ctx: Dist) -> Policy:
+    """The policy that trains: one process holds the whole model; under torchrun rank 0 reads it and FSDP2 shards
+    it, float32 master weights, on the host throughout when fsdp.offload = "always" (FSDP2 CPUOffloadPolicy)."""
     if not ctx.sharded:
         return Policy(load_model(cfg.model, tokenizer, seed=cfg.run.seed, device=ctx.device))
     build = lambda empty: Policy(load_model(cfg.model, tokenizer, seed=cfg.run.seed, empty=empty))  # noqa: E731
-    offload = cfg.fsdp.offload if offload is None else offload
-    return load_sharded(build, ctx, cfg.model.dtype, offload, cfg.fsdp.reshard_after_forward)
+    return load_sharded(build, ctx, cfg.model.dtype, cfg.fsdp.offload == "always", cfg.fsdp.reshard_after_forward)
+
+
+def build_reference(cfg, tokenizer, ctx: Dist) -> Policy:
+    """pi_ref (eq. 1's KL term): the starting checkpoint, frozen, held in the compute dtype (model.dtype; verl and
+    EasyR1 load theirs in bf16), under torchrun sharded with FSDP2 CPU offload when fsdp.ref_offload (A.3)."""
+    if not ctx.sharded:
+        model = load_model(cfg.model, tokenizer, seed=cfg.run.seed, device=ctx.device)
+        for param in model.parameters():  # parameters only: rotary inv_freq stays float32
+            param.data = param.data.to(DTYPES[cfg.model.dtype])
+        reference = Policy(model)
+    else:
+        build = lambda empty: Policy(load_model(cfg.model, tokenizer, seed=cfg.run.seed, empty=empty))  # noqa: E731
+        reference = load_sharded(build, ctx, cfg.model.dtype, cfg.fsdp.ref_offload, cfg.fsdp.reshard_after_forward,
+                                 storage_dtype=cfg.model.dtype)
+    return reference.eval().requires_grad_(False)
 
 
 def build_sampler(policy: Policy, cfg, tokenizer, ctx: Dist, temperature: float | None = None):
@@ -238,13 +254,15 @@ def build_sampler(policy: Policy, cfg, tokenizer, ctx: Dist, temperature: float 
         architecture = model_config(cfg.model, tokenizer)
         with engine_model_dir(architecture) as model_dir:
             sampler = VLLMSampler(model_dir, tokenizer, ctx, dtype=cfg.model.dtype,
-                                  max_model_len=architecture.max_position_embeddings, batch=cfg.sampler.max_num_seqs,
+                                  max_model_len=cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens,
+                                  batch=cfg.sampler.max_num_seqs,
                                   tensor_parallel=cfg.sampler.tensor_parallel,
                                   gpu_memory_utilization=cfg.sampler.gpu_memory_utilization, sleep=cfg.sampler.sleep,
                                   temperature=cfg.rollout.temperature if temperature is None else temperature,
                                   enforce_eager=cfg.sampler.enforce_eager,
+                                  disable_custom_all_reduce=cfg.sampler.disable_custom_all_reduce,
                                   seed=cfg.run.seed)
-        sync_weights(sampler, policy, ctx)
+        sync_weights(sampler, policy, cfg, ctx)
         return sampler
     lm = unsharded_copy(policy, load_model(cfg.model, tokenizer, empty=True), ctx, cfg.model.dtype)
     return TorchSampler(lm, tokenizer, ctx.device, cfg.sampler.batch)
@@ -266,10 +284,11 @@ def checkpoint_sampler(model_dir: Path, model_cfg, tokenizer, ctx: Dist, batch: 
                        temperature=temperature, progress=progress and ctx.is_main)
 
 
-def sync_weights(sampler, policy: Policy, ctx: Dist) -> None:
-    """The weight sync: every parameter of the trainer, gathered from its shards one at a time, into the sampler.
-    Collective under torchrun."""
-    sampler.load_weights(gather_full_state_dict(policy, ctx.device, prefix="lm."))
+def sync_weights(sampler, policy: Policy, cfg, ctx: Dist) -> None:
+    """The weight sync: every parameter of the trainer, cast to model.dtype on the device and all-gathered in buckets
+    of sampler.sync_bucket_mib (`psyrl.distributed.sync_buckets`), streamed into the sampler. Collective."""
+    sampler.load_weights(sync_buckets(policy, ctx.device, DTYPES[cfg.model.dtype], cfg.sampler.sync_bucket_mib << 20,
+                                      prefix="lm."))
 
 
 def validation_lines(records, outputs) -> str:

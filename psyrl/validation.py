@@ -33,7 +33,7 @@ def sample_items(records: Sequence, count: int, seed: int) -> list:
 
 
 def validate(policy, sampler, tokenizer, records: Sequence[StimuliRecord] | Sequence[BenchmarkRecord], cfg: Config,
-             ctx: Dist = ONE_PROCESS):
+             ctx: Dist = ONE_PROCESS, actor_on_device=contextlib.nullcontext):
     """(metrics, outputs): valid/f1 (eq. 4-5 on the extracted answer), valid/format (eq. 6), valid/length (tokens),
     valid/reward (the mean final reward of reward.variant, L-bar and r-bar_F1 taken over these responses: the
     same items at every validation, so start and end compare without the prompt-to-prompt noise of a training
@@ -42,7 +42,8 @@ def validate(policy, sampler, tokenizer, records: Sequence[StimuliRecord] | Sequ
     fraction of E choices) for benchmark-schema records; outputs: one `psyrl.sampler.Sample` per record, in
     record order.
 
-    `sampler` generates (it holds an unsharded model); `policy` (sharded or not) scores the loss. Items are split
+    `sampler` generates (it holds an unsharded model); `policy` (sharded or not) scores the loss, inside
+    `actor_on_device()` (T-GRPO's phase offload brings the actor's shards back for it). Items are split
     across ranks; every rank gets all metrics. Item i is sampled with seed run.seed + i on whatever rank it lands."""
     was_training = policy.training
     policy.eval()
@@ -74,7 +75,7 @@ def validate(policy, sampler, tokenizer, records: Sequence[StimuliRecord] | Sequ
         largest_share = math.ceil(len(examples) / ctx.world)
         batches = math.ceil(largest_share / size)  # every rank runs this many forwards (FSDP all-gathers)
         policy_amp = contextlib.nullcontext() if ctx.sharded else amp  # FSDP's MixedPrecisionPolicy casts instead
-        with torch.no_grad():
+        with torch.no_grad(), actor_on_device():
             losses = micro_batch_losses(policy, rank_share(examples, ctx), size, tokenizer.pad_token_id,
                                         response_tokens(examples), ctx.device, policy_amp, batches, examples[0])
             metrics["valid/loss"] = all_reduce(torch.stack(list(losses)).sum(), ctx).item()

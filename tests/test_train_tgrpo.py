@@ -220,10 +220,14 @@ def test_two_ranks_equal_one_process(start, tmp_path):
 
 def test_reference_never_changes_and_a_nan_loss_skips_one_update(start, tmp_path, monkeypatch):
     built = []
-    build_policy = train_tgrpo.build_policy
+    build_policy, build_reference = train_tgrpo.build_policy, train_tgrpo.build_reference
 
     def recording_build_policy(*args, **kwargs):
         built.append(build_policy(*args, **kwargs))
+        return built[-1]
+
+    def recording_build_reference(*args, **kwargs):
+        built.append(build_reference(*args, **kwargs))
         return built[-1]
 
     calls = []
@@ -235,6 +239,7 @@ def test_reference_never_changes_and_a_nan_loss_skips_one_update(start, tmp_path
         return (loss * float("nan") if len(calls) == 1 else loss), metrics
 
     monkeypatch.setattr(train_tgrpo, "build_policy", recording_build_policy)
+    monkeypatch.setattr(train_tgrpo, "build_reference", recording_build_reference)
     monkeypatch.setattr(update, "tgrpo_loss", nan_on_first_update)
     start_weights = load_file(start / "runs" / "start" / "hf" / "model.safetensors")
     result = run_in_process(start, tmp_path, "rollout.prompts=4")  # one update per step, 4 micro-batches
