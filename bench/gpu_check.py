@@ -120,7 +120,7 @@ def tgrpo_part(args: dict, out: Path) -> tuple[list[dict], float, str]:
             f"rollout.max_new_tokens={args['tokens']}", "rollout.temperature=1.0", "advantage.scope=cache",
             "sampler.engine=vllm", f"sampler.tensor_parallel={tp}", f"sampler.gpu_memory_utilization={args['memory']}",
             f"sampler.enforce_eager={str(args['eager']).lower()}", f"sampler.max_num_seqs={args['batch']}",
-            f"fsdp.offload={str(gpus > 1).lower()}", "optim.micro_batch=8", "optim.logprob_micro_batch=8",
+            f"fsdp.offload={'phase' if gpus > 1 else 'none'}", "optim.micro_batch=8", "optim.logprob_micro_batch=8",
             "checkpoint.every=0", "log.progress=false", 'data.valid_file=""', f"run.device={args['device']}"]
     if gpus > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus)]

@@ -22,7 +22,7 @@ VARIANTS = {
     "1 process": ([sys.executable], []),
     "2 ranks, FSDP2": ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"], []),
     "2 ranks, FSDP2 + CPU offload": ([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                      "--nproc_per_node", "2"], ["fsdp.offload=true"]),
+                                      "--nproc_per_node", "2"], ["fsdp.offload=always"]),
 }
 
 

@@ -56,7 +56,7 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
 def runs(tmp_path_factory):
     """One process (float32, bf16 autocast) and 2 ranks (plain FSDP2, + CPU offload, + bf16), same data."""
     out = tmp_path_factory.mktemp("runs")
-    bf16, offload = "model.dtype=bfloat16", "fsdp.offload=true"
+    bf16, offload = "model.dtype=bfloat16", "fsdp.offload=always"
     valid = VALID
     variants = {"one": (valid, 1), "one-bf16": ([bf16], 1), "fsdp": (valid, 2), "offload": ([offload], 2),
                 "fsdp-bf16": ([bf16], 2), "offload-bf16": ([offload, bf16], 2)}

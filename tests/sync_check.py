@@ -1,0 +1,80 @@
+"""Worker for tests/test_gpu_path.py, run under torchrun on 2 gloo ranks: the bucketed weight sync against the
+one-at-a-time float32 gather followed by a cast (tied and untied LM heads, several bucket sizes), the rank-0 gather
+of an export against the full gather, and the phase offload's round trip of shards and AdamW state. Writes
+<out>/rank-R.json with the comparisons' outcomes."""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from psyrl.distributed import (
+    PhaseOffload,
+    cleanup,
+    gather_full_state_dict,
+    gather_to_rank0,
+    init_distributed,
+    load_sharded,
+    sync_buckets,
+)
+from psyrl.model import Policy
+
+
+def build(tied: bool, empty: bool) -> Policy:
+    config = Qwen2Config(vocab_size=101, hidden_size=24, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=37, tie_word_embeddings=tied)
+    with torch.device("meta" if empty else "cpu"), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        return Policy(Qwen2ForCausalLM(config))  # odd sizes: shards of unequal rows, one rank's padded
+
+
+def main(out: Path) -> None:
+    ctx = init_distributed("cpu")
+    result = {}
+    for tied in (True, False):
+        policy = load_sharded(lambda empty, tied=tied: build(tied, empty), ctx)
+        reference = [(n, t.to(torch.bfloat16)) for n, t in gather_full_state_dict(policy, prefix="lm.")]
+        for bucket in (1, 4096, 1 << 30):  # one tensor per bucket, a few, everything in one
+            got = list(sync_buckets(policy, ctx.device, torch.bfloat16, bucket, prefix="lm."))
+            same = [n for n, _ in got] == [n for n, _ in reference] and all(
+                a.dtype == b.dtype and torch.equal(a, b) for (_, a), (_, b) in zip(got, reference))
+            result[f"sync tied={tied} bucket={bucket}"] = same
+        full = [(n, t) for n, t in gather_full_state_dict(policy, prefix="lm.")]
+        on_rank0 = list(gather_to_rank0(policy, prefix="lm."))
+        names_match = [n for n, _ in on_rank0] == [n for n, _ in full]
+        if ctx.rank == 0:
+            result[f"rank0 tied={tied}"] = names_match and all(torch.equal(a, b) for (_, a), (_, b) in
+                                                                zip(on_rank0, full))
+        else:
+            result[f"rank0 tied={tied}"] = names_match and all(t is None for _, t in on_rank0)
+        result[f"names tied={tied}"] = [n for n, _ in full]
+
+    # the phase offload's round trip keeps the Parameters the optimiser's state is keyed by, and every value
+    policy = load_sharded(lambda empty: build(True, empty), ctx)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    ids = torch.arange(12).reshape(2, 6)
+    policy(ids, torch.ones_like(ids)).sum().backward()
+    optimizer.step()
+    params = list(policy.parameters())
+    before = [p.detach().to_local().clone() for p in params]
+    moments = [optimizer.state[p]["exp_avg"].to_local().clone() for p in params]
+    offload = PhaseOffload(policy, optimizer, ctx.device, enabled=True)
+    storage = params[0].to_local().untyped_storage().data_ptr()
+    offload.to_host()
+    moved = params[0].to_local().untyped_storage().data_ptr() != storage  # a new allocation (the CPU path too)
+    offload.to_device()
+    kept = list(policy.parameters()) == params and all(p in optimizer.state for p in params)
+    result["offload keeps parameters"] = kept
+    result["offload moved storage"] = moved
+    result["offload keeps values"] = all(torch.equal(p.detach().to_local(), b) for p, b in zip(params, before)) and all(
+        torch.equal(optimizer.state[p]["exp_avg"].to_local(), m) for p, m in zip(params, moments))
+    with torch.no_grad():  # a forward after the round trip all-gathers the re-registered shards
+        result["offload forward"] = bool(torch.isfinite(policy(ids, torch.ones_like(ids))).all())
+    (out / f"rank-{ctx.rank}.json").write_text(json.dumps(result))
+    cleanup(ctx)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
