@@ -47,7 +47,8 @@ def test_evaluate_engine_vllm_without_vllm_is_one_message(tmp_path):
 def test_tensor_parallel_is_a_vllm_setting_the_torch_engine_ignores(tmp_path):
     # the Qwen configs carry A.3's tensor_parallel = 2 for vLLM; with the torch engine one process must still run
     args = [sys.executable, "train_tgrpo.py", "--config", "configs/tgrpo/qwen2.5-0.5b.toml",
-            "--set", "sampler.engine=torch", "--set", "model.path=/nonexistent", "--set", "data.train_file=data/demo/train.jsonl", "--set", 'data.valid_file=""',
+            "--set", "sampler.engine=torch", "--set", "model.path=/nonexistent",
+            "--set", "data.train_file=data/demo/train.jsonl", "--set", 'data.valid_file=""',
             "--set", f"run.output_dir={json.dumps(str(tmp_path))}"]
     out = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "no such model directory: /nonexistent" in out.stderr
