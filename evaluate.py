@@ -31,7 +31,7 @@ from psyrl.atomic import write_text
 from psyrl.cli import compare_command, lengths_command
 from psyrl.config import ModelConfig, PromptConfig
 from psyrl.data import DataError
-from psyrl.distributed import all_gather_lists, broadcast_object, cleanup, init_distributed, print0
+from psyrl.distributed import all_gather_lists, broadcast_object, cleanup, init_distributed, print0, resolve_dtype
 from psyrl.eval_report import results_markdown
 from psyrl.evaluation import (
     EXTRA_BENCHMARKS,
@@ -109,8 +109,9 @@ def split_specs(values) -> list[str]:
                    "and up to 4.8x slower on the benchmarks' long ones; on a GPU take more).")
 @click.option("--tokenizer", default="", help="Tokenizer directory or a shipped one (tiny, qwen2.5); default: the "
               "model directory's.")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
-              help="Compute dtype (bfloat16: autocast).")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
+              help="Compute dtype (bfloat16: autocast with torch, the engine dtype with vllm); auto = bfloat16 on CUDA, "
+              "float32 on a CPU.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="auto: CUDA (rank r on GPU r) when available, else the CPU.")
 @click.option("--engine", type=click.Choice(["torch", "vllm"]), default="torch", show_default=True,
@@ -146,6 +147,7 @@ def main(click_ctx, model_dir, benchmarks, benchmark_dir, mode, temperature, top
         if engine == "vllm":
             import_vllm()  # before anything starts
         ctx = init_distributed(device)
+        dtype = resolve_dtype(dtype, ctx.device)
         if engine == "vllm":
             check_tensor_parallel(tensor_parallel, ctx.world, "--tensor-parallel")
         engine_settings = {"engine": engine, "tensor_parallel": tensor_parallel,

@@ -17,7 +17,7 @@ from psyrl.build_run import BuildError, BuildRun
 from psyrl.builder import build_comparison, build_qa
 from psyrl.config import ModelConfig
 from psyrl.data import DataError
-from psyrl.distributed import cleanup, init_distributed
+from psyrl.distributed import cleanup, init_distributed, resolve_dtype
 from psyrl.generation_log import Sampling
 from psyrl.model import load_tokenizer, model_fingerprint
 from psyrl.quality_control import NEAR_DUPLICATE
@@ -55,8 +55,9 @@ def generation_options(samples: int = 1, max_new_tokens: int = 512):
         click.option("--batch", type=int, default=16, show_default=True, help="Prompts generated together per rank."),
         click.option("--tokenizer", default="", help="Tokenizer directory or a shipped one (tiny, qwen2.5); default: "
                      "the model directory's."),
-        click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True,
-                     help="Compute dtype (bfloat16: autocast with torch, the engine dtype with vllm)."),
+        click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
+                     help="Compute dtype (bfloat16: autocast with torch, the engine dtype with vllm); auto = bfloat16 "
+                     "on CUDA, float32 on a CPU."),
         click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
                      help="auto: CUDA (rank r on GPU r) when available, else the CPU."),
         click.option("--engine", type=click.Choice(["torch", "vllm"]), default="torch", show_default=True,
@@ -93,6 +94,7 @@ def run_build(body):
             if engine == "vllm":
                 import_vllm()  # before anything starts
             ctx = init_distributed(device)
+            dtype = resolve_dtype(dtype, ctx.device)
             if engine == "vllm":
                 check_tensor_parallel(tensor_parallel, ctx.world, "--tensor-parallel")
             model_cfg = ModelConfig(path=str(model_dir), tokenizer=tokenizer, dtype=dtype)

@@ -93,6 +93,14 @@ def init_distributed(device_choice: str = "auto", host_shards: bool = False, tim
     return Dist(rank, world, local_rank, local_world, device, mesh)
 
 
+def resolve_dtype(choice: str, device: torch.device) -> str:
+    """A generating tool's `--dtype auto`: bfloat16 on CUDA (float32 would double the weights' memory and halve the
+    speed of a GPU), float32 on a CPU (where this project measured bf16 autocast 20x slower)."""
+    if choice != "auto":
+        return choice
+    return "bfloat16" if device.type == "cuda" else "float32"
+
+
 def cleanup(ctx: Dist) -> None:
     if ctx.sharded and dist.is_initialized():
         dist.destroy_process_group()

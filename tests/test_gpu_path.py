@@ -202,15 +202,17 @@ test_modes_offload_train_identical_weights_on_two_ranks = pytest.mark.slow(
 
 
 @pytest.mark.slow
-def test_token_budget_on_two_ranks_gives_the_same_first_update(start, tmp_path):  # noqa: F811
+def test_token_budget_and_deferred_sync_on_two_ranks_give_the_same_first_update(start, tmp_path):  # noqa: F811
     # one update per step: each rank packs its 8 sequences by tokens, the ranks agree on a micro-batch count
     # (fillers of weight 0 where a rank has fewer); the gradient norm is that of fixed micro-batches
     norms = {}
     for name, extra in (("fixed", []), ("budget", ["optim.micro_batch_tokens=120",
-                                                  "optim.logprob_micro_batch_tokens=90"])):
+                                                  "optim.logprob_micro_batch_tokens=90"]),
+                        ("deferred", ["fsdp.defer_grad_sync=true"])):  # one reduce-scatter at the last micro-batch
         run_cli(start, tmp_path / name, "rollout.prompts=4", "run.steps=1", *extra, ranks=2)
         norms[name] = read_metrics(tmp_path / name / "rl" / "metrics.jsonl")[0]["actor/grad_norm"]
     assert norms["budget"] == pytest.approx(norms["fixed"], rel=1e-5)
+    assert norms["deferred"] == pytest.approx(norms["fixed"], rel=1e-5)
 
 
 @pytest.mark.gpu
