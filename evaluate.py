@@ -110,8 +110,8 @@ def split_specs(values) -> list[str]:
 @click.option("--tokenizer", default="", help="Tokenizer directory or a shipped one (tiny, qwen2.5); default: the "
               "model directory's.")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
-              help="Compute dtype (bfloat16: autocast with torch, the engine dtype with vllm); auto = bfloat16 on CUDA, "
-              "float32 on a CPU.")
+              help="Compute dtype (bfloat16: autocast with torch, the engine dtype with vllm); auto = bfloat16 on "
+              "CUDA, float32 on a CPU.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="auto: CUDA (rank r on GPU r) when available, else the CPU.")
 @click.option("--engine", type=click.Choice(["torch", "vllm"]), default="torch", show_default=True,
