@@ -35,6 +35,7 @@ from psyrl.sft import build_examples, micro_batch_losses, response_tokens
 from psyrl.trainer import (
     build_policy,
     build_sampler,
+    check_memory_plan,
     check_resume,
     check_run_dir,
     entry_command,
@@ -75,6 +76,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
         train_records = load_stimuliqa(cfg.data.train_file)
         valid_records = load_records(cfg.data.valid_file) if cfg.data.valid_file else []
         tokenizer = load_tokenizer(cfg.model)
+        check_memory_plan(cfg, ctx, "sft")
         policy = build_policy(cfg, tokenizer, ctx)
     except (ConfigError, DataError, OSError, ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None

@@ -37,6 +37,7 @@ from psyrl.trainer import (
     build_policy,
     build_reference,
     build_sampler,
+    check_memory_plan,
     check_resume,
     check_run_dir,
     entry_command,
@@ -97,6 +98,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
             raise DataError(f"{cfg.data.train_file}: all {too_long} prompts are longer than rollout.max_prompt_tokens "
                             f"= {cfg.rollout.max_prompt_tokens} tokens; nothing to train on")
         trainer, data_fingerprint = read_trainer_state(checkpoint, cfg.data.train_file, len(train_prompts))
+        check_memory_plan(cfg, ctx, "tgrpo")
         policy = build_policy(cfg, tokenizer, ctx)
         reference = build_reference(cfg, tokenizer, ctx) if cfg.loss.kl_coef > 0 else None
     except (ConfigError, DataError, OSError, ValueError, RuntimeError) as e:

@@ -151,6 +151,45 @@ def summary_command(run_dirs, window):
         raise click.ClickException(str(e)) from None
 
 
+@main.command("plan")
+@click.option("--config", "path", type=click.Path(dir_okay=False), required=True,
+              help="TOML run config, e.g. configs/tgrpo/qwen2.5-3b.toml.")
+@click.option("--set", "overrides", multiple=True, metavar="TABLE.KEY=VALUE", help="Override one key; repeatable.")
+@click.option("--gpus", type=click.IntRange(min=1), default=4, show_default=True,
+              help="GPUs of the run (torchrun ranks), all on one node.")
+@click.option("--gpu-memory-gib", type=click.FloatRange(min=0, min_open=True), default=48.0, show_default=True,
+              help="Memory of one GPU in GiB (48: RTX A6000).")
+@click.option("--host-memory-gib", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Host RAM of the node in GiB; without it the need is printed but not judged.")
+@click.option("--trainer", type=click.Choice(["auto", "tgrpo", "sft"]), default="auto", show_default=True,
+              help="Which entry script runs the config: auto = sft when the config's path has a folder named `sft` "
+                   "(configs/sft/...), else tgrpo. SFT has no rollout, experience or weight sync.")
+def plan_command(path, overrides, gpus, gpu_memory_gib, host_memory_gib, trainer):
+    """The memory a run needs, before it starts: one table of GiB per GPU by part (FSDP2 shards, AdamW, gathered
+    layers, gradient buffers, activations, log-probs, reference, sampler, transfers, CUDA context) for each phase of
+    a step (rollout, experience log-probs, update, weight sync, validation, checkpoint), whether it fits, host RAM per
+    node, and for a phase that does not fit the setting that makes it fit (planned again with it, not guessed). Also
+    the suggested sampler.gpu_memory_utilization and what fsdp.defer_grad_sync costs.
+
+    The architecture comes from model.path's config.json, else psyrl's copy for a path naming
+    Qwen2.5-0.5B/1.5B/3B-Instruct, else (empty path) the tiny model of [model]. Every sequence is taken at its
+    maximum length. Exit status: 0 when everything fits, 3 when something does not, 1 on an error."""
+    from psyrl.memory_plan import format_plan, load_architecture, plan
+
+    if trainer == "auto":
+        trainer = "sft" if "sft" in Path(path).parts else "tgrpo"
+    try:
+        cfg = load_config(path, overrides)
+        architecture, source = load_architecture(cfg.model)
+        result = plan(cfg, architecture, gpus, gpu_memory_gib, host_memory_gib, trainer=trainer)
+    except (ConfigError, ValueError, OSError) as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"psyrl plan: {path} ({trainer}); architecture from {source}")
+    click.echo(format_plan(result))
+    if not result.fits:
+        sys.exit(3)
+
+
 def run_labels(labels, run_dirs) -> list[str]:
     """One --label per run, in order, or the folder names."""
     if labels and len(labels) != len(run_dirs):

@@ -33,6 +33,10 @@ class RunConfig:
     """Number of steps: an SFT step is one optimiser step, a T-GRPO step one rollout (SPEC §9). 315 in the paper."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the model computes: `auto` takes CUDA when available, else the CPU."""
+    memory_check: bool = True
+    """On CUDA, before any model is built: `psyrl plan`'s memory model for this config on these GPUs; its one-line
+    verdict is printed, and a phase predicted not to fit stops the run with the setting that fixes it (false:
+    print the verdict and go on)."""
 
     def __post_init__(self):
         bad_name = self.name in ("", ".", "..") or any(c in self.name for c in "/\\")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import click
+import torch
 import transformers
 from tqdm import tqdm
 
@@ -32,6 +33,7 @@ from psyrl.distributed import (
     sync_buckets,
     unsharded_copy,
 )
+from psyrl.memory_plan import load_architecture, plan
 from psyrl.model import Policy, autocast, load_model, model_config
 from psyrl.runlog import MetricsFile, truncate_metrics
 from psyrl.sampler import TorchSampler
@@ -154,6 +156,26 @@ def check_resume(run_dir: Path, cfg, ctx: Dist) -> Path:
         raise click.ClickException(f"--resume: the config differs from {checkpoint / 'config.resolved.toml'} in "
                                    f"{', '.join(changed)}; resuming would not continue the same run")
     return checkpoint
+
+
+def check_memory_plan(cfg, ctx: Dist, trainer: str) -> None:
+    """On CUDA: print `psyrl plan`'s verdict for this config on these GPUs (their memory read from the device, the
+    node's RAM from the OS), and refuse a config it predicts will not fit, unless run.memory_check is false."""
+    if ctx.device.type != "cuda":
+        return
+    try:
+        architecture, _ = load_architecture(cfg.model)
+        gpu_gib = torch.cuda.get_device_properties(ctx.device).total_memory / 2**30
+        one_node = ctx.world == ctx.local_world  # the host figures are per node, with every rank on it
+        host_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 if one_node else None
+        memory = plan(cfg, architecture, ctx.world, gpu_gib, host_gib, trainer)
+    except ValueError as e:  # e.g. an architecture the planner does not model
+        print0(f"memory plan: not available ({e})", ctx)
+        return
+    print0(memory.verdict() + ("" if memory.fits else " (`psyrl plan --config ...` prints the whole table)"), ctx)
+    gpus_fit = all(p.fits for p in memory.phases) and (memory.pool is None or memory.pool.sequences >= 1)
+    if not gpus_fit and cfg.run.memory_check:  # host RAM rests on a per-rank assumption: a warning only
+        raise click.ClickException(f"{memory.verdict()}; set run.memory_check = false to start anyway")
 
 
 def warn_about_inputs(cfg, ctx: Dist, train_records, valid_records) -> None:

@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 from psyrl.cli import README_END, README_START, main
 from psyrl.config import ConfigError, config_reference, dump_config, load_config
+from psyrl.memory_plan import load_architecture, suggest_gpu_memory_utilization
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(ROOT.glob("configs/**/*.toml"))
@@ -57,6 +58,9 @@ def test_gpu_tgrpo_configs_carry_appendix_a3(size):
     assert c.reward.variant == "bilateral"
     assert (c.sampler.engine, c.sampler.tensor_parallel, c.sampler.sleep) == ("vllm", 2, True)  # A.3
     assert c.checkpoint.export_dtype == "bfloat16"
+    # the engine's memory fraction is computed for 4 x 48 GiB (A6000) beside what the trainer keeps, not copied
+    architecture, _ = load_architecture(c.model)
+    assert c.sampler.gpu_memory_utilization == suggest_gpu_memory_utilization(c, architecture, 4, 48)
     assert c.rollout.prompts % c.optim.global_batch == 0 and c.optim.global_batch % 4 == 0  # 4 GPUs
 
 

@@ -232,3 +232,31 @@ def test_phase_offload_frees_the_device():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
+
+
+def test_start_up_memory_check_refuses_what_cannot_fit(monkeypatch, capsys):
+    import click
+
+    from psyrl import trainer
+    from psyrl.distributed import Dist
+    gib = {"value": 8}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(
+        total_memory=gib["value"] * 2**30))
+    gpu = Dist(rank=0, world=4, local_world=4, device=torch.device("cuda", 0))  # read only by the planner here
+    cfg = load_config("configs/tgrpo/qwen2.5-3b.toml")
+    with pytest.raises(click.ClickException, match=r"memory plan: \w+ needs .* GiB of 8: set .*run.memory_check"):
+        trainer.check_memory_plan(cfg, gpu, "tgrpo")
+    cfg.run.memory_check = False  # printed, not refused
+    trainer.check_memory_plan(cfg, gpu, "tgrpo")
+    assert "GiB of 8: set" in capsys.readouterr().out
+    gib["value"] = 48
+    cfg.run.memory_check = True
+    host = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 16 * 2**30 // 4096}  # a node of 16 GiB: warned, not refused
+    monkeypatch.setattr(trainer.os, "sysconf", lambda name: host[name])
+    trainer.check_memory_plan(cfg, gpu, "tgrpo")
+    assert "memory plan: host RAM needs" in capsys.readouterr().out
+    host["SC_PHYS_PAGES"] = 512 * 2**30 // 4096
+    trainer.check_memory_plan(cfg, gpu, "tgrpo")
+    assert "memory plan: fits 4 x 48 GiB" in capsys.readouterr().out
+    trainer.check_memory_plan(cfg, ONE_PROCESS, "tgrpo")  # on a CPU: nothing to plan
+    assert capsys.readouterr().out == ""
