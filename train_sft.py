@@ -49,7 +49,7 @@ from psyrl.trainer import (
     sync_weights,
     warn_about_inputs,
 )
-from psyrl.validation import sample_items, validate
+from psyrl.validation import longest_prompt, sample_items, validate
 
 LINE_FIELDS = [("loss", "train/loss", ".4f"), ("grad", "train/grad_norm", ".3f"), ("lr", "train/lr", ".2e"),
                ("tok/s", "perf/tokens_per_s", ".0f"), ("peak GiB", "perf/peak_mem_gib", ".2f"),
@@ -112,7 +112,8 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
         def run_validation():
             nonlocal sampler
             if sampler is None:
-                sampler = build_sampler(policy, cfg, tokenizer, ctx, cfg.rollout.valid_temperature)  # validates only
+                sampler = build_sampler(policy, cfg, tokenizer, ctx, cfg.rollout.valid_temperature,  # validates only
+                                        longest_prompt(valid_records, tokenizer, cfg))
             else:
                 sync_weights(sampler, policy, cfg, ctx)
             return validate(policy, sampler, tokenizer, valid_records, cfg, ctx)

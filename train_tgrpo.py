@@ -53,7 +53,7 @@ from psyrl.trainer import (
 )
 from psyrl.trajectory_cache import TrajectoryCache
 from psyrl.update import reduce_sums, sequence_logprobs, update
-from psyrl.validation import sample_items, validate
+from psyrl.validation import longest_prompt, sample_items, validate
 
 LINE_FIELDS = [("reward", "reward/final", ".3f"), ("f1", "reward/f1", ".3f"), ("format", "reward/format", ".2f"),
                ("len", "response/length", ".0f"), ("kl", "actor/kl", ".4f"), ("grad", "actor/grad_norm", ".3f"),
@@ -121,7 +121,8 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
         cursor, skipped_updates, first = Cursor(**trainer["cursor"]), trainer["skipped_updates"], trainer["step"] + 1
         rewind_metrics(run_dir, trainer["step"], ctx)
     offload.to_host()  # before the engine starts: vLLM refuses a pool larger than the free memory
-    sampler = build_sampler(policy, cfg, tokenizer, ctx)  # its own copy, filled from the shards
+    sampler = build_sampler(policy, cfg, tokenizer, ctx,  # its own copy, filled from the shards
+                            longest_prompt=longest_prompt(valid_records, tokenizer, cfg))
     params = sum(p.numel() for p in policy.parameters())
     print0(f"tgrpo: {params / 1e6:.2f}M parameters on {ctx.world} x {ctx.device}"
            f"{' (FSDP2, offload ' + cfg.fsdp.offload + ')' if ctx.sharded else ''}; reward "

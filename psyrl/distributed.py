@@ -202,7 +202,8 @@ def gather_to_rank0(model: nn.Module, prefix: str = "") -> Iterator[tuple[str, t
         padded[:local.shape[0]].copy_(local)
         parts = [torch.empty_like(padded) for _ in range(world)] if dist.get_rank() == 0 else None
         dist.gather(padded, parts, dst=0)
-        yield name, torch.cat(parts)[:tensor.shape[0]].cpu() if parts is not None else None
+        # each part to the host before the concatenation: one full tensor on the GPU at most, not two
+        yield name, torch.cat([p.cpu() for p in parts])[:tensor.shape[0]] if parts is not None else None
 
 
 def sync_buckets(model: nn.Module, device: torch.device, dtype: torch.dtype, bucket_bytes: int,
@@ -302,26 +303,34 @@ class PhaseOffload:
 
     @torch.no_grad()
     def _move(self, device: torch.device) -> None:
-        copy = lambda t: _moved(t, device, self.pin)  # noqa: E731
+        done: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+        def copy(t: torch.Tensor) -> torch.Tensor:
+            # `_apply` visits a tied parameter once per module that holds it (embedding and LM head): one copy
+            if id(t) not in done:
+                done[id(t)] = (t, _moved(t, device, self.pin))  # t kept alive: its id cannot be reused meanwhile
+            return done[id(t)][1]
+
         self.model._apply(copy)
         for state in self.optimizer.state.values():
             for key, value in state.items():
                 if isinstance(value, torch.Tensor) and value.dim() > 0:  # AdamW's `step` stays a CPU scalar
                     state[key] = copy(value)
         if device.type == "cpu" and self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # the host copies are complete before the device memory is reused
-            torch.cuda.empty_cache()
+            torch.cuda.empty_cache()  # the shards' device memory goes back before vLLM measures what is free
 
 
 def _moved(t: torch.Tensor, device: torch.device, pin: bool) -> torch.Tensor:
     """A copy of `t` on `device` (a DTensor keeps its mesh and placements); to the host in pinned memory when `pin`.
+    Device -> host copies block: FSDP2 reads a shard on the CPU right after `_apply` (it re-pads an uneven one,
+    `FSDPParam.reset_sharded_param`), so it must be complete; host -> device copies are ordered on the stream.
     Always a new allocation, on the CPU too, so that the test of this move on a CPU exercises FSDP2's re-registration
     of the shards."""
     if isinstance(t, DTensor):
         local = _moved(t.to_local(), device, pin)
         return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
     out = torch.empty(t.shape, dtype=t.dtype, device=device, pin_memory=pin and device.type == "cpu")
-    return out.copy_(t, non_blocking=True)
+    return out.copy_(t, non_blocking=device.type != "cpu")
 
 
 def broadcast_object(obj, ctx: Dist):

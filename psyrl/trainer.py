@@ -267,16 +267,21 @@ def build_reference(cfg, tokenizer, ctx: Dist) -> Policy:
     return reference.eval().requires_grad_(False)
 
 
-def build_sampler(policy: Policy, cfg, tokenizer, ctx: Dist, temperature: float | None = None):
+def build_sampler(policy: Policy, cfg, tokenizer, ctx: Dist, temperature: float | None = None,
+                  longest_prompt: int = 0):
     """The sampler of `sampler.engine`, holding the policy's current weights. `torch`: its own unsharded copy of the
     policy in the compute dtype, filled one tensor at a time from the (possibly sharded) policy. `vllm`: a colocated
     engine started on dummy weights, then given the policy's by a first weight sync, whose log-probs are exact at
-    `temperature` (default rollout.temperature; see `psyrl.vllm_sampler.logprobs_mode`). Collective under torchrun."""
+    `temperature` (default rollout.temperature; see `psyrl.vllm_sampler.logprobs_mode`), whose sequences hold the
+    longer of rollout.max_prompt_tokens and `longest_prompt` (validation prompts are not filtered) plus
+    rollout.max_new_tokens: vLLM's KV cache must hold one such sequence, not the model's 32k positions. Collective
+    under torchrun."""
     if cfg.sampler.engine == "vllm":
         architecture = model_config(cfg.model, tokenizer)
         with engine_model_dir(architecture) as model_dir:
             sampler = VLLMSampler(model_dir, tokenizer, ctx, dtype=cfg.model.dtype,
-                                  max_model_len=cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens,
+                                  max_model_len=max(cfg.rollout.max_prompt_tokens, longest_prompt)
+                                  + cfg.rollout.max_new_tokens,
                                   batch=cfg.sampler.max_num_seqs,
                                   tensor_parallel=cfg.sampler.tensor_parallel,
                                   gpu_memory_utilization=cfg.sampler.gpu_memory_utilization, sleep=cfg.sampler.sleep,

@@ -51,7 +51,7 @@ def sequence_logprobs(model, sequences: list[SFTExample], size: int, pad_id: int
     with torch.no_grad():
         for k in range(agreed_count(len(batches), ctx) if ctx.sharded else len(batches)):
             chunk = batches[k] if k < len(batches) else []
-            rows = [sequences[i] for i in chunk] or sequences[:1]  # a filler forward repeats a sequence of its own
+            rows = [sequences[i] for i in chunk] or [min(sequences, key=lambda s: len(s.input_ids))]  # a filler
             input_ids, attention_mask, mask = (t.to(ctx.device) for t in collate(rows, pad_id))
             with amp:
                 logp = model(input_ids, attention_mask, temperature, mask)  # [b, T-1]
@@ -77,7 +77,8 @@ def update(policy, optimizer, batch: list[dict], normalizer: int, pad_id: int, c
                             cfg.optim.micro_batch_tokens)
     count = agreed_count(len(batches), ctx) if ctx.sharded else len(batches)
     for k in range(count):
-        chunk = [batch[i] for i in batches[k]] if k < len(batches) else batch[:1]  # filler: weight 0 below
+        filler = [min(batch, key=lambda s: len(s["sequence"].input_ids))]  # its shortest sequence, weight 0 below
+        chunk = [batch[i] for i in batches[k]] if k < len(batches) else filler
         weight = 1.0 if k < len(batches) else 0.0
         if ctx.sharded and cfg.fsdp.defer_grad_sync:
             policy.set_requires_gradient_sync(k == count - 1)

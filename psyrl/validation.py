@@ -32,6 +32,11 @@ def sample_items(records: Sequence, count: int, seed: int) -> list:
     return [records[i] for i in keep]
 
 
+def longest_prompt(records, tokenizer, cfg: Config) -> int:
+    """Tokens of the longest held-out prompt (0 without records): the engine's sequences must hold it."""
+    return max((len(prompts.prompt_ids(tokenizer, r, cfg.prompt)) for r in records), default=0)
+
+
 def validate(policy, sampler, tokenizer, records: Sequence[StimuliRecord] | Sequence[BenchmarkRecord], cfg: Config,
              ctx: Dist = ONE_PROCESS, actor_on_device=contextlib.nullcontext):
     """(metrics, outputs): valid/f1 (eq. 4-5 on the extracted answer), valid/format (eq. 6), valid/length (tokens),

@@ -223,11 +223,17 @@ def test_phase_offload_frees_the_device():
     model(torch.arange(8, device="cuda")[None], torch.ones(1, 8, device="cuda")).sum().backward()
     optimizer.step()
     offload = distributed.PhaseOffload(model, optimizer, torch.device("cuda"), enabled=True)
+    values = [p.detach().clone() for p in model.parameters()]  # the tiny model's head is tied to its embedding
+    moments = [optimizer.state[p]["exp_avg"].clone() for p in model.parameters()]
     held = torch.cuda.memory_allocated()
     offload.to_host()
     assert torch.cuda.memory_allocated() < held / 4 and next(model.parameters()).is_pinned()
+    assert all(torch.equal(p.detach().cuda(), v) for p, v in zip(model.parameters(), values))
     offload.to_device()
     assert next(model.parameters()).is_cuda and optimizer.state[next(model.parameters())]["exp_avg"].is_cuda
+    assert all(torch.equal(p.detach(), v) for p, v in zip(model.parameters(), values))
+    assert all(torch.equal(optimizer.state[p]["exp_avg"], m) for p, m in zip(model.parameters(), moments))
+    assert model.lm.lm_head.weight is model.lm.model.embed_tokens.weight  # still tied
 
 
 if __name__ == "__main__":
