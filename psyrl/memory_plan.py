@@ -516,7 +516,7 @@ def _sync(cfg, sh: Shapes, gpus: int, capacity: float, trainer: str) -> Phase:
     run = _setup(cfg, sh, gpus, trainer)
     resident = _resident(run, on_device=run.offload == "none", grads=False)
     largest = run.b * max(math.prod(s) for s in sh.root + sh.layer)
-    bucket = cfg.sampler.sync_bucket_mib * MIB + largest
+    bucket = min(cfg.sampler.sync_bucket_mib * MIB + largest, run.b * sh.params)  # no bigger than the whole model
     # one process: no shards to gather; each tensor is cast on its own (sync_buckets' replicated path)
     transfer = bucket * (2 + 1 / run.world) if run.world > 1 else largest
     if cfg.sampler.engine == "vllm":
