@@ -168,7 +168,7 @@ def test_one_step_runs_the_node_phases_in_order(start, tmp_path, monkeypatch):  
     monkeypatch.setattr(vllm_sampler, "release_memory", lambda device: events.append("empty cache"))
     monkeypatch.setattr(train_tgrpo, "sequence_logprobs", recorded("experience", train_tgrpo.sequence_logprobs))
     monkeypatch.setattr(train_tgrpo, "update", recorded("update", train_tgrpo.update))
-    monkeypatch.setattr(train_tgrpo, "build_sampler", lambda policy, cfg, tokenizer, ctx: recording_sampler(
+    monkeypatch.setattr(train_tgrpo, "build_sampler", lambda policy, cfg, tokenizer, ctx, **_: recording_sampler(
         events, policy, cfg, tokenizer))
     result = run_in_process(start, tmp_path, "fsdp.offload=phase", "checkpoint.every=0")  # 2 steps of 2 updates
     assert result.exit_code == 0, result.output
