@@ -183,7 +183,8 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
                 for m, lp in zip(mine, sequence_logprobs(reference, sequences, size, pad_id, T, ctx, amp, budget)):
                     m["logp_ref"] = lp
             # mini-batches after the first are off-policy: the sampling policy's log-probs, computed now; the first
-            # updates the policy that sampled, whose logp_old is the update's own detached logp_theta (SPEC §3)
+            # updates the policy that sampled, so its logp_old is the update's own detached logp_theta (SPEC §3 skips
+            # the pass only for a single mini-batch; the first of several is as on-policy as that one)
             later = sequences[per_rank:]
             for m, lp in zip(mine[per_rank:], sequence_logprobs(policy, later, size, pad_id, T, ctx, amp, budget)):
                 m["logp_old"] = lp

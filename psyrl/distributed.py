@@ -131,6 +131,13 @@ def shard(policy: nn.Module, ctx: Dist, dtype: str = "float32", offload: bool = 
     return policy
 
 
+def cast_parameters(model: nn.Module, dtype: str) -> None:
+    """Parameters to `dtype` in place; buffers untouched: rotary inv_freq must stay float32 (bf16 shifts long
+    positions)."""
+    for param in model.parameters():
+        param.data = param.data.to(DTYPES[dtype])
+
+
 def load_sharded(build: Callable[[bool], nn.Module], ctx: Dist, dtype: str = "float32", offload: bool = False,
                  reshard_after_forward: bool = True, storage_dtype: str = "float32") -> nn.Module:
     """A sharded `Policy` whose weights are read on rank 0 only and broadcast: `build(empty)` returns the Policy,
@@ -144,8 +151,7 @@ def load_sharded(build: Callable[[bool], nn.Module], ctx: Dist, dtype: str = "fl
         error = e
     if not agree(error is None, ctx):
         raise error or RuntimeError(f"rank {ctx.rank}: rank 0 could not load the model (see its error)")
-    for param in policy.parameters():  # parameters only: rotary inv_freq stays float32
-        param.data = param.data.to(DTYPES[storage_dtype])
+    cast_parameters(policy, storage_dtype)
     full = {k: v.detach().cpu() for k, v in policy.state_dict().items()} if ctx.is_main else {}
     buffers = {name: b.detach().clone() for name, b in policy.named_buffers()} if ctx.is_main else {}
     shard(policy, ctx, dtype, offload, reshard_after_forward)
@@ -214,27 +220,25 @@ def sync_buckets(model: nn.Module, device: torch.device, dtype: torch.dtype, buc
     one flat buffer, and one all-gather (NCCL on GPUs) assembles the bucket, whose tensors are yielded before the
     next bucket is gathered. Cast-then-gather equals gather-then-cast bit for bit (a cast is elementwise), so the
     sampler receives what the one-at-a-time float32 gather followed by a cast gave. Collective."""
-    entries = list(_unique_state(model, prefix))
-    world = next((t.device_mesh.size() for _, t in entries if isinstance(t, DTensor)), 1)
-    bucket: list[tuple[str, torch.Tensor]] = []
+    bucket: list[tuple[str, DTensor]] = []
     size = 0
-    for name, tensor in entries:
-        bucket.append((name, tensor))
-        size += tensor.numel() * dtype.itemsize if isinstance(tensor, DTensor) else 0
-        if not isinstance(tensor, DTensor):  # a replicated tensor beside the shards: every rank has it whole
-            bucket.pop()
+    for name, tensor in _unique_state(model, prefix):
+        if not isinstance(tensor, DTensor):  # one process, or a tensor every rank holds whole: nothing to gather
             yield name, tensor.detach().to(device=device, dtype=dtype)
             continue
+        bucket.append((name, tensor))
+        size += tensor.numel() * dtype.itemsize
         if size >= bucket_bytes:
-            yield from _gather_bucket(bucket, device, dtype, world)
+            yield from _gather_bucket(bucket, device, dtype)
             bucket, size = [], 0
     if bucket:
-        yield from _gather_bucket(bucket, device, dtype, world)
+        yield from _gather_bucket(bucket, device, dtype)
 
 
-def _gather_bucket(bucket, device, dtype, world) -> Iterator[tuple[str, torch.Tensor]]:
+def _gather_bucket(bucket, device, dtype) -> Iterator[tuple[str, torch.Tensor]]:
     """One all-gather of a bucket's shards (each padded to FSDP2's ceil(rows / world) rows), unpacked per tensor."""
-    layout, offset = [], 0  # (name, full shape, elements of one rank's padded shard, offset in the flat buffer)
+    world = bucket[0][1].device_mesh.size()
+    layout, offset = [], 0  # (name, tensor, elements of one rank's padded shard, offset in the flat buffer)
     for name, tensor in bucket:
         rest = math.prod(tensor.shape[1:])
         per_rank = math.ceil(tensor.shape[0] / world) * rest
@@ -242,7 +246,7 @@ def _gather_bucket(bucket, device, dtype, world) -> Iterator[tuple[str, torch.Te
         offset += per_rank
     flat = torch.zeros(offset, dtype=dtype, device=device)  # this rank's share, padding included
     for _, tensor, _, start in layout:
-        local = tensor.to_local().detach() if isinstance(tensor, DTensor) else tensor.detach()
+        local = tensor.to_local().detach()
         flat[start:start + local.numel()].copy_(local.reshape(-1).to(device, non_blocking=True))  # casts on device
     gathered = torch.empty(world * offset, dtype=dtype, device=device)  # [world, offset]
     dist.all_gather_single(gathered, flat)
@@ -257,8 +261,7 @@ def unsharded_copy(policy: nn.Module, empty_lm: nn.Module, ctx: Dist, dtype: str
     architecture on the meta device, filled one tensor at a time from the shards. Collective."""
     lm = empty_lm.to_empty(device=ctx.device)
     lm.tie_weights()  # to_empty made new Parameters: a tied LM head would otherwise stay uninitialised memory
-    for param in lm.parameters():  # parameters only: rotary inv_freq must stay float32 (bf16 shifts long positions)
-        param.data = param.data.to(DTYPES[dtype])
+    cast_parameters(lm, dtype)
     load_weights(lm, gather_full_state_dict(policy, ctx.device, prefix="lm."))
     with torch.no_grad():
         for name, buffer in policy.lm.named_buffers():  # rotary inv_freq: not in the state dict

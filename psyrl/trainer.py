@@ -26,6 +26,7 @@ from psyrl.distributed import (
     Dist,
     barrier,
     broadcast_object,
+    cast_parameters,
     cleanup,
     init_distributed,
     load_sharded,
@@ -257,8 +258,7 @@ def build_reference(cfg, tokenizer, ctx: Dist) -> Policy:
     EasyR1 load theirs in bf16), under torchrun sharded with FSDP2 CPU offload when fsdp.ref_offload (A.3)."""
     if not ctx.sharded:
         model = load_model(cfg.model, tokenizer, seed=cfg.run.seed, device=ctx.device)
-        for param in model.parameters():  # parameters only: rotary inv_freq stays float32
-            param.data = param.data.to(DTYPES[cfg.model.dtype])
+        cast_parameters(model, cfg.model.dtype)
         reference = Policy(model)
     else:
         build = lambda empty: Policy(load_model(cfg.model, tokenizer, seed=cfg.run.seed, empty=empty))  # noqa: E731

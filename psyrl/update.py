@@ -39,7 +39,7 @@ def micro_batches(lengths: list[int], size: int, budget: int) -> list[list[int]]
 
 def agreed_count(count: int, ctx: Dist) -> int:
     """The largest micro-batch count of any rank: every rank runs that many forwards (fillers after its own)."""
-    return int(all_reduce(torch.tensor(float(count)), ctx, "max").item())
+    return int(all_reduce(torch.tensor(float(count)), ctx, "max").item()) if ctx.sharded else count
 
 
 def sequence_logprobs(model, sequences: list[SFTExample], size: int, pad_id: int, temperature: float, ctx: Dist,
@@ -49,7 +49,7 @@ def sequence_logprobs(model, sequences: list[SFTExample], size: int, pad_id: int
     out: list = [None] * len(sequences)
     batches = micro_batches([len(s.input_ids) for s in sequences], size, budget)
     with torch.no_grad():
-        for k in range(agreed_count(len(batches), ctx) if ctx.sharded else len(batches)):
+        for k in range(agreed_count(len(batches), ctx)):
             chunk = batches[k] if k < len(batches) else []
             rows = [sequences[i] for i in chunk] or [min(sequences, key=lambda s: len(s.input_ids))]  # a filler
             input_ids, attention_mask, mask = (t.to(ctx.device) for t in collate(rows, pad_id))
@@ -75,11 +75,10 @@ def update(policy, optimizer, batch: list[dict], normalizer: int, pad_id: int, c
     T = cfg.rollout.temperature
     batches = micro_batches([len(s["sequence"].input_ids) for s in batch], cfg.optim.micro_batch,
                             cfg.optim.micro_batch_tokens)
-    count = agreed_count(len(batches), ctx) if ctx.sharded else len(batches)
+    count = agreed_count(len(batches), ctx)
     for k in range(count):
-        filler = [min(batch, key=lambda s: len(s["sequence"].input_ids))]  # its shortest sequence, weight 0 below
-        chunk = [batch[i] for i in batches[k]] if k < len(batches) else filler
-        weight = 1.0 if k < len(batches) else 0.0
+        weight = 1.0 if k < len(batches) else 0.0  # a filler runs the rank's shortest sequence, weight 0
+        chunk = [batch[i] for i in batches[k]] if weight else [min(batch, key=lambda s: len(s["sequence"].input_ids))]
         if ctx.sharded and cfg.fsdp.defer_grad_sync:
             policy.set_requires_gradient_sync(k == count - 1)
         input_ids, attention_mask, mask = (t.to(ctx.device) for t in collate([s["sequence"] for s in chunk], pad_id))
