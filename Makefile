@@ -105,9 +105,9 @@ self-train: $(STAMP)
 	  --out $(SELF_OUT)/after --overwrite --no-progress $(DEMO_EVAL_SET)
 	@echo; $(VENV)/bin/psyrl compare $(SELF_OUT)/before $(SELF_OUT)/after --label "demo model" --label "+ self-train SFT"
 
-# Regenerates the config reference inside README.md from the dataclass docstrings.
+# Regenerates the config reference docs/config.md from the dataclass docstrings.
 docs: $(STAMP)
-	$(PY) -m psyrl.cli config reference --write-readme README.md
+	$(PY) -m psyrl.cli config reference --write-readme docs/config.md
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,8 +1,8 @@
 """Run configuration: one dataclass per TOML table (SPEC §9), a docstring under every field.
 
 `load_config` reads a TOML file plus `--set table.key=value` overrides and returns a `Config`;
-every bad input raises one `ConfigError` naming the file, the line and the key. The README's
-config reference is generated from the docstrings below and in `psyrl.config_tgrpo` (the T-GRPO
+every bad input raises one `ConfigError` naming the file, the line and the key. The
+config reference (docs/config.md) is generated from the docstrings below and in `psyrl.config_tgrpo` (the T-GRPO
 tables: reward, cache, advantage, loss, rollout, sampler); the TOML plumbing itself is in `psyrl.tomlconf`.
 """
 
@@ -274,5 +274,5 @@ def config_changes(old: Config, new: Config) -> list[str]:
 
 
 def config_reference() -> str:
-    """The Markdown config reference the README embeds."""
+    """The Markdown config reference `docs/config.md` embeds (`make docs`)."""
     return tomlconf.reference(Config)
