@@ -6,7 +6,7 @@ and per task, for any local Hugging Face checkpoint.
     python evaluate.py compare RUN_A RUN_B ...                     (Table 2/3-style, deltas against RUN_A)
     python evaluate.py lengths RUN_A [RUN_B] --out fig6.png        (RQ5 / Figure 6)
 
-Responses come from the sampler interface of the trainers (`psyrl.sampler`), one per item, seeded per item id: an
+Responses come from the sampler interface of the trainers (`psyrl.runtime.sampler`), one per item, seeded per item id: an
 item's random draws do not depend on the ranks, the batch, --limit or a resume (its logits can, in their last bits,
 with the batch's shapes). Predictions are appended to `<out>/predictions.jsonl` as they finish; a second run with the
 same --out and generation settings skips the items already there (an interrupted evaluation resumes). At the end:
@@ -26,14 +26,12 @@ import click
 import transformers
 from tqdm import tqdm
 
-from psyrl import prompts
-from psyrl.atomic import write_text
 from psyrl.cli import compare_command, lengths_command
-from psyrl.config import ModelConfig, PromptConfig
-from psyrl.data import DataError
-from psyrl.distributed import all_gather_lists, broadcast_object, cleanup, init_distributed, print0, resolve_dtype
-from psyrl.eval_report import results_markdown
-from psyrl.evaluation import (
+from psyrl.core import prompts
+from psyrl.core.atomic import write_text
+from psyrl.core.config import ModelConfig, PromptConfig
+from psyrl.core.records import DataError
+from psyrl.eval.benchmarks import (
     EXTRA_BENCHMARKS,
     HALVES,
     PAPER_BENCHMARKS,
@@ -46,10 +44,19 @@ from psyrl.evaluation import (
     select_items,
     task_of,
 )
-from psyrl.length_analysis import counts_markdown, lengths_by_index
-from psyrl.model import load_tokenizer, model_fingerprint
-from psyrl.trainer import checkpoint_sampler, fail_once
-from psyrl.vllm_sampler import (  # imports no vLLM until one is built
+from psyrl.eval.lengths import counts_markdown, lengths_by_index
+from psyrl.eval.report import results_markdown
+from psyrl.runtime.distributed import (
+    all_gather_lists,
+    broadcast_object,
+    cleanup,
+    init_distributed,
+    print0,
+    resolve_dtype,
+)
+from psyrl.runtime.generation import checkpoint_sampler, fail_once
+from psyrl.runtime.model import load_tokenizer, model_fingerprint
+from psyrl.runtime.vllm_sampler import (  # imports no vLLM until one is built
     VLLMUnavailable,
     check_tensor_parallel,
     import_vllm,
@@ -146,16 +153,16 @@ def main(click_ctx, model_dir, benchmarks, benchmark_dir, mode, temperature, top
         transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar per rank
         if engine == "vllm":
             import_vllm()  # before anything starts
-        ctx = init_distributed(device)
-        dtype = resolve_dtype(dtype, ctx.device)
+        dist = init_distributed(device)
+        dtype = resolve_dtype(dtype, dist.device)
         if engine == "vllm":
-            check_tensor_parallel(tensor_parallel, ctx.world, "--tensor-parallel")
+            check_tensor_parallel(tensor_parallel, dist.world, "--tensor-parallel")
         engine_settings = {"engine": engine, "tensor_parallel": tensor_parallel,
                            "gpu_memory_utilization": gpu_memory_utilization}
-        evaluate(ctx, Path(model_dir), split_specs(benchmarks) or list(PAPER_BENCHMARKS), benchmark_dir, mode,
+        evaluate(dist, Path(model_dir), split_specs(benchmarks) or list(PAPER_BENCHMARKS), benchmark_dir, mode,
                  temperature, top_p, seed, max_new_tokens, limit, half, split_seed, out, overwrite, batch, tokenizer,
                  dtype, engine_settings, progress)
-        cleanup(ctx)
+        cleanup(dist)
     except (EvalError, DataError, OSError, ValueError, VLLMUnavailable) as e:
         fail_once(e, "evaluate", (EvalError, DataError, VLLMUnavailable))
 
@@ -164,7 +171,7 @@ main.add_command(compare_command, "compare")
 main.add_command(lengths_command, "lengths")
 
 
-def evaluate(ctx, model_dir: Path, specs, benchmark_dir, mode, temperature, top_p, seed, max_new_tokens, limit, half,
+def evaluate(dist, model_dir: Path, specs, benchmark_dir, mode, temperature, top_p, seed, max_new_tokens, limit, half,
              split_seed, out: Path, overwrite, batch, tokenizer_name, dtype, engine: dict, progress) -> None:
     # ---------------------------------------------------------------- inputs, checked before any write
     sources = resolve_sources(specs, benchmark_dir)
@@ -181,7 +188,7 @@ def evaluate(ctx, model_dir: Path, specs, benchmark_dir, mode, temperature, top_
     predictions = out / "predictions.jsonl"
     done: dict[str, dict] = {}
     problem = None
-    if ctx.is_main:  # rank 0 decides and writes; the others learn the outcome (no rank left waiting alone)
+    if dist.is_main:  # rank 0 decides and writes; the others learn the outcome (no rank left waiting alone)
         try:
             done = {} if overwrite else previous_predictions(out, settings, items)
             out.mkdir(parents=True, exist_ok=True)
@@ -191,26 +198,26 @@ def evaluate(ctx, model_dir: Path, specs, benchmark_dir, mode, temperature, top_
             write_text(predictions, "".join(json.dumps(row) + "\n" for row in done.values()))  # no torn last line
         except (EvalError, OSError) as e:
             problem = str(e)
-    problem, done_ids = broadcast_object((problem, set(done)), ctx)
+    problem, done_ids = broadcast_object((problem, set(done)), dist)
     if problem:
         raise EvalError(problem)
-    sampler = checkpoint_sampler(model_dir, model_cfg, tokenizer, ctx, batch, temperature, engine, progress)
+    sampler = checkpoint_sampler(model_dir, model_cfg, tokenizer, dist, batch, temperature, engine, progress)
     prompt_cfg = PromptConfig(mode=mode)
     pending = [(s, r) for s, r in items if r.id not in done_ids]
     pending.sort(key=lambda item: len(prompts.content(item[1])))  # similar lengths per batch: less padding
-    print0(f"evaluate: {model_dir} on {ctx.world} x {ctx.device}: {len(items)} items "
+    print0(f"evaluate: {model_dir} on {dist.world} x {dist.device}: {len(items)} items "
            f"({', '.join(f'{s.name} {sum(1 for x, _ in items if x is s)}' for s in sources)}); "
-           f"{len(done_ids)} already in {predictions}, {len(pending)} to generate", ctx)
+           f"{len(done_ids)} already in {predictions}, {len(pending)} to generate", dist)
 
     # ---------------------------------------------------------------- generate and score, appending as we go
-    stats = {"rank": ctx.rank, "items": 0, "response_tokens": 0, "generate_s": 0.0}
+    stats = {"rank": dist.rank, "items": 0, "response_tokens": 0, "generate_s": 0.0}
     t0 = time.perf_counter()
-    per_round = batch * ctx.world
+    per_round = batch * dist.world
     bar = tqdm(total=len(items), initial=len(done_ids), desc="evaluate", unit="item", dynamic_ncols=True,
-               disable=not (progress and ctx.is_main))
-    with predictions.open("a", encoding="utf-8") if ctx.is_main else contextlib.nullcontext() as sink:
+               disable=not (progress and dist.is_main))
+    with predictions.open("a", encoding="utf-8") if dist.is_main else contextlib.nullcontext() as sink:
         for start in range(0, len(pending), per_round):
-            mine = pending[start:start + per_round][ctx.rank::ctx.world]  # strided: each rank gets short and long
+            mine = pending[start:start + per_round][dist.rank::dist.world]  # strided: each rank gets short and long
             texts = [prompts.render(tokenizer, r, prompt_cfg) for _, r in mine]
             ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
             t = time.perf_counter()
@@ -225,8 +232,8 @@ def evaluate(ctx, model_dir: Path, specs, benchmark_dir, mode, temperature, top_
                 rows.append({**row, "prompt": text})
                 stats["items"] += 1
                 stats["response_tokens"] += len(s.token_ids)
-            rows = all_gather_lists(rows, ctx)
-            if ctx.is_main:  # on disk at once: a crash loses at most the round in flight
+            rows = all_gather_lists(rows, dist)
+            if dist.is_main:  # on disk at once: a crash loses at most the round in flight
                 sink.write("".join(json.dumps(row) + "\n" for row in rows))
                 sink.flush()
                 os.fsync(sink.fileno())
@@ -234,16 +241,16 @@ def evaluate(ctx, model_dir: Path, specs, benchmark_dir, mode, temperature, top_
             bar.update(len(rows))
     bar.close()
     wall = time.perf_counter() - t0
-    per_rank = all_gather_lists([stats], ctx)
+    per_rank = all_gather_lists([stats], dist)
     sampler.close()  # after the last collective
-    if not ctx.is_main:
+    if not dist.is_main:
         return
 
     # ---------------------------------------------------------------- results
     rows = [done[r.id] for _, r in items]  # item order: the same file for any ranks, batch or resume
     write_text(predictions, "".join(json.dumps(row) + "\n" for row in rows))
     results = aggregate(rows)
-    perf = {"ranks": ctx.world, "device": str(ctx.device), "generated_items": len(pending), "wall_s": wall,
+    perf = {"ranks": dist.world, "device": str(dist.device), "generated_items": len(pending), "wall_s": wall,
             "items_per_s": len(pending) / wall if pending and wall > 0 else None, "per_rank": per_rank}
     write_text(out / "results.json", json.dumps({"settings": settings, "results": results, "perf": perf}, indent=2)
                + "\n")
@@ -255,9 +262,9 @@ def evaluate(ctx, model_dir: Path, specs, benchmark_dir, mode, temperature, top_
         pass  # no ToMbench Unexpected Outcome Test item in this evaluation
     write_text(out / "results.md", markdown)
     click.echo(markdown)
-    speed = f"{perf['items_per_s']:.2f} items/s over {ctx.world} rank(s)" if perf["items_per_s"] else "nothing new"
+    speed = f"{perf['items_per_s']:.2f} items/s over {dist.world} rank(s)" if perf["items_per_s"] else "nothing new"
     print0(f"evaluate: {len(pending)} items generated in {wall:.1f} s ({speed}); {out}/results.md, results.json, "
-           "predictions.jsonl", ctx)
+           "predictions.jsonl", dist)
 
 
 def previous_predictions(out: Path, settings: dict, items: list) -> dict[str, dict]:

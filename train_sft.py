@@ -24,15 +24,14 @@ from pathlib import Path
 import click
 import torch
 
-from psyrl.checkpoint import json_text, load_checkpoint, select_checkpoint
-from psyrl.config import ConfigError
-from psyrl.data import Cursor, DataError, load_records, load_stimuliqa, next_indices
-from psyrl.distributed import Dist, all_reduce, print0, rank_share
-from psyrl.model import autocast, load_tokenizer
-from psyrl.optim import build_optimizer, clipped_step, lr_factor, set_lr
-from psyrl.runlog import peak_memory_gib, step_line
-from psyrl.sft import build_examples, micro_batch_losses, response_tokens
-from psyrl.trainer import (
+from psyrl.core.config import ConfigError
+from psyrl.core.records import Cursor, DataError, load_records, load_stimuliqa, next_indices
+from psyrl.core.runlog import peak_memory_gib, step_line
+from psyrl.runtime.checkpoint import json_text, load_checkpoint, select_checkpoint
+from psyrl.runtime.distributed import Dist, all_reduce, print0, rank_share
+from psyrl.runtime.model import autocast, load_tokenizer
+from psyrl.runtime.optim import build_optimizer, clipped_step, lr_factor, set_lr
+from psyrl.train.run import (
     build_policy,
     build_sampler,
     check_memory_plan,
@@ -49,7 +48,8 @@ from psyrl.trainer import (
     sync_weights,
     warn_about_inputs,
 )
-from psyrl.validation import longest_prompt, sample_items, validate
+from psyrl.train.sft import build_examples, micro_batch_losses, response_tokens
+from psyrl.train.validation import longest_prompt, sample_items, validate
 
 LINE_FIELDS = [("loss", "train/loss", ".4f"), ("grad", "train/grad_norm", ".3f"), ("lr", "train/lr", ".2e"),
                ("tok/s", "perf/tokens_per_s", ".0f"), ("peak GiB", "perf/peak_mem_gib", ".2f"),
@@ -64,20 +64,20 @@ def main(config_path, overrides, overwrite, resume):
     run_entry(train, config_path, overrides, overwrite, resume)
 
 
-def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
+def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
     # ---------------------------------------------------------------- setup: everything checked before any write
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
     exists = check_run_dir(run_dir, overwrite, resume)
-    if cfg.optim.global_batch % ctx.world:
+    if cfg.optim.global_batch % dist.world:
         raise click.ClickException(f"optim.global_batch = {cfg.optim.global_batch} must be a multiple of the "
-                                   f"{ctx.world} ranks (each rank takes an equal share of every step)")
-    checkpoint = check_resume(run_dir, cfg, ctx) if resume else None
+                                   f"{dist.world} ranks (each rank takes an equal share of every step)")
+    checkpoint = check_resume(run_dir, cfg, dist) if resume else None
     try:
         train_records = load_stimuliqa(cfg.data.train_file)
         valid_records = load_records(cfg.data.valid_file) if cfg.data.valid_file else []
         tokenizer = load_tokenizer(cfg.model)
-        check_memory_plan(cfg, ctx, "sft")
-        policy = build_policy(cfg, tokenizer, ctx)
+        check_memory_plan(cfg, dist, "sft")
+        policy = build_policy(cfg, tokenizer, dist)
     except (ConfigError, DataError, OSError, ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
     examples, counts = build_examples(train_records, tokenizer, cfg.prompt, cfg.data.max_length)
@@ -85,43 +85,43 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
         raise click.ClickException(f"{cfg.data.train_file}: no usable training example ({counts})")
     trainer, data_fingerprint = read_trainer_state(checkpoint, cfg.data.train_file, len(examples))
     valid_records = sample_items(valid_records, cfg.data.valid_items, cfg.run.seed)
-    warn_about_inputs(cfg, ctx, train_records, valid_records)
-    resolved = open_run_dir(run_dir, cfg, ctx, wipe=overwrite and exists)
+    warn_about_inputs(cfg, dist, train_records, valid_records)
+    resolved = open_run_dir(run_dir, cfg, dist, wipe=overwrite and exists)
 
     policy.train()
     optimizer = build_optimizer(policy, cfg.optim)
-    amp = contextlib.nullcontext() if ctx.sharded else autocast(cfg.model, ctx.device)  # FSDP: MixedPrecisionPolicy
+    amp = contextlib.nullcontext() if dist.sharded else autocast(cfg.model, dist.device)  # FSDP: MixedPrecisionPolicy
     steps, batch, micro = cfg.run.steps, cfg.optim.global_batch, cfg.optim.micro_batch
     cursor, skipped_updates, first = Cursor(), 0, 1
     if checkpoint is not None:
-        load_checkpoint(checkpoint, policy, optimizer, ctx, lambda line: print(f"rank {ctx.rank}: {line}", flush=True))
+        load_checkpoint(checkpoint, policy, optimizer, dist, lambda line: print(f"rank {dist.rank}: {line}", flush=True))
         cursor, skipped_updates = Cursor(**trainer["cursor"]), trainer["skipped_updates"]
         first = trainer["step"] + 1
-        rewind_metrics(run_dir, trainer["step"], ctx)
+        rewind_metrics(run_dir, trainer["step"], dist)
     params = sum(p.numel() for p in policy.parameters())
-    print0(f"sft: {params / 1e6:.2f}M parameters on {ctx.world} x {ctx.device}"
-        f"{' (FSDP2' + (', CPU offload' if cfg.fsdp.offload == 'always' else '') + ')' if ctx.sharded else ''}; "
+    print0(f"sft: {params / 1e6:.2f}M parameters on {dist.world} x {dist.device}"
+        f"{' (FSDP2' + (', CPU offload' if cfg.fsdp.offload == 'always' else '') + ')' if dist.sharded else ''}; "
         f"{counts['kept']} training examples (skipped: {counts['no_reasoning']} without reasoning, "
         f"{counts['too_long']} over {cfg.data.max_length} tokens); {len(valid_records)} validation items; "
         f"{steps} steps of {batch} sequences; run directory {run_dir}"
-        f"{f'; resuming after step {first - 1} from {checkpoint}' if checkpoint else ''}", ctx)
+        f"{f'; resuming after step {first - 1} from {checkpoint}' if checkpoint else ''}", dist)
 
-    with step_log(run_dir, cfg, ctx, first, "sft") as (log, bar):
+    with step_log(run_dir, cfg, dist, first, "sft") as (log, bar):
         sampler = None  # built at the first validation, synced before each later one
 
         def run_validation():
             nonlocal sampler
             if sampler is None:
-                sampler = build_sampler(policy, cfg, tokenizer, ctx, cfg.rollout.valid_temperature,  # validates only
+                sampler = build_sampler(policy, cfg, tokenizer, dist, cfg.rollout.valid_temperature,  # validates only
                                         longest_prompt(valid_records, tokenizer, cfg))
             else:
-                sync_weights(sampler, policy, cfg, ctx)
-            return validate(policy, sampler, tokenizer, valid_records, cfg, ctx)
+                sync_weights(sampler, policy, cfg, dist)
+            return validate(policy, sampler, tokenizer, valid_records, cfg, dist)
 
         if valid_records and first == 1:  # the untrained model's scores: the baseline every later row is compared with
             metrics, _ = run_validation()
             log({"step": 0, "steps": steps, **metrics})
-            print0(step_line({"step": 0, "steps": steps, **metrics}, LINE_FIELDS), ctx)
+            print0(step_line({"step": 0, "steps": steps, **metrics}, LINE_FIELDS), dist)
 
         for step in range(first, steps + 1):
             # ---------------------------------------------------------------- one optimiser step
@@ -131,20 +131,20 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
             indices, cursor = next_indices(cursor, len(examples), batch, cfg.run.seed, cfg.data.shuffle)
             step_examples = [examples[i] for i in indices]
             normalizer = response_tokens(step_examples)  # global: the gradient does not depend on micro-batching
-            loss_sum = torch.zeros((), device=ctx.device)
-            for loss in micro_batch_losses(policy, rank_share(step_examples, ctx), micro, tokenizer.pad_token_id,
-                                           normalizer, ctx.device, amp):
+            loss_sum = torch.zeros((), device=dist.device)
+            for loss in micro_batch_losses(policy, rank_share(step_examples, dist), micro, tokenizer.pad_token_id,
+                                           normalizer, dist.device, amp):
                 loss.backward()
                 loss_sum += loss.detach()  # read once per step: .item() per micro-batch would sync a GPU each time
             grad_norm, applied = clipped_step(policy, optimizer, cfg.optim.grad_clip)
             if not applied:
                 skipped_updates += 1
-                print0(f"step {step}: non-finite gradient norm {grad_norm}; update skipped", ctx)
+                print0(f"step {step}: non-finite gradient norm {grad_norm}; update skipped", dist)
             elapsed = time.perf_counter() - t0
 
             # ---------------------------------------------------------------- log, validate, checkpoint
-            peak = all_reduce(torch.tensor(peak_memory_gib(ctx.device)), ctx, "max")
-            row = {"step": step, "steps": steps, "train/loss": all_reduce(loss_sum, ctx).item(),
+            peak = all_reduce(torch.tensor(peak_memory_gib(dist.device)), dist, "max")
+            row = {"step": step, "steps": steps, "train/loss": all_reduce(loss_sum, dist).item(),
                    "train/grad_norm": grad_norm, "train/lr": lr,
                    "train/tokens": sum(len(e.input_ids) for e in step_examples),
                    "train/response_tokens": normalizer, "train/skipped_updates": skipped_updates,
@@ -160,18 +160,18 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
                          "trainer.json": json_text({"step": step, "cursor": vars(cursor), "data": data_fingerprint,
                                                     "skipped_updates": skipped_updates})}
                 save_step(run_dir, step, policy, optimizer, tokenizer, files,
-                          (valid_records, metrics, outputs) if valid_records else None, cfg, ctx)
+                          (valid_records, metrics, outputs) if valid_records else None, cfg, dist)
             bar.update(1)
             if step % cfg.log.every == 0 or step == steps:
-                print0(step_line(row, LINE_FIELDS), ctx)
+                print0(step_line(row, LINE_FIELDS), dist)
 
     # ---------------------------------------------------------------- final export
-    export_final(policy, tokenizer, run_dir, cfg, ctx, "sft")
+    export_final(policy, tokenizer, run_dir, cfg, dist, "sft")
     if sampler is not None:
         sampler.close()
-    if valid_records and cfg.checkpoint.every and ctx.is_main:
+    if valid_records and cfg.checkpoint.every and dist.is_main:
         step, score, path = select_checkpoint(run_dir, "median")
-        print0(f"sft: median-F1 checkpoint (appendix B): step {step}, valid F1 {score:.4f}, {path / 'hf'}", ctx)
+        print0(f"sft: median-F1 checkpoint (appendix B): step {step}, valid F1 {score:.4f}, {path / 'hf'}", dist)
 
 
 if __name__ == "__main__":

@@ -23,17 +23,18 @@ from pathlib import Path
 import click
 import torch
 
-from psyrl.checkpoint import json_text, load_checkpoint
-from psyrl.config import ConfigError
-from psyrl.data import Cursor, DataError, load_records, load_stimuliqa, next_indices
-from psyrl.distributed import Dist, PhaseOffload, all_reduce, print0
-from psyrl.model import autocast, load_tokenizer
-from psyrl.optim import build_optimizer, lr_factor, set_lr
-from psyrl.rewards import answer_components
-from psyrl.rollout import build_prompts, gather_step, rank_positions, sample_seed, score, step_metrics, write_samples
-from psyrl.runlog import Laps, peak_memory_gib, step_line
-from psyrl.sft import SFTExample
-from psyrl.trainer import (
+from psyrl.core.config import ConfigError
+from psyrl.core.records import Cursor, DataError, load_records, load_stimuliqa, next_indices
+from psyrl.core.runlog import Laps, peak_memory_gib, step_line
+from psyrl.rl.rewards import answer_components
+from psyrl.rl.rollout import build_prompts, gather_step, rank_positions, sample_seed, score, step_metrics, write_samples
+from psyrl.rl.trajectory_cache import TrajectoryCache
+from psyrl.rl.update import reduce_sums, sequence_logprobs, update
+from psyrl.runtime.checkpoint import json_text, load_checkpoint
+from psyrl.runtime.distributed import Dist, PhaseOffload, all_reduce, print0
+from psyrl.runtime.model import autocast, load_tokenizer
+from psyrl.runtime.optim import build_optimizer, lr_factor, set_lr
+from psyrl.train.run import (
     build_policy,
     build_reference,
     build_sampler,
@@ -51,9 +52,8 @@ from psyrl.trainer import (
     sync_weights,
     warn_about_inputs,
 )
-from psyrl.trajectory_cache import TrajectoryCache
-from psyrl.update import reduce_sums, sequence_logprobs, update
-from psyrl.validation import longest_prompt, sample_items, validate
+from psyrl.train.sft import SFTExample
+from psyrl.train.validation import longest_prompt, sample_items, validate
 
 LINE_FIELDS = [("reward", "reward/final", ".3f"), ("f1", "reward/f1", ".3f"), ("format", "reward/format", ".2f"),
                ("len", "response/length", ".0f"), ("kl", "actor/kl", ".4f"), ("grad", "actor/grad_norm", ".3f"),
@@ -61,13 +61,13 @@ LINE_FIELDS = [("reward", "reward/final", ".3f"), ("f1", "reward/f1", ".3f"), ("
                ("valid acc", "valid/accuracy", ".4f")]
 
 
-def check_batches(cfg, ctx: Dist) -> None:
+def check_batches(cfg, dist: Dist) -> None:
     B, batch, G = cfg.rollout.prompts, cfg.optim.global_batch, cfg.rollout.samples
     if B % batch:
         raise click.ClickException(f"rollout.prompts = {B} must be a multiple of optim.global_batch = {batch} "
                                    "(each mini-batch of global_batch prompts is one update)")
-    if batch % ctx.world:
-        raise click.ClickException(f"optim.global_batch = {batch} must be a multiple of the {ctx.world} ranks "
+    if batch % dist.world:
+        raise click.ClickException(f"optim.global_batch = {batch} must be a multiple of the {dist.world} ranks "
                                    "(each rank takes an equal share of every mini-batch)")
     if cfg.advantage.scope == "group" and G < 2:
         raise click.ClickException(f"advantage.scope = 'group' needs rollout.samples >= 2 (the std of a group of "
@@ -82,12 +82,12 @@ def main(config_path, overrides, overwrite, resume):
     run_entry(train, config_path, overrides, overwrite, resume)
 
 
-def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
+def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
     # ---------------------------------------------------------------- setup: everything checked before any write
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
     exists = check_run_dir(run_dir, overwrite, resume)
-    check_batches(cfg, ctx)
-    checkpoint = check_resume(run_dir, cfg, ctx) if resume else None
+    check_batches(cfg, dist)
+    checkpoint = check_resume(run_dir, cfg, dist) if resume else None
     try:
         train_records = load_stimuliqa(cfg.data.train_file)
         valid_records = sample_items(load_records(cfg.data.valid_file), cfg.data.valid_items, cfg.run.seed) \
@@ -98,51 +98,51 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
             raise DataError(f"{cfg.data.train_file}: all {too_long} prompts are longer than rollout.max_prompt_tokens "
                             f"= {cfg.rollout.max_prompt_tokens} tokens; nothing to train on")
         trainer, data_fingerprint = read_trainer_state(checkpoint, cfg.data.train_file, len(train_prompts))
-        check_memory_plan(cfg, ctx, "tgrpo")
-        policy = build_policy(cfg, tokenizer, ctx)
-        reference = build_reference(cfg, tokenizer, ctx) if cfg.loss.kl_coef > 0 else None
+        check_memory_plan(cfg, dist, "tgrpo")
+        policy = build_policy(cfg, tokenizer, dist)
+        reference = build_reference(cfg, tokenizer, dist) if cfg.loss.kl_coef > 0 else None
     except (ConfigError, DataError, OSError, ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
-    warn_about_inputs(cfg, ctx, train_records, valid_records)
-    resolved = open_run_dir(run_dir, cfg, ctx, wipe=overwrite and exists)
+    warn_about_inputs(cfg, dist, train_records, valid_records)
+    resolved = open_run_dir(run_dir, cfg, dist, wipe=overwrite and exists)
     pad_id = tokenizer.pad_token_id
 
     policy.train()
     optimizer = build_optimizer(policy, cfg.optim)
-    offload = PhaseOffload(policy, optimizer, ctx.device, cfg.fsdp.offload == "phase")
-    amp = contextlib.nullcontext() if ctx.sharded else autocast(cfg.model, ctx.device)  # FSDP: MixedPrecisionPolicy
+    offload = PhaseOffload(policy, optimizer, dist.device, cfg.fsdp.offload == "phase")
+    amp = contextlib.nullcontext() if dist.sharded else autocast(cfg.model, dist.device)  # FSDP: MixedPrecisionPolicy
     B, G, batch, steps = cfg.rollout.prompts, cfg.rollout.samples, cfg.optim.global_batch, cfg.run.steps
     updates_per_step = B // batch
     cache = TrajectoryCache(cfg.cache.size)
     cursor, skipped_updates, first = Cursor(), 0, 1
     if checkpoint is not None:
-        load_checkpoint(checkpoint, policy, optimizer, ctx, lambda line: print(f"rank {ctx.rank}: {line}", flush=True))
+        load_checkpoint(checkpoint, policy, optimizer, dist, lambda line: print(f"rank {dist.rank}: {line}", flush=True))
         cache.load_state_dict(json.loads((checkpoint / "trajectory_cache.json").read_text(encoding="utf-8")))
         cursor, skipped_updates, first = Cursor(**trainer["cursor"]), trainer["skipped_updates"], trainer["step"] + 1
-        rewind_metrics(run_dir, trainer["step"], ctx)
+        rewind_metrics(run_dir, trainer["step"], dist)
     offload.to_host()  # before the engine starts: vLLM refuses a pool larger than the free memory
-    sampler = build_sampler(policy, cfg, tokenizer, ctx,  # its own copy, filled from the shards
+    sampler = build_sampler(policy, cfg, tokenizer, dist,  # its own copy, filled from the shards
                             longest_prompt=longest_prompt(valid_records, tokenizer, cfg))
     params = sum(p.numel() for p in policy.parameters())
-    print0(f"tgrpo: {params / 1e6:.2f}M parameters on {ctx.world} x {ctx.device}"
-           f"{' (FSDP2, offload ' + cfg.fsdp.offload + ')' if ctx.sharded else ''}; reward "
+    print0(f"tgrpo: {params / 1e6:.2f}M parameters on {dist.world} x {dist.device}"
+           f"{' (FSDP2, offload ' + cfg.fsdp.offload + ')' if dist.sharded else ''}; reward "
            f"{cfg.reward.variant}, advantage scope {cfg.advantage.scope}, cache {cfg.cache.size} steps; "
            f"{len(train_prompts)} training prompts ({too_long} over {cfg.rollout.max_prompt_tokens} tokens dropped); "
            f"{len(valid_records)} validation items; {steps} steps of {B} prompts x {G} samples, {updates_per_step} "
            f"update(s) each; run directory {run_dir}"
-           f"{f'; resuming after step {first - 1} from {checkpoint}' if checkpoint else ''}", ctx)
+           f"{f'; resuming after step {first - 1} from {checkpoint}' if checkpoint else ''}", dist)
 
-    with step_log(run_dir, cfg, ctx, first, "tgrpo") as (log, bar):
+    with step_log(run_dir, cfg, dist, first, "tgrpo") as (log, bar):
         if valid_records and first == 1:  # the starting model's scores: the baseline of every later row
-            metrics, _ = validate(policy, sampler, tokenizer, valid_records, cfg, ctx, offload.on_device)
+            metrics, _ = validate(policy, sampler, tokenizer, valid_records, cfg, dist, offload.on_device)
             log({"step": 0, "steps": steps, **metrics})
-            print0(step_line({"step": 0, "steps": steps, **metrics}, LINE_FIELDS), ctx)
+            print0(step_line({"step": 0, "steps": steps, **metrics}, LINE_FIELDS), dist)
 
         for step in range(first, steps + 1):
-            lap = Laps(ctx.device)
+            lap = Laps(dist.device)
             # ---------------------------------------------------------------- sample G responses per prompt
             indices, cursor = next_indices(cursor, len(train_prompts), B, cfg.run.seed, cfg.data.shuffle)
-            positions = rank_positions(B, batch, ctx)
+            positions = rank_positions(B, batch, dist)
             groups = sampler.generate([train_prompts[indices[p]][1] for p in positions], G, cfg.rollout.temperature,
                                       cfg.rollout.top_p, cfg.rollout.max_new_tokens,
                                       [sample_seed(cfg.run.seed, step, p) for p in positions])
@@ -157,7 +157,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
                     local.append({"position": p, "index": i, "id": record.id, "text": s.text,
                                   **{k: parts[k][i].item() for k in ("f1", "fmt", "rep")},
                                   "length": len(s.token_ids), "finish_reason": s.finish_reason})
-            samples = gather_step(local, ctx)
+            samples = gather_step(local, dist)
             adv, components = score(samples, cache, cfg)
             mine = []  # this rank's sequences, in step order
             for p, group in zip(positions, groups):
@@ -166,7 +166,7 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
                     mine.append({"position": p, "advantage": adv[p * G + i].item(), "sampler_logprobs": s.logprobs,
                                  "sequence": SFTExample("", tuple(prompt_ids) + s.token_ids, len(prompt_ids))})
             lap("score")
-            if cfg.log.samples_every and step % cfg.log.samples_every == 0 and ctx.is_main:
+            if cfg.log.samples_every and step % cfg.log.samples_every == 0 and dist.is_main:
                 write_samples(run_dir / "samples", step, samples, components, adv,
                               [train_prompts[indices[p]][0] for p in range(B)], cfg.log.samples_prompts,
                               cfg.reward.variant)
@@ -180,13 +180,13 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
             size, budget = cfg.optim.logprob_micro_batch, cfg.optim.logprob_micro_batch_tokens
             T = cfg.rollout.temperature
             if reference is not None:
-                for m, lp in zip(mine, sequence_logprobs(reference, sequences, size, pad_id, T, ctx, amp, budget)):
+                for m, lp in zip(mine, sequence_logprobs(reference, sequences, size, pad_id, T, dist, amp, budget)):
                     m["logp_ref"] = lp
             # mini-batches after the first are off-policy: the sampling policy's log-probs, computed now; the first
             # updates the policy that sampled, so its logp_old is the update's own detached logp_theta (SPEC §3 skips
             # the pass only for a single mini-batch; the first of several is as on-policy as that one)
             later = sequences[per_rank:]
-            for m, lp in zip(mine[per_rank:], sequence_logprobs(policy, later, size, pad_id, T, ctx, amp, budget)):
+            for m, lp in zip(mine[per_rank:], sequence_logprobs(policy, later, size, pad_id, T, dist, amp, budget)):
                 m["logp_old"] = lp
             lap("logprobs")
 
@@ -197,28 +197,28 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
                 lr = cfg.optim.lr * lr_factor(update_index, cfg.optim, steps * updates_per_step)
                 set_lr(optimizer, lr)
                 grad_norm, applied = update(policy, optimizer, mine[u * per_rank:(u + 1) * per_rank], batch * G,
-                                            pad_id, cfg, ctx, amp, sums)
+                                            pad_id, cfg, dist, amp, sums)
                 grad_norms.append(grad_norm)
                 if not applied:
                     skipped_updates += 1
-                    print0(f"step {step}: non-finite gradient norm {grad_norm}; update skipped", ctx)
+                    print0(f"step {step}: non-finite gradient norm {grad_norm}; update skipped", dist)
             lap("update")
             offload.to_host()  # phase offload: the device is the engine's from here to the next experience pass
             lap("offload")
-            sync_weights(sampler, policy, cfg, ctx)
+            sync_weights(sampler, policy, cfg, dist)
             lap("sync")
 
             # ---------------------------------------------------------------- log, validate, checkpoint
-            row = {"step": step, "steps": steps, **step_metrics(samples, components, adv, G), **reduce_sums(sums, ctx),
+            row = {"step": step, "steps": steps, **step_metrics(samples, components, adv, G), **reduce_sums(sums, dist),
                    "actor/grad_norm": sum(grad_norms) / len(grad_norms), "actor/lr": lr,
                    "actor/skipped_updates": skipped_updates, "actor/updates": updates_per_step,
                    "cache/steps": len(cache), "data/epoch": cursor.epoch, "data/filtered_prompts": too_long,
                    **lap.row()}
-            peak = max(lap.peaks.values()) if lap.peaks else peak_memory_gib(ctx.device)  # CUDA: per-phase peaks
-            row["perf/peak_mem_gib"] = float(all_reduce(torch.tensor(peak), ctx, "max"))
+            peak = max(lap.peaks.values()) if lap.peaks else peak_memory_gib(dist.device)  # CUDA: per-phase peaks
+            row["perf/peak_mem_gib"] = float(all_reduce(torch.tensor(peak), dist, "max"))
             save = cfg.checkpoint.every > 0 and (step % cfg.checkpoint.every == 0 or step == steps)
             if valid_records and (save or step == steps):
-                metrics, outputs = validate(policy, sampler, tokenizer, valid_records, cfg, ctx, offload.on_device)
+                metrics, outputs = validate(policy, sampler, tokenizer, valid_records, cfg, dist, offload.on_device)
                 row.update(metrics)
             log(row)  # before the save: a crash right after it must not lose the row of a step it kept
             if save:
@@ -228,13 +228,13 @@ def train(cfg, ctx: Dist, overwrite: bool, resume: bool) -> None:
                                                     "sampler_seeds": "sha256(run.seed:step:prompt position)"}),
                          "trajectory_cache.json": json_text(cache.state_dict())}
                 save_step(run_dir, step, policy, optimizer, tokenizer, files,
-                          (valid_records, metrics, outputs) if valid_records else None, cfg, ctx)
+                          (valid_records, metrics, outputs) if valid_records else None, cfg, dist)
             bar.update(1)
             if step % cfg.log.every == 0 or step == steps:
-                print0(step_line(row, LINE_FIELDS), ctx)
+                print0(step_line(row, LINE_FIELDS), dist)
 
     # ---------------------------------------------------------------- final export
-    export_final(policy, tokenizer, run_dir, cfg, ctx, "tgrpo")
+    export_final(policy, tokenizer, run_dir, cfg, dist, "tgrpo")
     sampler.close()
 
 

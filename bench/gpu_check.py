@@ -30,10 +30,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from psyrl.config import ModelConfig  # noqa: E402
-from psyrl.distributed import ONE_PROCESS, Dist, gather_full_state_dict  # noqa: E402
-from psyrl.model import autocast, load_model, load_tokenizer, model_config, token_logprobs  # noqa: E402
-from psyrl.vllm_sampler import VLLMSampler, engine_model_dir, import_vllm  # noqa: E402
+from psyrl.core.config import ModelConfig  # noqa: E402
+from psyrl.runtime.distributed import ONE_PROCESS, Dist, gather_full_state_dict  # noqa: E402
+from psyrl.runtime.model import autocast, load_model, load_tokenizer, model_config, token_logprobs  # noqa: E402
+from psyrl.runtime.vllm_sampler import VLLMSampler, engine_model_dir, import_vllm  # noqa: E402
 
 
 def gaps(model, samples, prompts, temperature, amp) -> list[float]:
@@ -58,7 +58,7 @@ def summary(values: list[float]) -> str:
 def engine_part(args: dict) -> dict:
     """Parts 1, 2 and 4 in one process with one engine."""
     device = torch.device(args["device"])
-    ctx = Dist(device=device) if device.type == "cuda" else ONE_PROCESS
+    dist = Dist(device=device) if device.type == "cuda" else ONE_PROCESS
     cfg = ModelConfig(path=args["model"] or "", tokenizer="" if args["model"] else "qwen2.5",
                       hidden_size=args["hidden"], num_layers=args["layers"], num_heads=args["hidden"] // 64,
                       num_kv_heads=2, intermediate_size=args["hidden"] * 11 // 4, max_position_embeddings=4096,
@@ -70,7 +70,7 @@ def engine_part(args: dict) -> dict:
     params = sum(p.numel() for p in model.parameters())
     with engine_model_dir(architecture) as model_dir:
         t = time.perf_counter()
-        sampler = VLLMSampler(model_dir, tokenizer, ctx, dtype=args["dtype"], max_model_len=4096,
+        sampler = VLLMSampler(model_dir, tokenizer, dist, dtype=args["dtype"], max_model_len=4096,
                               batch=args["batch"], gpu_memory_utilization=args["memory"], sleep=True,
                               temperature=1.0, enforce_eager=args["eager"])
         start_s = time.perf_counter() - t

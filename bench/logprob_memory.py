@@ -16,7 +16,7 @@ CHILD = r"""
 import json, resource, sys, time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from psyrl.model import token_logprobs
+from psyrl.runtime.model import token_logprobs
 way, batch, seq, vocab, hidden = sys.argv[1], *map(int, sys.argv[2:6])
 torch.manual_seed(0)
 cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=1, num_attention_heads=4,

@@ -24,9 +24,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from psyrl.config import load_config  # noqa: E402
-from psyrl.memory_plan import GIB, load_architecture, plan  # noqa: E402
-from psyrl.runlog import read_metrics  # noqa: E402
+from psyrl.core.config import load_config  # noqa: E402
+from psyrl.core.runlog import read_metrics  # noqa: E402
+from psyrl.runtime.memory_plan import GIB, load_architecture, plan  # noqa: E402
 
 SHAPE_05B = ["model.tokenizer=qwen2.5", "model.hidden_size=896", "model.num_layers=24", "model.num_heads=14",
              "model.num_kv_heads=2", "model.intermediate_size=4864", "model.max_position_embeddings=4096"]

@@ -17,10 +17,10 @@ from pathlib import Path
 import click
 import torch
 
-from psyrl.config import load_config
-from psyrl.rewards import answer_components, final_rewards
-from psyrl.text import normalize, think_text
-from psyrl.trajectory_cache import TrajectoryCache
+from psyrl.core.config import load_config
+from psyrl.core.text import normalize, think_text
+from psyrl.rl.rewards import answer_components, final_rewards
+from psyrl.rl.trajectory_cache import TrajectoryCache
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = (

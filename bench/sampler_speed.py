@@ -13,9 +13,9 @@ import time
 import click
 import torch
 
-from psyrl.config import load_config
-from psyrl.model import load_model, load_tokenizer
-from psyrl.sampler import TorchSampler, draw, inverse_cdf, nucleus_mask
+from psyrl.core.config import load_config
+from psyrl.runtime.model import load_model, load_tokenizer
+from psyrl.runtime.sampler import TorchSampler, draw, inverse_cdf, nucleus_mask
 
 
 def timed(fn, repeats: int) -> float:

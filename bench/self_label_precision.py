@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 
-from psyrl.evaluation import read_predictions, resolve_sources
-from psyrl.self_train import self_label
+from psyrl.eval.benchmarks import read_predictions, resolve_sources
+from psyrl.eval.self_label import self_label
 
 TAUS = {"f1": (0.4, 0.6, 0.8, 0.99), "logprob": (0.4, 0.5, 0.6, 0.7, 0.8)}
 

@@ -52,7 +52,7 @@ def build_workload(work: Path) -> tuple[Path, Path]:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from psyrl.model import shipped_tokenizer_dir
+    from psyrl.runtime.model import shipped_tokenizer_dir
 
     torch.manual_seed(0)
     config = Qwen2Config(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -81,7 +81,7 @@ def pin_cores() -> None:
 
 def run_psyrl(model_dir: Path, data: Path, work: Path) -> dict:
     import train_tgrpo
-    from psyrl.runlog import read_metrics
+    from psyrl.core.runlog import read_metrics
 
     overrides = {
         "run.name": "psyrl", "run.output_dir": str(work), "run.steps": WARMUP + TIMED,
@@ -113,10 +113,10 @@ def run_trl(model_dir: Path, data: Path, work: Path) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from psyrl.config import PromptConfig, RewardConfig
-    from psyrl.data import load_stimuliqa
-    from psyrl.prompts import render
-    from psyrl.rewards import answer_components
+    from psyrl.core.config import PromptConfig, RewardConfig
+    from psyrl.core.prompts import render
+    from psyrl.core.records import load_stimuliqa
+    from psyrl.rl.rewards import answer_components
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import click
 
-from psyrl.build_cli import build_group
-from psyrl.checkpoint import select_checkpoint
-from psyrl.config import ConfigError, config_reference, dump_config, load_config
-from psyrl.data import DataError, load_records
-from psyrl.demo_data import demo_data_command
+from psyrl.build.cli import build_group
+from psyrl.build.demo_data import demo_data_command
+from psyrl.core.config import ConfigError, config_reference, dump_config, load_config
+from psyrl.core.records import DataError, load_records
+from psyrl.runtime.checkpoint import select_checkpoint
 
 README_START, README_END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 
@@ -106,7 +106,7 @@ def select_checkpoint_command(run_dir, rule):
 def tiny_tokenizer_command(demo_dir, out):
     """Rebuild psyrl's small tokenizer: Qwen2.5's special tokens and chat template, a few thousand BPE tokens
     trained on data/demo/train.jsonl."""
-    from psyrl.tiny_tokenizer import build_shipped  # trains a BPE: only when asked
+    from psyrl.runtime.tiny_tokenizer import build_shipped  # trains a BPE: only when asked
 
     click.echo(f"wrote {build_shipped(demo_dir, out)}")
 
@@ -122,7 +122,7 @@ def plot_command(run_dirs, out, smooth):
     length and KL over steps (the paper's Fig. 5 compares the base and bilateral rewards this way). Needs
     matplotlib: pip install -e '.[plot]'."""
     try:
-        from psyrl.plot import plot_runs
+        from psyrl.train.plot import plot_runs
 
         out = out or (Path(run_dirs[0]) / "curves.png" if len(run_dirs) == 1 else Path("curves.png"))
         panels = plot_runs(run_dirs, out, smooth)
@@ -143,7 +143,7 @@ def summary_command(run_dirs, window):
     """A Markdown table comparing the start and the end of T-GRPO runs: held-out F1 and final reward at the first
     and the last validation, and the mean training reward, F1 and response length over the first and the last
     WINDOW steps."""
-    from psyrl.summary import summary_table
+    from psyrl.train.summary import summary_table
 
     try:
         click.echo(summary_table(run_dirs, window))
@@ -174,7 +174,7 @@ def plan_command(path, overrides, gpus, gpu_memory_gib, host_memory_gib, trainer
     The architecture comes from model.path's config.json, else psyrl's copy for a path naming
     Qwen2.5-0.5B/1.5B/3B-Instruct, else (empty path) the tiny model of [model]. Every sequence is taken at its
     maximum length. Exit status: 0 when everything fits, 3 when something does not, 1 on an error."""
-    from psyrl.memory_plan import format_plan, load_architecture, plan
+    from psyrl.runtime.memory_plan import format_plan, load_architecture, plan
 
     if trainer == "auto":
         trainer = "sft" if "sft" in Path(path).parts else "tgrpo"
@@ -203,7 +203,7 @@ def run_labels(labels, run_dirs) -> list[str]:
 def compare_command(run_dirs, labels):
     """Compare evaluate.py runs (their --out directories): Table 3's layout (F1 and accuracy per benchmark) and
     Table 2's (F1 per StimuliQA subdimension), one row per run, deltas against the first."""
-    from psyrl.eval_report import compare_markdown, load_results
+    from psyrl.eval.report import compare_markdown, load_results
 
     try:
         results = [load_results(d) for d in run_dirs]
@@ -221,8 +221,8 @@ def lengths_command(run_dirs, labels, out):
     """RQ5 / Figure 6: response lengths by question index (1-3) on ToMbench's Unexpected Outcome Test, non-zero-F1
     samples only, one box per index and run (e.g. a base and a bilateral run side by side), and the counts of valid
     samples. Needs evaluate.py runs that include tombench, and matplotlib."""
-    from psyrl.evaluation import read_predictions
-    from psyrl.length_analysis import counts_markdown, lengths_by_index, plot_lengths
+    from psyrl.eval.benchmarks import read_predictions
+    from psyrl.eval.lengths import counts_markdown, lengths_by_index, plot_lengths
 
     labels = run_labels(labels, run_dirs)
     try:
@@ -254,9 +254,9 @@ def self_label_command(eval_dir, out, tau, confidence, seed, any_split, include_
     answers are never read) and write an SFT set that train_sft.py takes as it is."""
     import json
 
-    from psyrl.data import write_jsonl
-    from psyrl.evaluation import read_predictions, resolve_sources
-    from psyrl.self_train import self_label
+    from psyrl.core.records import write_jsonl
+    from psyrl.eval.benchmarks import read_predictions, resolve_sources
+    from psyrl.eval.self_label import self_label
 
     try:
         settings_path = Path(eval_dir) / "eval.json"

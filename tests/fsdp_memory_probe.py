@@ -10,10 +10,10 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor
 
-from psyrl.config import ModelConfig, OptimConfig
-from psyrl.distributed import cleanup, init_distributed, load_sharded
-from psyrl.model import Policy, load_model, load_tokenizer
-from psyrl.optim import build_optimizer
+from psyrl.core.config import ModelConfig, OptimConfig
+from psyrl.runtime.distributed import cleanup, init_distributed, load_sharded
+from psyrl.runtime.model import Policy, load_model, load_tokenizer
+from psyrl.runtime.optim import build_optimizer
 
 # odd MLP width and one KV head: dim 0 of gate/up (129) does not split evenly over 2 ranks, so the padding shows
 MODEL = ModelConfig(tokenizer="tiny", hidden_size=48, num_layers=2, num_heads=3, num_kv_heads=1, intermediate_size=129)
@@ -30,19 +30,19 @@ def count(tensors) -> dict[str, int]:
 
 
 def main(out: Path) -> None:
-    ctx = init_distributed("cpu")
+    dist = init_distributed("cpu")
     tokenizer = load_tokenizer(MODEL)
-    policy = load_sharded(lambda empty: Policy(load_model(MODEL, tokenizer, seed=3, empty=empty)), ctx)
+    policy = load_sharded(lambda empty: Policy(load_model(MODEL, tokenizer, seed=3, empty=empty)), dist)
     optimizer = build_optimizer(policy, OptimConfig())
-    ids = torch.randint(0, len(tokenizer), (2, 24), generator=torch.Generator().manual_seed(ctx.rank))
+    ids = torch.randint(0, len(tokenizer), (2, 24), generator=torch.Generator().manual_seed(dist.rank))
     policy(ids, torch.ones_like(ids)).sum().backward()
     params = list(policy.parameters())
     figures = {"params": count(params), "grads": count(p.grad for p in params)}
     optimizer.step()
     state = [s[k] for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")]
     figures["adam"] = count(state)
-    (out / f"rank-{ctx.rank}.json").write_text(json.dumps(figures), encoding="utf-8")
-    cleanup(ctx)
+    (out / f"rank-{dist.rank}.json").write_text(json.dumps(figures), encoding="utf-8")
+    cleanup(dist)
 
 
 if __name__ == "__main__":

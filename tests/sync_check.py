@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from psyrl.distributed import (
+from psyrl.runtime.distributed import (
     PhaseOffload,
     cleanup,
     gather_full_state_dict,
@@ -19,7 +19,7 @@ from psyrl.distributed import (
     load_sharded,
     sync_buckets,
 )
-from psyrl.model import Policy
+from psyrl.runtime.model import Policy
 
 
 def build(tied: bool, empty: bool) -> Policy:
@@ -31,20 +31,20 @@ def build(tied: bool, empty: bool) -> Policy:
 
 
 def main(out: Path) -> None:
-    ctx = init_distributed("cpu")
+    dist = init_distributed("cpu")
     result = {}
     for tied in (True, False):
-        policy = load_sharded(lambda empty, tied=tied: build(tied, empty), ctx)
+        policy = load_sharded(lambda empty, tied=tied: build(tied, empty), dist)
         reference = [(n, t.to(torch.bfloat16)) for n, t in gather_full_state_dict(policy, prefix="lm.")]
         for bucket in (1, 4096, 1 << 30):  # one tensor per bucket, a few, everything in one
-            got = list(sync_buckets(policy, ctx.device, torch.bfloat16, bucket, prefix="lm."))
+            got = list(sync_buckets(policy, dist.device, torch.bfloat16, bucket, prefix="lm."))
             same = [n for n, _ in got] == [n for n, _ in reference] and all(
                 a.dtype == b.dtype and torch.equal(a, b) for (_, a), (_, b) in zip(got, reference))
             result[f"sync tied={tied} bucket={bucket}"] = same
         full = [(n, t) for n, t in gather_full_state_dict(policy, prefix="lm.")]
         on_rank0 = list(gather_to_rank0(policy, prefix="lm."))
         names_match = [n for n, _ in on_rank0] == [n for n, _ in full]
-        if ctx.rank == 0:
+        if dist.rank == 0:
             result[f"rank0 tied={tied}"] = names_match and all(torch.equal(a, b) for (_, a), (_, b) in
                                                                 zip(on_rank0, full))
         else:
@@ -52,7 +52,7 @@ def main(out: Path) -> None:
         result[f"names tied={tied}"] = [n for n, _ in full]
 
     # the phase offload's round trip keeps the Parameters the optimiser's state is keyed by, and every value
-    policy = load_sharded(lambda empty: build(True, empty), ctx)
+    policy = load_sharded(lambda empty: build(True, empty), dist)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
     ids = torch.arange(12).reshape(2, 6)
     policy(ids, torch.ones_like(ids)).sum().backward()
@@ -60,7 +60,7 @@ def main(out: Path) -> None:
     params = list(policy.parameters())
     before = [p.detach().to_local().clone() for p in params]
     moments = [optimizer.state[p]["exp_avg"].to_local().clone() for p in params]
-    offload = PhaseOffload(policy, optimizer, ctx.device, enabled=True)
+    offload = PhaseOffload(policy, optimizer, dist.device, enabled=True)
     storage = params[0].to_local().untyped_storage().data_ptr()
     offload.to_host()
     moved = params[0].to_local().untyped_storage().data_ptr() != storage  # a new allocation (the CPU path too)
@@ -72,8 +72,8 @@ def main(out: Path) -> None:
         torch.equal(optimizer.state[p]["exp_avg"].to_local(), m) for p, m in zip(params, moments))
     with torch.no_grad():  # a forward after the round trip all-gathers the re-registered shards
         result["offload forward"] = bool(torch.isfinite(policy(ids, torch.ones_like(ids))).all())
-    (out / f"rank-{ctx.rank}.json").write_text(json.dumps(result))
-    cleanup(ctx)
+    (out / f"rank-{dist.rank}.json").write_text(json.dumps(result))
+    cleanup(dist)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from psyrl.checkpoint import select_checkpoint
-from psyrl.runlog import read_metrics
+from psyrl.core.runlog import read_metrics
+from psyrl.runtime.checkpoint import select_checkpoint
 
 VENV = Path(sys.executable).parent.parent
 SHORT_SFT = ["run.steps=6", "checkpoint.every=2", "data.valid_items=8", "optim.lr=3e-3", "log.progress=false"]

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from launch import run
 
-from psyrl.config import ModelConfig
-from psyrl.data import load_benchmark
-from psyrl.evaluation import PAPER_BENCHMARKS, resolve_sources, select_items
-from psyrl.model import load_model, load_tokenizer
+from psyrl.core.config import ModelConfig
+from psyrl.core.records import load_benchmark
+from psyrl.eval.benchmarks import PAPER_BENCHMARKS, resolve_sources, select_items
+from psyrl.runtime.model import load_model, load_tokenizer
 
 ALL = list(PAPER_BENCHMARKS) + ["emobench", "data/demo/test.jsonl", "data/demo/mc.jsonl"]
 FAST = ["--max-new-tokens", "6", "--no-progress"]

@@ -18,15 +18,15 @@ from safetensors.torch import load_file
 from test_train_tgrpo import TORCHRUN, run_cli, run_in_process, start  # noqa: F401  (start: the module's fixture)
 
 import train_tgrpo
-from psyrl import distributed, vllm_sampler
-from psyrl.checkpoint import export_hf
-from psyrl.config import ModelConfig, load_config
-from psyrl.distributed import ONE_PROCESS
-from psyrl.model import Policy, load_model, load_tokenizer
-from psyrl.runlog import read_metrics
-from psyrl.sampler import TorchSampler
-from psyrl.sft import SFTExample
-from psyrl.update import micro_batches, update
+from psyrl.core.config import ModelConfig, load_config
+from psyrl.core.runlog import read_metrics
+from psyrl.rl.update import micro_batches, update
+from psyrl.runtime import distributed, vllm_sampler
+from psyrl.runtime.checkpoint import export_hf
+from psyrl.runtime.distributed import ONE_PROCESS
+from psyrl.runtime.model import Policy, load_model, load_tokenizer
+from psyrl.runtime.sampler import TorchSampler
+from psyrl.train.sft import SFTExample
 
 TINY = ModelConfig(tokenizer="tiny", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
 
@@ -144,7 +144,7 @@ def recording_sampler(events, policy, cfg, tokenizer):
     """A VLLMSampler as `build_sampler` makes it on a GPU (sleep mode on), on the recording engine."""
     sampler = vllm_sampler.VLLMSampler.__new__(vllm_sampler.VLLMSampler)
     inner = TorchSampler(load_model(cfg.model, tokenizer), tokenizer, torch.device("cpu"), cfg.sampler.batch)
-    sampler.tokenizer, sampler.ctx, sampler.tp, sampler.progress = tokenizer, ONE_PROCESS, 1, False
+    sampler.tokenizer, sampler.dist, sampler.tp, sampler.progress = tokenizer, ONE_PROCESS, 1, False
     sampler.stops, sampler.tied, sampler.sleeps, sampler.dtype = inner.stops, True, True, torch.float32
     sampler.asleep, sampler.logprobs_mode = set(), "raw_logprobs"
     sampler.SamplingParams = lambda **kw: SimpleNamespace(**kw)
@@ -168,7 +168,7 @@ def test_one_step_runs_the_node_phases_in_order(start, tmp_path, monkeypatch):  
     monkeypatch.setattr(vllm_sampler, "release_memory", lambda device: events.append("empty cache"))
     monkeypatch.setattr(train_tgrpo, "sequence_logprobs", recorded("experience", train_tgrpo.sequence_logprobs))
     monkeypatch.setattr(train_tgrpo, "update", recorded("update", train_tgrpo.update))
-    monkeypatch.setattr(train_tgrpo, "build_sampler", lambda policy, cfg, tokenizer, ctx, **_: recording_sampler(
+    monkeypatch.setattr(train_tgrpo, "build_sampler", lambda policy, cfg, tokenizer, dist, **_: recording_sampler(
         events, policy, cfg, tokenizer))
     result = run_in_process(start, tmp_path, "fsdp.offload=phase", "checkpoint.every=0")  # 2 steps of 2 updates
     assert result.exit_code == 0, result.output
@@ -243,8 +243,8 @@ if __name__ == "__main__":
 def test_start_up_memory_check_refuses_what_cannot_fit(monkeypatch, capsys):
     import click
 
-    from psyrl import trainer
-    from psyrl.distributed import Dist
+    from psyrl.runtime.distributed import Dist
+    from psyrl.train import run as trainer
     gib = {"value": 8}
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(
         total_memory=gib["value"] * 2**30))

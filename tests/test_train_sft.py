@@ -10,12 +10,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from psyrl.config import load_config
-from psyrl.data import load_stimuliqa
-from psyrl.model import token_logprobs
-from psyrl.runlog import read_metrics
-from psyrl.sft import build_examples, collate, response_tokens, sft_loss
-from psyrl.validation import sample_items
+from psyrl.core.config import load_config
+from psyrl.core.records import load_stimuliqa
+from psyrl.core.runlog import read_metrics
+from psyrl.runtime.model import token_logprobs
+from psyrl.train.sft import build_examples, collate, response_tokens, sft_loss
+from psyrl.train.validation import sample_items
 
 SHORT = [  # a smaller, shorter version of configs/sft/tiny.toml
     "model.hidden_size=64", "model.num_layers=2", "model.intermediate_size=128", "run.steps=60", "optim.lr=3e-3",

@@ -1,5 +1,5 @@
 """`train_tgrpo.py` end to end on a tiny model that has learnt the answer format by SFT (so rewards vary within
-groups): it updates every parameter, logs every reward component as `psyrl.rewards` computes it, 1 rank equals
+groups): it updates every parameter, logs every reward component as `psyrl.rl.rewards` computes it, 1 rank equals
 2 ranks, resume is bitwise, the reference model never moves, a NaN loss skips one update, bad input is refused."""
 
 import json
@@ -18,14 +18,14 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 import train_tgrpo
-from psyrl import rollout, update
-from psyrl.checkpoint import write_manifest
-from psyrl.config import load_config
-from psyrl.data import load_stimuliqa
-from psyrl.rewards import reward_metrics, score_batch
-from psyrl.runlog import read_metrics
-from psyrl.tgrpo import advantages
-from psyrl.trajectory_cache import TrajectoryCache
+from psyrl.core.config import load_config
+from psyrl.core.records import load_stimuliqa
+from psyrl.core.runlog import read_metrics
+from psyrl.rl import rollout, update
+from psyrl.rl.rewards import reward_metrics, score_batch
+from psyrl.rl.tgrpo import advantages
+from psyrl.rl.trajectory_cache import TrajectoryCache
+from psyrl.runtime.checkpoint import write_manifest
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 TIME_KEYS = ("time/", "perf/")

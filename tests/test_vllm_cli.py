@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from launch import run
 
-from psyrl.config import ModelConfig
-from psyrl.model import load_model, load_tokenizer
-from psyrl.runlog import read_metrics
+from psyrl.core.config import ModelConfig
+from psyrl.core.runlog import read_metrics
+from psyrl.runtime.model import load_model, load_tokenizer
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

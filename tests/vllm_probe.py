@@ -12,12 +12,12 @@ import torch
 from test_sampler import trainer_logprobs
 from test_vllm_sampler import CFG
 
-from psyrl import prompts
-from psyrl.config import PromptConfig
-from psyrl.data import load_stimuliqa
-from psyrl.distributed import ONE_PROCESS, gather_full_state_dict
-from psyrl.model import load_model, load_tokenizer, model_config
-from psyrl.vllm_sampler import VLLMSampler, engine_model_dir
+from psyrl.core import prompts
+from psyrl.core.config import PromptConfig
+from psyrl.core.records import load_stimuliqa
+from psyrl.runtime.distributed import ONE_PROCESS, gather_full_state_dict
+from psyrl.runtime.model import load_model, load_tokenizer, model_config
+from psyrl.runtime.vllm_sampler import VLLMSampler, engine_model_dir
 
 
 def main(temperature: float, top_p: float) -> None:

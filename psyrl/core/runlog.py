@@ -1,0 +1,110 @@
+"""Run logging: `metrics.jsonl` (one JSON object per step, flushed) and the fixed-format console line."""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from psyrl.core.atomic import write_text
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak accelerator memory on CUDA, else the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return kib / (2**30 if sys.platform == "darwin" else 2**20)
+
+
+class MetricsFile:
+    """Appends one JSON line per call and flushes it, so a crash loses nothing already logged."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = self.path.open("a", encoding="utf-8")
+
+    def write(self, row: dict) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        self._f.write(json.dumps(clean) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The rows of a metrics.jsonl; a line that is not a JSON object with an integer `step` names its line."""
+    rows = []
+    with Path(path).open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                got = line.strip()[:80]
+                raise ValueError(f"{path}:{n}: expected a JSON object with an integer 'step', got {got!r}")
+            rows.append(row)
+    return rows
+
+
+def step_line(row: dict, fields: list[tuple[str, str, str]]) -> str:
+    """`step 12/315 | loss 2.3456 | ...` from (label, key, format spec) triples; missing keys are skipped."""
+    parts = [f"step {row['step']}/{row['steps']}"]
+    for label, key, spec in fields:
+        if row.get(key) is not None:
+            parts.append(f"{label} {row[key]:{spec}}")
+    return " | ".join(parts)
+
+
+def truncate_metrics(path: str | Path, last_step: int) -> int:
+    """Keep the rows up to `last_step` (a resumed run redoes the steps after its checkpoint); atomic rewrite.
+    A line that does not parse (the row a crash cut short) is dropped; returns how many were."""
+    kept, broken = [], 0
+    with Path(path).open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                broken += 1
+                continue
+            if row["step"] <= last_step:
+                kept.append(row)
+    write_text(path, "".join(json.dumps(row) + "\n" for row in kept))
+    return broken
+
+
+class Laps:
+    """Wall seconds of each named phase of a step: `laps("sample")` closes the phase that ran since the last call (a
+    name closed twice adds up). On CUDA also the peak memory the trainer's allocator held in each phase."""
+
+    def __init__(self, device: torch.device | None = None):
+        self.start = self.last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+        self.peaks: dict[str, float] = {}
+        self.cuda = device is not None and device.type == "cuda"
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        self.device = device
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name], self.last = self.seconds.get(name, 0.0) + now - self.last, now
+        if self.cuda:
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**30
+            self.peaks[name] = max(self.peaks.get(name, 0.0), peak)
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def row(self) -> dict[str, float]:
+        """`time/<phase>` of each closed phase, `time/step` (the whole step so far), on CUDA `perf/peak_gib/<phase>`."""
+        return {**{f"time/{k}": v for k, v in self.seconds.items()}, "time/step": time.perf_counter() - self.start,
+                **{f"perf/peak_gib/{k}": v for k, v in self.peaks.items()}}

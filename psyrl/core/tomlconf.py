@@ -1,0 +1,243 @@
+"""TOML <-> nested dataclasses: a root dataclass whose fields are tables of scalar keys.
+
+Every bad input raises one `ConfigError` naming the file, the line and the key (tomli keeps no
+positions for values, so the line is found by scanning the text for `key =` inside `[table]`).
+Knows nothing of psyrl's tables: `psyrl.core.config` passes its root class in.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import math
+import textwrap
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import tomli
+
+
+class ConfigError(ValueError):
+    """A configuration a run cannot use; the message names where (file:line or --set) and the key."""
+
+
+class FieldError(ValueError):
+    """A bad value for one key of a table, raised by a table's `__post_init__`; the loader adds file and line."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key, self.message = key, message
+
+
+def require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise FieldError(key, message)
+
+
+def check_choices(table) -> None:
+    """Raise FieldError for a `Literal[...]` field of a dataclass holding a value outside its choices."""
+    for name, hint in typing.get_type_hints(type(table)).items():
+        if typing.get_origin(hint) is Literal and getattr(table, name) not in typing.get_args(hint):
+            choices = [str(c) for c in typing.get_args(hint)]
+            value = getattr(table, name)
+            close = difflib.get_close_matches(str(value), choices, n=1)
+            hint_text = f"; did you mean {close[0]!r}?" if close else ""
+            raise FieldError(name, f"expected one of {', '.join(map(repr, choices))}, got {value!r}{hint_text}")
+
+
+def table_classes(root: type) -> dict[str, type]:
+    """TOML table name -> its dataclass, in the root's field order."""
+    hints = typing.get_type_hints(root)
+    return {f.name: hints[f.name] for f in dataclasses.fields(root)}
+
+
+# ---------------------------------------------------------------- reading
+
+
+def load(root: type, path: str | Path | None, overrides: Sequence[str] = ()):
+    """Read a TOML file (None: all defaults), apply `table.key=value` overrides, build `root`."""
+    raw, text, source = {}, "", "<defaults>"
+    if path is not None:
+        source = str(path)
+        if not source:
+            raise ConfigError("the config path is empty")
+        try:
+            text = Path(path).read_text(encoding="utf-8-sig")  # -sig: a byte-order mark is not TOML
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{source}: cannot read config file: {e}") from None
+        try:
+            raw = tomli.loads(text)
+        except tomli.TOMLDecodeError as e:
+            raise ConfigError(f"{source}:{e.lineno}: invalid TOML: {e.msg} (column {e.colno})") from None
+    where = {}  # (table, key) -> "--set ..." for overridden values
+
+    def locate(table: str, key: str | None) -> str:
+        if (table, key) in where:
+            return where[table, key]
+        line = _find_line(text, table, key)
+        if line is None and key is None:  # a table that only an override created
+            line_from_set = next((v for (t, _), v in where.items() if t == table), None)
+            if line_from_set:
+                return line_from_set
+        return f"{source}:{line}" if line else source
+
+    classes = table_classes(root)
+    for table, values in raw.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"{locate(table, None)}: {_not_a_table(table, values, classes)}")
+    for override in overrides:
+        table, key, value = _parse_override(override)
+        raw.setdefault(table, {})[key] = value
+        where[table, key] = f"--set {override}"
+    built = {}
+    for table, values in raw.items():
+        if table not in classes:
+            raise ConfigError(f"{locate(table, None)}: unknown table [{table}]{_suggest(table, classes)}")
+        built[table] = _build_table(table, classes[table], values, locate)
+    return root(**built)
+
+
+def _not_a_table(name: str, value, classes: dict[str, type]) -> str:
+    if name in classes:
+        return f"'{name}' must be a table ([{name}]), got {_type_name(value)}"
+    owners = [t for t, cls in classes.items() if name in typing.get_type_hints(cls)]
+    if owners:
+        return f"key '{name}' is outside any table; it belongs under [{owners[0]}]"
+    return f"unknown key '{name}' outside any table (tables: {', '.join(classes)})"
+
+
+def _parse_override(override: str) -> tuple[str, str, object]:
+    name, sep, value = override.partition("=")
+    table, dot, key = name.strip().partition(".")
+    if not sep or not dot or not table or not key or "." in key:
+        raise ConfigError(f"--set {override}: expected table.key=value, e.g. --set reward.variant=base")
+    try:  # a TOML value (1, 0.5, true, "text"); anything else is taken as a bare string
+        parsed = tomli.loads(f"v = {value}")["v"]
+    except tomli.TOMLDecodeError as e:
+        if value.strip()[:1] in ("'", '"', "[", "{"):  # meant as TOML, but broken
+            raise ConfigError(f"--set {override}: invalid TOML value: {e.msg}") from None
+        parsed = value
+    return table, key.strip(), parsed
+
+
+def _build_table(table: str, cls: type, values: dict, locate) -> object:
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in values.items():
+        if key not in hints:
+            raise ConfigError(f"{locate(table, key)}: unknown key '{key}' in [{table}]{_suggest(key, hints)}")
+        try:
+            kwargs[key] = _check_type(hints[key], value)
+        except TypeError as e:
+            where = locate(table, key)
+            tip = " (--set values are TOML: 0.5, true, '\"quoted text\"')" if where.startswith("--set") else ""
+            raise ConfigError(f"{where}: [{table}] {key}: {e}{tip}") from None
+    try:
+        return cls(**kwargs)
+    except FieldError as e:
+        raise ConfigError(f"{locate(table, e.key)}: [{table}] {e.key}: {e.message}") from None
+
+
+def _check_type(hint, value):
+    """The value as the field's type (int -> float is the only conversion), else TypeError.
+    Literal choices are checked by the table itself (`check_choices`)."""
+    if typing.get_origin(hint) is Literal:
+        choices = typing.get_args(hint)
+        if not isinstance(value, type(choices[0])) or isinstance(value, bool) != isinstance(choices[0], bool):
+            raise TypeError(f"expected one of {', '.join(map(repr, choices))}, got {_type_name(value)} {value!r}")
+        return value
+    if isinstance(value, bool) != (hint is bool):  # bool is an int subclass: keep them apart
+        raise TypeError(f"expected {hint.__name__}, got {_type_name(value)} {value!r}")
+    if hint is float and isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise TypeError(f"expected a finite float, got {value!r}")
+        return float(value)
+    if hint is int and isinstance(value, int) and not -(2**63) <= value < 2**63:
+        raise TypeError(f"expected a 64-bit int, got {value!r}")
+    if isinstance(value, hint):
+        return value
+    raise TypeError(f"expected {hint.__name__}, got {_type_name(value)} {value!r}")
+
+
+def _type_name(value) -> str:
+    names = {bool: "bool", int: "int", float: "float", str: "string", dict: "table", list: "array"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _suggest(name: str, valid) -> str:
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    return f"{hint} (valid: {', '.join(valid)})"
+
+
+def _find_line(text: str, table: str, key: str | None) -> int | None:
+    """First line whose prefix of the file, parsed as TOML, defines `table` (or `table.key`):
+    exact for every TOML spelling (headers, dotted keys, inline tables). Runs only on errors."""
+    lines = text.splitlines(keepends=True)
+    for number in range(1, len(lines) + 1):
+        try:
+            doc = tomli.loads("".join(lines[:number]))
+        except tomli.TOMLDecodeError:
+            continue  # cut inside a multi-line value
+        node = doc.get(table)
+        if key is None and table in doc:
+            return number
+        if key is not None and isinstance(node, dict) and key in node:
+            return number
+    return None
+
+
+# ---------------------------------------------------------------- writing
+
+
+def dump(config) -> str:
+    """TOML text that `load` reads back to an equal config."""
+    out = []
+    for table in table_classes(type(config)):
+        out.append(f"[{table}]")
+        for key, value in dataclasses.asdict(getattr(config, table)).items():
+            out.append(f"{key} = {_toml_value(value)}")
+        out.append("")
+    return "\n".join(out)
+
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r", "\b": "\\b", "\f": "\\f"}
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):  # a TOML basic string: control characters (DEL too) as \uXXXX escapes
+        return '"' + "".join(_ESCAPES.get(c, f"\\u{ord(c):04x}" if c < " " or c == "\x7f" else c) for c in value) + '"'
+    return repr(value)  # int, or a finite float: repr round-trips exactly
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a dataclass, read from its source."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(after.value.value).split())
+    return docs
+
+
+def reference(root: type) -> str:
+    """Markdown reference of every table and key: type, default, meaning."""
+    out = []
+    for table, cls in table_classes(root).items():
+        docs, hints, default = field_docs(cls), typing.get_type_hints(cls), cls()
+        out += [f"#### `[{table}]`", "", "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+        for f in dataclasses.fields(cls):
+            hint = hints[f.name]
+            if typing.get_origin(hint) is Literal:
+                kind = " \\| ".join(f'"{c}"' for c in typing.get_args(hint))
+            else:
+                kind = hint.__name__
+            out.append(f"| `{f.name}` | {kind} | `{_toml_value(getattr(default, f.name))}` | {docs.get(f.name, '')} |")
+        out.append("")
+    return "\n".join(out)
