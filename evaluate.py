@@ -6,12 +6,14 @@ and per task, for any local Hugging Face checkpoint.
     python evaluate.py compare RUN_A RUN_B ...                     (Table 2/3-style, deltas against RUN_A)
     python evaluate.py lengths RUN_A [RUN_B] --out fig6.png        (RQ5 / Figure 6)
 
-Responses come from the sampler interface of the trainers (`psyrl.runtime.sampler`), one per item, seeded per item id: an
-item's random draws do not depend on the ranks, the batch, --limit or a resume (its logits can, in their last bits,
-with the batch's shapes). Predictions are appended to `<out>/predictions.jsonl` as they finish; a second run with the
-same --out and generation settings skips the items already there (an interrupted evaluation resumes). At the end:
-predictions.jsonl in item order, results.json, results.md. ToMbench's licence says "evaluation only": `psyrl
-self-label` leaves its items out unless told otherwise.
+Responses come from the sampler interface of the trainers (`psyrl.runtime.sampler`), one per item,
+seeded per item id: an item's random draws do not depend on the ranks, the batch, --limit or a resume
+(its logits can, in their last bits, with the batch's shapes). Predictions are appended to
+`<out>/predictions.jsonl` as they finish; a second run with the same --out and generation settings
+skips the items already there (an interrupted evaluation resumes). At the end: predictions.jsonl in
+item order, results.json, results.md. ToMbench's licence says "evaluation only": `psyrl self-label`
+leaves its items out unless told otherwise. The generation options are the trainers' config keys
+(`psyrl.runtime.generation`).
 """
 
 from __future__ import annotations
@@ -23,13 +25,12 @@ import time
 from pathlib import Path
 
 import click
-import transformers
 from tqdm import tqdm
 
 from psyrl.cli import compare_command, lengths_command
 from psyrl.core import prompts
 from psyrl.core.atomic import write_text
-from psyrl.core.config import ModelConfig, PromptConfig
+from psyrl.core.config import PromptConfig
 from psyrl.core.records import DataError
 from psyrl.eval.benchmarks import (
     EXTRA_BENCHMARKS,
@@ -46,21 +47,16 @@ from psyrl.eval.benchmarks import (
 )
 from psyrl.eval.lengths import counts_markdown, lengths_by_index
 from psyrl.eval.report import results_markdown
-from psyrl.runtime.distributed import (
-    all_gather_lists,
-    broadcast_object,
-    cleanup,
-    init_distributed,
-    print0,
-    resolve_dtype,
+from psyrl.runtime.distributed import all_gather_lists, broadcast_object, cleanup, print0
+from psyrl.runtime.generation import (
+    GenerationOptions,
+    fail_once,
+    generation_options,
+    load_generation,
+    option_problems,
+    start_generation,
 )
-from psyrl.runtime.generation import checkpoint_sampler, fail_once
-from psyrl.runtime.model import load_tokenizer, model_fingerprint
-from psyrl.runtime.vllm_sampler import (  # imports no vLLM until one is built
-    VLLMUnavailable,
-    check_tensor_parallel,
-    import_vllm,
-)
+from psyrl.runtime.vllm_sampler import VLLMUnavailable  # imports no vLLM until one is built
 
 BENCHMARK_DIR = Path(__file__).resolve().parent / "data" / "benchmarks"
 OUTPUT_FILES = ("predictions.jsonl", "eval.json", "results.json", "results.md", "lengths.png")
@@ -84,9 +80,14 @@ def split_specs(values) -> list[str]:
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--model", "model_dir", type=click.Path(file_okay=False), default=None,
-              help="A local Hugging Face model directory: a psyrl export (runs/<name>/hf, a checkpoint's hf/) or any "
-                   "Qwen2.5 checkpoint.")
+@generation_options(omit=("samples",), model_required=False, notes={
+    "model": "A psyrl export (runs/<name>/hf, a checkpoint's hf/) or any Qwen2.5 checkpoint.",
+    "temperature": "The paper's validation: 0.5 (A.3).",
+    "seed": "Each item draws with its own seed, derived from this and its id.",
+    "batch": "On a CPU, 64 was at most 22% faster than 16 on short prompts and up to 4.8x "
+             "slower on the benchmarks' long ones; on a GPU take more.",
+    "engine": "The two draw differently: a resume keeps the engine.",
+})
 @click.option("--benchmarks", multiple=True, metavar="NAME|FILE[,...]",
               help=f"Benchmark names ({', '.join(PAPER_BENCHMARKS)}; extra: {', '.join(EXTRA_BENCHMARKS)}) or JSONL "
                    "files in the benchmark or StimuliQA schema; repeatable or comma-separated. Default: the paper's "
@@ -96,12 +97,6 @@ def split_specs(values) -> list[str]:
               help="Where the benchmark names are looked up (<dir>/<name>/*.jsonl).")
 @click.option("--prompt", "mode", type=click.Choice(["cot", "direct"]), default="cot", show_default=True,
               help="Appendix A.1 instruction: think then answer, or answer only.")
-@click.option("--temperature", type=float, default=0.5, show_default=True,
-              help="Sampling temperature (the paper's validation: 0.5); 0 = greedy.")
-@click.option("--top-p", type=float, default=0.99, show_default=True, help="Nucleus mass (A.3: 0.99).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (each item draws with its own "
-              "seed derived from this and its id).")
-@click.option("--max-new-tokens", type=int, default=2048, show_default=True, help="Longest response (A.3: 2048).")
 @click.option("--limit", type=int, default=0, show_default=True,
               help="At most N items per benchmark task (StimuliQA: per subdimension), a seeded choice; 0 = all.")
 @click.option("--split", "half", type=click.Choice(HALVES), default="all", show_default=True,
@@ -111,57 +106,27 @@ def split_specs(values) -> list[str]:
               help="Output directory (predictions.jsonl, results.json, results.md). Default: runs/eval/<model name>.")
 @click.option("--overwrite", is_flag=True, help="Delete --out's earlier evaluate.py files (predictions, results) "
               "instead of resuming them; other files there are left alone.")
-@click.option("--batch", type=int, default=16, show_default=True,
-              help="Items generated together per rank (on a CPU, 64 was at most 22% faster than 16 on short prompts "
-                   "and up to 4.8x slower on the benchmarks' long ones; on a GPU take more).")
-@click.option("--tokenizer", default="", help="Tokenizer directory or a shipped one (tiny, qwen2.5); default: the "
-              "model directory's.")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
-              help="Compute dtype (bfloat16: autocast with torch, the engine dtype with vllm); auto = bfloat16 on "
-              "CUDA, float32 on a CPU.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="auto: CUDA (rank r on GPU r) when available, else the CPU.")
-@click.option("--engine", type=click.Choice(["torch", "vllm"]), default="torch", show_default=True,
-              help="What generates: psyrl's torch sampler, or vLLM (the trainers' `sampler.engine`; a GPU node with "
-                   "`pip install -e '.[vllm]'`). The two draw differently: a resume keeps the engine.")
-@click.option("--tensor-parallel", type=int, default=1, show_default=True,
-              help="vllm: consecutive ranks that hold one engine together; must divide the ranks.")
-@click.option("--gpu-memory-utilization", type=float, default=0.8, show_default=True,
-              help="vllm: the fraction of each GPU the engine takes for weights and KV cache.")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="A progress bar on rank 0.")
 @click.pass_context
-def main(click_ctx, model_dir, benchmarks, benchmark_dir, mode, temperature, top_p, seed, max_new_tokens, limit, half,
-         split_seed, out_dir, overwrite, batch, tokenizer, dtype, device, engine, tensor_parallel,
-         gpu_memory_utilization, progress):
+def main(click_ctx, gen: GenerationOptions, benchmarks, benchmark_dir, mode, limit, half,
+         split_seed, out_dir, overwrite):
     """Evaluate a checkpoint on the OOD benchmarks: F1 (x100) and F1-accuracy (%) per benchmark and per task, format
     rate, E choices and response length (results.md, results.json, predictions.jsonl). Sub-commands compare runs and
     draw the RQ5 length analysis."""
     if click_ctx.invoked_subcommand is not None:
-        if model_dir is not None:
+        if gen.model is not None:
             raise click.UsageError("--model evaluates; it does not go with a sub-command")
         return
-    if model_dir is None:
+    if gen.model is None:
         raise click.UsageError("--model DIR is required (or a sub-command: compare, lengths)")
-    problems = [m for ok, m in [(temperature >= 0, "--temperature must be >= 0"), (0 < top_p <= 1, "--top-p must be "
-                "in (0, 1]"), (max_new_tokens >= 1, "--max-new-tokens must be >= 1"), (batch >= 1, "--batch must be "
-                ">= 1"), (limit >= 0, "--limit must be >= 0"), (tensor_parallel >= 1, "--tensor-parallel must be >= 1"),
-                (0 < gpu_memory_utilization <= 1, "--gpu-memory-utilization must be in (0, 1]")] if not ok]
+    problems = option_problems(gen) + ([] if limit >= 0 else ["--limit must be >= 0"])
     if problems:
         raise click.UsageError("; ".join(problems))
-    out = Path(out_dir) if out_dir else Path("runs") / "eval" / model_label(Path(model_dir)).replace("/", "-")
+    default_out = Path("runs") / "eval" / model_label(Path(gen.model)).replace("/", "-")
+    out = Path(out_dir) if out_dir else default_out
     try:
-        transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar per rank
-        if engine == "vllm":
-            import_vllm()  # before anything starts
-        dist = init_distributed(device)
-        dtype = resolve_dtype(dtype, dist.device)
-        if engine == "vllm":
-            check_tensor_parallel(tensor_parallel, dist.world, "--tensor-parallel")
-        engine_settings = {"engine": engine, "tensor_parallel": tensor_parallel,
-                           "gpu_memory_utilization": gpu_memory_utilization}
-        evaluate(dist, Path(model_dir), split_specs(benchmarks) or list(PAPER_BENCHMARKS), benchmark_dir, mode,
-                 temperature, top_p, seed, max_new_tokens, limit, half, split_seed, out, overwrite, batch, tokenizer,
-                 dtype, engine_settings, progress)
+        dist = start_generation(gen)
+        specs = split_specs(benchmarks) or list(PAPER_BENCHMARKS)
+        evaluate(dist, gen, specs, benchmark_dir, mode, limit, half, split_seed, out, overwrite)
         cleanup(dist)
     except (EvalError, DataError, OSError, ValueError, VLLMUnavailable) as e:
         fail_once(e, "evaluate", (EvalError, DataError, VLLMUnavailable))
@@ -171,20 +136,21 @@ main.add_command(compare_command, "compare")
 main.add_command(lengths_command, "lengths")
 
 
-def evaluate(dist, model_dir: Path, specs, benchmark_dir, mode, temperature, top_p, seed, max_new_tokens, limit, half,
-             split_seed, out: Path, overwrite, batch, tokenizer_name, dtype, engine: dict, progress) -> None:
+def evaluate(dist, gen: GenerationOptions, specs, benchmark_dir, mode, limit, half, split_seed,
+             out: Path, overwrite) -> None:
     # ---------------------------------------------------------------- inputs, checked before any write
     sources = resolve_sources(specs, benchmark_dir)
     items = [(s, r) for s in sources for r in select_items(s.records, limit, half, split_seed)]
     if not items:
         raise EvalError(f"no item to evaluate in {', '.join(s.name for s in sources)} (split {half})")
-    model_cfg = ModelConfig(path=str(model_dir), tokenizer=tokenizer_name, dtype=dtype)
-    tokenizer = load_tokenizer(model_cfg)
-    settings = {"model": str(model_dir.resolve()), "model_fingerprint": model_fingerprint(model_dir),
-                "tokenizer": tokenizer_name, "prompt": mode, "temperature": temperature, "top_p": top_p, "seed": seed,
-                "max_new_tokens": max_new_tokens, "dtype": dtype, **engine, "split": half, "split_seed": split_seed,
+    generation = load_generation(dist, gen)  # the tokenizer; the model loads after the resume check
+    tokenizer, model_dir = generation.tokenizer, Path(gen.model)
+    given = {**generation.settings, "prompt": mode}
+    recorded = (*GENERATION_KEYS, "tensor_parallel", "gpu_memory_utilization")
+    settings = {**{k: given[k] for k in recorded}, "split": half, "split_seed": split_seed,
                 "limit": limit, "options": PromptConfig().options,
-                "sources": [{"name": s.name, "path": str(s.path.resolve()), "schema": s.schema} for s in sources]}
+                "sources": [{"name": s.name, "path": str(s.path.resolve()), "schema": s.schema}
+                            for s in sources]}
     predictions = out / "predictions.jsonl"
     done: dict[str, dict] = {}
     problem = None
@@ -201,7 +167,7 @@ def evaluate(dist, model_dir: Path, specs, benchmark_dir, mode, temperature, top
     problem, done_ids = broadcast_object((problem, set(done)), dist)
     if problem:
         raise EvalError(problem)
-    sampler = checkpoint_sampler(model_dir, model_cfg, tokenizer, dist, batch, temperature, engine, progress)
+    sampler = generation.make_sampler()
     prompt_cfg = PromptConfig(mode=mode)
     pending = [(s, r) for s, r in items if r.id not in done_ids]
     pending.sort(key=lambda item: len(prompts.content(item[1])))  # similar lengths per batch: less padding
@@ -212,17 +178,18 @@ def evaluate(dist, model_dir: Path, specs, benchmark_dir, mode, temperature, top
     # ---------------------------------------------------------------- generate and score, appending as we go
     stats = {"rank": dist.rank, "items": 0, "response_tokens": 0, "generate_s": 0.0}
     t0 = time.perf_counter()
-    per_round = batch * dist.world
+    per_round = gen.batch * dist.world
     bar = tqdm(total=len(items), initial=len(done_ids), desc="evaluate", unit="item", dynamic_ncols=True,
-               disable=not (progress and dist.is_main))
+               disable=not (gen.progress and dist.is_main))
     with predictions.open("a", encoding="utf-8") if dist.is_main else contextlib.nullcontext() as sink:
         for start in range(0, len(pending), per_round):
             mine = pending[start:start + per_round][dist.rank::dist.world]  # strided: each rank gets short and long
             texts = [prompts.render(tokenizer, r, prompt_cfg) for _, r in mine]
             ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
             t = time.perf_counter()
-            samples = sampler.generate(ids, 1, temperature, top_p, max_new_tokens,  # collective: even with no item
-                                       [item_seed(seed, r.id) for _, r in mine])
+            seeds = [item_seed(gen.seed, r.id) for _, r in mine]
+            samples = sampler.generate(  # collective: even with no item
+                ids, 1, gen.temperature, gen.top_p, gen.max_new_tokens, seeds)
             stats["generate_s"] += time.perf_counter() - t
             rows = []
             for (source, record), text, group in zip(mine, texts, samples):

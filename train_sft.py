@@ -19,35 +19,19 @@ from __future__ import annotations
 
 import contextlib
 import time
-from pathlib import Path
 
 import click
 import torch
 
 from psyrl.core.config import ConfigError
 from psyrl.core.records import Cursor, DataError, load_records, load_stimuliqa, next_indices
-from psyrl.core.runlog import peak_memory_gib, step_line
-from psyrl.runtime.checkpoint import json_text, load_checkpoint, select_checkpoint
+from psyrl.core.runlog import peak_memory_gib
+from psyrl.runtime.checkpoint import select_checkpoint
 from psyrl.runtime.distributed import Dist, all_reduce, print0, rank_share
 from psyrl.runtime.model import autocast, load_tokenizer
 from psyrl.runtime.optim import build_optimizer, clipped_step, lr_factor, set_lr
-from psyrl.train.run import (
-    build_policy,
-    build_sampler,
-    check_memory_plan,
-    check_resume,
-    check_run_dir,
-    entry_command,
-    export_final,
-    open_run_dir,
-    read_trainer_state,
-    rewind_metrics,
-    run_entry,
-    save_step,
-    step_log,
-    sync_weights,
-    warn_about_inputs,
-)
+from psyrl.runtime.policy import build_policy, build_sampler, sync_weights
+from psyrl.train.run import Run, check_memory_plan, entry_command, run_entry
 from psyrl.train.sft import build_examples, micro_batch_losses, response_tokens
 from psyrl.train.validation import longest_prompt, sample_items, validate
 
@@ -66,12 +50,10 @@ def main(config_path, overrides, overwrite, resume):
 
 def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
     # ---------------------------------------------------------------- setup: everything checked before any write
-    run_dir = Path(cfg.run.output_dir) / cfg.run.name
-    exists = check_run_dir(run_dir, overwrite, resume)
+    run = Run(cfg, dist, "sft", LINE_FIELDS, overwrite, resume)
     if cfg.optim.global_batch % dist.world:
         raise click.ClickException(f"optim.global_batch = {cfg.optim.global_batch} must be a multiple of the "
                                    f"{dist.world} ranks (each rank takes an equal share of every step)")
-    checkpoint = check_resume(run_dir, cfg, dist) if resume else None
     try:
         train_records = load_stimuliqa(cfg.data.train_file)
         valid_records = load_records(cfg.data.valid_file) if cfg.data.valid_file else []
@@ -83,47 +65,40 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
     examples, counts = build_examples(train_records, tokenizer, cfg.prompt, cfg.data.max_length)
     if not examples:
         raise click.ClickException(f"{cfg.data.train_file}: no usable training example ({counts})")
-    trainer, data_fingerprint = read_trainer_state(checkpoint, cfg.data.train_file, len(examples))
+    run.check_data(cfg.data.train_file, len(examples))
     valid_records = sample_items(valid_records, cfg.data.valid_items, cfg.run.seed)
-    warn_about_inputs(cfg, dist, train_records, valid_records)
-    resolved = open_run_dir(run_dir, cfg, dist, wipe=overwrite and exists)
+    run.start(train_records, valid_records)
 
     policy.train()
     optimizer = build_optimizer(policy, cfg.optim)
-    amp = contextlib.nullcontext() if dist.sharded else autocast(cfg.model, dist.device)  # FSDP: MixedPrecisionPolicy
+    amp = contextlib.nullcontext() if dist.sharded else autocast(cfg.model, dist.device)  # FSDP: its own policy
     steps, batch, micro = cfg.run.steps, cfg.optim.global_batch, cfg.optim.micro_batch
-    cursor, skipped_updates, first = Cursor(), 0, 1
-    if checkpoint is not None:
-        load_checkpoint(checkpoint, policy, optimizer, dist, lambda line: print(f"rank {dist.rank}: {line}", flush=True))
-        cursor, skipped_updates = Cursor(**trainer["cursor"]), trainer["skipped_updates"]
-        first = trainer["step"] + 1
-        rewind_metrics(run_dir, trainer["step"], dist)
+    state = run.resume(policy, optimizer)
+    cursor, skipped_updates = Cursor(**state.get("cursor", {})), state.get("skipped_updates", 0)
     params = sum(p.numel() for p in policy.parameters())
-    print0(f"sft: {params / 1e6:.2f}M parameters on {dist.world} x {dist.device}"
-        f"{' (FSDP2' + (', CPU offload' if cfg.fsdp.offload == 'always' else '') + ')' if dist.sharded else ''}; "
-        f"{counts['kept']} training examples (skipped: {counts['no_reasoning']} without reasoning, "
-        f"{counts['too_long']} over {cfg.data.max_length} tokens); {len(valid_records)} validation items; "
-        f"{steps} steps of {batch} sequences; run directory {run_dir}"
-        f"{f'; resuming after step {first - 1} from {checkpoint}' if checkpoint else ''}", dist)
+    offload = ", CPU offload" if cfg.fsdp.offload == "always" else ""
+    run.banner(f"{params / 1e6:.2f}M parameters on {dist.world} x {dist.device}"
+               f"{f' (FSDP2{offload})' if dist.sharded else ''}; {counts['kept']} training examples (skipped: "
+               f"{counts['no_reasoning']} without reasoning, {counts['too_long']} over {cfg.data.max_length} "
+               f"tokens); {len(valid_records)} validation items; {steps} steps of {batch} sequences")
 
-    with step_log(run_dir, cfg, dist, first, "sft") as (log, bar):
-        sampler = None  # built at the first validation, synced before each later one
+    sampler = None  # built at the first validation, synced before each later one
 
-        def run_validation():
-            nonlocal sampler
-            if sampler is None:
-                sampler = build_sampler(policy, cfg, tokenizer, dist, cfg.rollout.valid_temperature,  # validates only
-                                        longest_prompt(valid_records, tokenizer, cfg))
-            else:
-                sync_weights(sampler, policy, cfg, dist)
-            return validate(policy, sampler, tokenizer, valid_records, cfg, dist)
+    def run_validation():
+        nonlocal sampler
+        if sampler is None:
+            sampler = build_sampler(policy, cfg, tokenizer, dist, cfg.rollout.valid_temperature,  # validates only
+                                    longest_prompt(valid_records, tokenizer, cfg))
+        else:
+            sync_weights(sampler, policy, cfg, dist)
+        return validate(policy, sampler, tokenizer, valid_records, cfg, dist)
 
-        if valid_records and first == 1:  # the untrained model's scores: the baseline every later row is compared with
+    with run:
+        if valid_records and run.first == 1:  # the untrained model's scores: the baseline of every later row
             metrics, _ = run_validation()
-            log({"step": 0, "steps": steps, **metrics})
-            print0(step_line({"step": 0, "steps": steps, **metrics}, LINE_FIELDS), dist)
+            run.log({"step": 0, "steps": steps, **metrics}, echo=True)
 
-        for step in range(first, steps + 1):
+        for step in range(run.first, steps + 1):
             # ---------------------------------------------------------------- one optimiser step
             t0 = time.perf_counter()
             lr = cfg.optim.lr * lr_factor(step - 1, cfg.optim, steps)
@@ -150,27 +125,23 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
                    "train/response_tokens": normalizer, "train/skipped_updates": skipped_updates,
                    "data/epoch": cursor.epoch, "perf/step_s": elapsed, "perf/peak_mem_gib": float(peak)}
             row["perf/tokens_per_s"] = row["train/tokens"] / elapsed
-            save = cfg.checkpoint.every > 0 and (step % cfg.checkpoint.every == 0 or step == steps)
+            save = run.should_save(step)
             if valid_records and (save or step == steps):
                 metrics, outputs = run_validation()
                 row.update(metrics)
-            log(row)  # before the save: a crash right after it must not lose the row of a step it kept
+            run.log(row)  # before the save: a crash right after it must not lose the row of a step it kept
             if save:
-                files = {"config.resolved.toml": resolved,
-                         "trainer.json": json_text({"step": step, "cursor": vars(cursor), "data": data_fingerprint,
-                                                    "skipped_updates": skipped_updates})}
-                save_step(run_dir, step, policy, optimizer, tokenizer, files,
-                          (valid_records, metrics, outputs) if valid_records else None, cfg, dist)
-            bar.update(1)
-            if step % cfg.log.every == 0 or step == steps:
-                print0(step_line(row, LINE_FIELDS), dist)
+                run.save(step, policy, optimizer, tokenizer,
+                         {"cursor": vars(cursor), "skipped_updates": skipped_updates}, {},
+                         (valid_records, metrics, outputs) if valid_records else None)
+            run.advance(step, row)
 
     # ---------------------------------------------------------------- final export
-    export_final(policy, tokenizer, run_dir, cfg, dist, "sft")
+    run.finish(policy, tokenizer)
     if sampler is not None:
         sampler.close()
     if valid_records and cfg.checkpoint.every and dist.is_main:
-        step, score, path = select_checkpoint(run_dir, "median")
+        step, score, path = select_checkpoint(run.dir, "median")
         print0(f"sft: median-F1 checkpoint (appendix B): step {step}, valid F1 {score:.4f}, {path / 'hf'}", dist)
 
 

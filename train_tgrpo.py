@@ -17,42 +17,32 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections import defaultdict
-from pathlib import Path
 
 import click
 import torch
 
 from psyrl.core.config import ConfigError
 from psyrl.core.records import Cursor, DataError, load_records, load_stimuliqa, next_indices
-from psyrl.core.runlog import Laps, peak_memory_gib, step_line
+from psyrl.core.runlog import Laps, peak_memory_gib
 from psyrl.rl.rewards import answer_components
-from psyrl.rl.rollout import build_prompts, gather_step, rank_positions, sample_seed, score, step_metrics, write_samples
+from psyrl.rl.rollout import (
+    build_prompts,
+    gather_step,
+    rank_positions,
+    rollout_batch,
+    sample_seed,
+    score,
+    step_metrics,
+    write_samples,
+)
 from psyrl.rl.trajectory_cache import TrajectoryCache
 from psyrl.rl.update import reduce_sums, sequence_logprobs, update
-from psyrl.runtime.checkpoint import json_text, load_checkpoint
+from psyrl.runtime.checkpoint import json_text
 from psyrl.runtime.distributed import Dist, PhaseOffload, all_reduce, print0
 from psyrl.runtime.model import autocast, load_tokenizer
 from psyrl.runtime.optim import build_optimizer, lr_factor, set_lr
-from psyrl.train.run import (
-    build_policy,
-    build_reference,
-    build_sampler,
-    check_memory_plan,
-    check_resume,
-    check_run_dir,
-    entry_command,
-    export_final,
-    open_run_dir,
-    read_trainer_state,
-    rewind_metrics,
-    run_entry,
-    save_step,
-    step_log,
-    sync_weights,
-    warn_about_inputs,
-)
-from psyrl.train.sft import SFTExample
+from psyrl.runtime.policy import build_policy, build_reference, build_sampler, sync_weights
+from psyrl.train.run import Run, check_memory_plan, entry_command, run_entry
 from psyrl.train.validation import longest_prompt, sample_items, validate
 
 LINE_FIELDS = [("reward", "reward/final", ".3f"), ("f1", "reward/f1", ".3f"), ("format", "reward/format", ".2f"),
@@ -84,10 +74,8 @@ def main(config_path, overrides, overwrite, resume):
 
 def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
     # ---------------------------------------------------------------- setup: everything checked before any write
-    run_dir = Path(cfg.run.output_dir) / cfg.run.name
-    exists = check_run_dir(run_dir, overwrite, resume)
+    run = Run(cfg, dist, "tgrpo", LINE_FIELDS, overwrite, resume)
     check_batches(cfg, dist)
-    checkpoint = check_resume(run_dir, cfg, dist) if resume else None
     try:
         train_records = load_stimuliqa(cfg.data.train_file)
         valid_records = sample_items(load_records(cfg.data.valid_file), cfg.data.valid_items, cfg.run.seed) \
@@ -95,63 +83,60 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
         tokenizer = load_tokenizer(cfg.model)
         train_prompts, too_long = build_prompts(train_records, tokenizer, cfg)
         if not train_prompts:
-            raise DataError(f"{cfg.data.train_file}: all {too_long} prompts are longer than rollout.max_prompt_tokens "
-                            f"= {cfg.rollout.max_prompt_tokens} tokens; nothing to train on")
-        trainer, data_fingerprint = read_trainer_state(checkpoint, cfg.data.train_file, len(train_prompts))
+            raise DataError(f"{cfg.data.train_file}: all {too_long} prompts are longer than "
+                            f"rollout.max_prompt_tokens = {cfg.rollout.max_prompt_tokens} tokens; nothing to "
+                            "train on")
+        run.check_data(cfg.data.train_file, len(train_prompts))
         check_memory_plan(cfg, dist, "tgrpo")
         policy = build_policy(cfg, tokenizer, dist)
         reference = build_reference(cfg, tokenizer, dist) if cfg.loss.kl_coef > 0 else None
     except (ConfigError, DataError, OSError, ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
-    warn_about_inputs(cfg, dist, train_records, valid_records)
-    resolved = open_run_dir(run_dir, cfg, dist, wipe=overwrite and exists)
+    run.start(train_records, valid_records)
     pad_id = tokenizer.pad_token_id
 
     policy.train()
     optimizer = build_optimizer(policy, cfg.optim)
     offload = PhaseOffload(policy, optimizer, dist.device, cfg.fsdp.offload == "phase")
-    amp = contextlib.nullcontext() if dist.sharded else autocast(cfg.model, dist.device)  # FSDP: MixedPrecisionPolicy
+    amp = contextlib.nullcontext() if dist.sharded else autocast(cfg.model, dist.device)  # FSDP: its own policy
     B, G, batch, steps = cfg.rollout.prompts, cfg.rollout.samples, cfg.optim.global_batch, cfg.run.steps
     updates_per_step = B // batch
     cache = TrajectoryCache(cfg.cache.size)
-    cursor, skipped_updates, first = Cursor(), 0, 1
-    if checkpoint is not None:
-        load_checkpoint(checkpoint, policy, optimizer, dist, lambda line: print(f"rank {dist.rank}: {line}", flush=True))
-        cache.load_state_dict(json.loads((checkpoint / "trajectory_cache.json").read_text(encoding="utf-8")))
-        cursor, skipped_updates, first = Cursor(**trainer["cursor"]), trainer["skipped_updates"], trainer["step"] + 1
-        rewind_metrics(run_dir, trainer["step"], dist)
+    state = run.resume(policy, optimizer)
+    if state:
+        cache.load_state_dict(json.loads((run.checkpoint / "trajectory_cache.json").read_text(encoding="utf-8")))
+    cursor, skipped_updates = Cursor(**state.get("cursor", {})), state.get("skipped_updates", 0)
     offload.to_host()  # before the engine starts: vLLM refuses a pool larger than the free memory
     sampler = build_sampler(policy, cfg, tokenizer, dist,  # its own copy, filled from the shards
                             longest_prompt=longest_prompt(valid_records, tokenizer, cfg))
     params = sum(p.numel() for p in policy.parameters())
-    print0(f"tgrpo: {params / 1e6:.2f}M parameters on {dist.world} x {dist.device}"
-           f"{' (FSDP2, offload ' + cfg.fsdp.offload + ')' if dist.sharded else ''}; reward "
-           f"{cfg.reward.variant}, advantage scope {cfg.advantage.scope}, cache {cfg.cache.size} steps; "
-           f"{len(train_prompts)} training prompts ({too_long} over {cfg.rollout.max_prompt_tokens} tokens dropped); "
-           f"{len(valid_records)} validation items; {steps} steps of {B} prompts x {G} samples, {updates_per_step} "
-           f"update(s) each; run directory {run_dir}"
-           f"{f'; resuming after step {first - 1} from {checkpoint}' if checkpoint else ''}", dist)
+    run.banner(f"{params / 1e6:.2f}M parameters on {dist.world} x {dist.device}"
+               f"{' (FSDP2, offload ' + cfg.fsdp.offload + ')' if dist.sharded else ''}; reward "
+               f"{cfg.reward.variant}, advantage scope {cfg.advantage.scope}, cache {cfg.cache.size} steps; "
+               f"{len(train_prompts)} training prompts ({too_long} over {cfg.rollout.max_prompt_tokens} tokens "
+               f"dropped); {len(valid_records)} validation items; {steps} steps of {B} prompts x {G} samples, "
+               f"{updates_per_step} update(s) each")
 
-    with step_log(run_dir, cfg, dist, first, "tgrpo") as (log, bar):
-        if valid_records and first == 1:  # the starting model's scores: the baseline of every later row
+    with run:
+        if valid_records and run.first == 1:  # the starting model's scores: the baseline of every later row
             metrics, _ = validate(policy, sampler, tokenizer, valid_records, cfg, dist, offload.on_device)
-            log({"step": 0, "steps": steps, **metrics})
-            print0(step_line({"step": 0, "steps": steps, **metrics}, LINE_FIELDS), dist)
+            run.log({"step": 0, "steps": steps, **metrics}, echo=True)
 
-        for step in range(first, steps + 1):
+        for step in range(run.first, steps + 1):
             lap = Laps(dist.device)
             # ---------------------------------------------------------------- sample G responses per prompt
             indices, cursor = next_indices(cursor, len(train_prompts), B, cfg.run.seed, cfg.data.shuffle)
             positions = rank_positions(B, batch, dist)
-            groups = sampler.generate([train_prompts[indices[p]][1] for p in positions], G, cfg.rollout.temperature,
-                                      cfg.rollout.top_p, cfg.rollout.max_new_tokens,
+            prompt_ids = [train_prompts[indices[p]][1] for p in positions]
+            groups = sampler.generate(prompt_ids, G, cfg.rollout.temperature, cfg.rollout.top_p,
+                                      cfg.rollout.max_new_tokens,
                                       [sample_seed(cfg.run.seed, step, p) for p in positions])
             lap("sample")
 
             # ---------------------------------------------------------------- score, cache (two phases), advantages
             local = []
             for p, group in zip(positions, groups):
-                record, prompt_ids = train_prompts[indices[p]]
+                record = train_prompts[indices[p]][0]
                 parts = answer_components([s.text for s in group], [record.answer] * G, cfg.prompt.mode, cfg.reward)
                 for i, s in enumerate(group):
                     local.append({"position": p, "index": i, "id": record.id, "text": s.text,
@@ -159,45 +144,37 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
                                   "length": len(s.token_ids), "finish_reason": s.finish_reason})
             samples = gather_step(local, dist)
             adv, components = score(samples, cache, cfg)
-            mine = []  # this rank's sequences, in step order
-            for p, group in zip(positions, groups):
-                prompt_ids = train_prompts[indices[p]][1]
-                for i, s in enumerate(group):
-                    mine.append({"position": p, "advantage": adv[p * G + i].item(), "sampler_logprobs": s.logprobs,
-                                 "sequence": SFTExample("", tuple(prompt_ids) + s.token_ids, len(prompt_ids))})
+            rollout = rollout_batch(groups, prompt_ids, adv, positions, G)  # this rank's sequences, in step order
             lap("score")
             if cfg.log.samples_every and step % cfg.log.samples_every == 0 and dist.is_main:
-                write_samples(run_dir / "samples", step, samples, components, adv,
+                write_samples(run.dir / "samples", step, samples, components, adv,
                               [train_prompts[indices[p]][0] for p in range(B)], cfg.log.samples_prompts,
                               cfg.reward.variant)
 
-            offload.to_device()  # phase offload: the actor's shards and AdamW state back for the experience and update
+            offload.to_device()  # phase offload: the actor's shards and AdamW state back for experience and update
             lap("offload")
 
             # ---------------------------------------------------------------- reference and old log-probs
-            sequences = [m["sequence"] for m in mine]
-            per_rank = len(mine) // updates_per_step
-            size, budget = cfg.optim.logprob_micro_batch, cfg.optim.logprob_micro_batch_tokens
-            T = cfg.rollout.temperature
             if reference is not None:
-                for m, lp in zip(mine, sequence_logprobs(reference, sequences, size, pad_id, T, dist, amp, budget)):
-                    m["logp_ref"] = lp
+                rollout.logp_ref = sequence_logprobs(reference, rollout, pad_id, cfg, dist, amp)
+            minibatches = rollout.split(updates_per_step)
             # mini-batches after the first are off-policy: the sampling policy's log-probs, computed now; the first
             # updates the policy that sampled, so its logp_old is the update's own detached logp_theta (SPEC §3 skips
             # the pass only for a single mini-batch; the first of several is as on-policy as that one)
-            later = sequences[per_rank:]
-            for m, lp in zip(mine[per_rank:], sequence_logprobs(policy, later, size, pad_id, T, dist, amp, budget)):
-                m["logp_old"] = lp
+            later = rollout.select(range(len(minibatches[0]), len(rollout)))
+            old = sequence_logprobs(policy, later, pad_id, cfg, dist, amp)
+            for u, minibatch in enumerate(minibatches[1:]):
+                minibatch.logp_old = old[u * len(minibatch):(u + 1) * len(minibatch)]
             lap("logprobs")
 
             # ---------------------------------------------------------------- one update per mini-batch
-            sums, grad_norms = defaultdict(float), []
-            for u in range(updates_per_step):
+            sums, grad_norms = [], []
+            for u, minibatch in enumerate(minibatches):
                 update_index = (step - 1) * updates_per_step + u
                 lr = cfg.optim.lr * lr_factor(update_index, cfg.optim, steps * updates_per_step)
                 set_lr(optimizer, lr)
-                grad_norm, applied = update(policy, optimizer, mine[u * per_rank:(u + 1) * per_rank], batch * G,
-                                            pad_id, cfg, dist, amp, sums)
+                grad_norm, applied, update_sums = update(policy, optimizer, minibatch, pad_id, cfg, dist, amp)
+                sums.append(update_sums)
                 grad_norms.append(grad_norm)
                 if not applied:
                     skipped_updates += 1
@@ -209,32 +186,28 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
             lap("sync")
 
             # ---------------------------------------------------------------- log, validate, checkpoint
-            row = {"step": step, "steps": steps, **step_metrics(samples, components, adv, G), **reduce_sums(sums, dist),
-                   "actor/grad_norm": sum(grad_norms) / len(grad_norms), "actor/lr": lr,
-                   "actor/skipped_updates": skipped_updates, "actor/updates": updates_per_step,
+            row = {"step": step, "steps": steps, **step_metrics(samples, components, adv, G),
+                   **reduce_sums(sums, dist), "actor/grad_norm": sum(grad_norms) / len(grad_norms),
+                   "actor/lr": lr, "actor/skipped_updates": skipped_updates, "actor/updates": updates_per_step,
                    "cache/steps": len(cache), "data/epoch": cursor.epoch, "data/filtered_prompts": too_long,
                    **lap.row()}
             peak = max(lap.peaks.values()) if lap.peaks else peak_memory_gib(dist.device)  # CUDA: per-phase peaks
             row["perf/peak_mem_gib"] = float(all_reduce(torch.tensor(peak), dist, "max"))
-            save = cfg.checkpoint.every > 0 and (step % cfg.checkpoint.every == 0 or step == steps)
+            save = run.should_save(step)
             if valid_records and (save or step == steps):
                 metrics, outputs = validate(policy, sampler, tokenizer, valid_records, cfg, dist, offload.on_device)
                 row.update(metrics)
-            log(row)  # before the save: a crash right after it must not lose the row of a step it kept
+            run.log(row)  # before the save: a crash right after it must not lose the row of a step it kept
             if save:
-                files = {"config.resolved.toml": resolved,
-                         "trainer.json": json_text({"step": step, "cursor": vars(cursor), "data": data_fingerprint,
-                                                    "skipped_updates": skipped_updates,
-                                                    "sampler_seeds": "sha256(run.seed:step:prompt position)"}),
-                         "trajectory_cache.json": json_text(cache.state_dict())}
-                save_step(run_dir, step, policy, optimizer, tokenizer, files,
-                          (valid_records, metrics, outputs) if valid_records else None, cfg, dist)
-            bar.update(1)
-            if step % cfg.log.every == 0 or step == steps:
-                print0(step_line(row, LINE_FIELDS), dist)
+                run.save(step, policy, optimizer, tokenizer,
+                         {"cursor": vars(cursor), "skipped_updates": skipped_updates,
+                          "sampler_seeds": "sha256(run.seed:step:prompt position)"},
+                         {"trajectory_cache.json": json_text(cache.state_dict())},
+                         (valid_records, metrics, outputs) if valid_records else None)
+            run.advance(step, row)
 
     # ---------------------------------------------------------------- final export
-    export_final(policy, tokenizer, run_dir, cfg, dist, "tgrpo")
+    run.finish(policy, tokenizer)
     sampler.close()
 
 

@@ -1,4 +1,4 @@
-"""Worker for tests/test_memory_plan.py, run under torchrun: the bytes one rank holds of the FSDP2-sharded tiny model's
+"""Worker for tests/runtime/test_memory_plan.py, run under torchrun: the bytes one rank holds of the FSDP2-sharded tiny model's
 parameters, gradients (after a backward, before zero_grad) and AdamW state (after one step), written to
 <out>/rank-R.json. Two counts each: the sum of the local shards' nbytes (the real elements) and the sum of the
 distinct storages behind them (what the allocator holds: FSDP2 pads dim 0 to a multiple of the world)."""

@@ -1,4 +1,4 @@
-"""Worker for tests/test_distributed.py, run under torchrun: token log-probs of a sharded tiny model, of the
+"""Worker for tests/runtime/test_distributed.py, run under torchrun: token log-probs of a sharded tiny model, of the
 unsharded copy each rank fills from its shards, and of its HF export loaded back into a sharded model, written
 per rank to <out>/rank-R.safetensors."""
 

@@ -163,5 +163,8 @@ def test_bad_input_is_refused_before_any_model_is_read(tmp_path):
     missing = evaluate("--model", tmp_path / "nope", "--benchmarks", "bbh", "--limit", 1)
     assert missing.returncode != 0 and "no such model directory" in missing.stderr
     assert evaluate("--benchmarks", "bbh").returncode == 2  # --model is required
+    bounds = evaluate("--model", tmp_path, "--temperature", -1, "--top-p", 0, "--limit", -1)
+    assert bounds.returncode == 2 and "--temperature must be >= 0; --top-p must be in (0, 1]; --limit must be >= 0" \
+        in bounds.stderr
     helped = evaluate("--help")
     assert helped.returncode == 0 and "compare" in helped.stdout and "--split" in helped.stdout

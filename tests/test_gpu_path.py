@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from collections import defaultdict
 from contextlib import nullcontext
 from types import SimpleNamespace
 
@@ -20,13 +19,13 @@ from test_train_tgrpo import TORCHRUN, run_cli, run_in_process, start  # noqa: F
 import train_tgrpo
 from psyrl.core.config import ModelConfig, load_config
 from psyrl.core.runlog import read_metrics
+from psyrl.rl.rollout import RolloutBatch
 from psyrl.rl.update import micro_batches, update
 from psyrl.runtime import distributed, vllm_sampler
 from psyrl.runtime.checkpoint import export_hf
 from psyrl.runtime.distributed import ONE_PROCESS
 from psyrl.runtime.model import Policy, load_model, load_tokenizer
 from psyrl.runtime.sampler import TorchSampler
-from psyrl.train.sft import SFTExample
 
 TINY = ModelConfig(tokenizer="tiny", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
 
@@ -63,21 +62,22 @@ def fake_cfg(**optim):
 def test_token_budget_gives_the_gradient_of_fixed_micro_batches():
     tokenizer = load_tokenizer(TINY)
     g = torch.Generator().manual_seed(0)
-    batch = []
+    batch = RolloutBatch([], [], [], [])
     for i, (prompt, response) in enumerate([(7, 3), (5, 11), (9, 2), (6, 8), (4, 13), (8, 5)]):
-        ids = torch.randint(10, 200, (prompt + response,), generator=g).tolist()
-        batch.append({"sequence": SFTExample(str(i), tuple(ids), prompt), "advantage": float(i % 3 - 1),
-                      "sampler_logprobs": [-1.0] * response})
+        batch.token_ids.append(tuple(torch.randint(10, 200, (prompt + response,), generator=g).tolist()))
+        batch.prompt_lengths.append(prompt)
+        batch.advantages.append(float(i % 3 - 1))
+        batch.sampler_logprobs.append([-1.0] * response)
     grads, sums = [], []
     for optim in ({"micro_batch": 2}, {"micro_batch": 2, "micro_batch_tokens": 30}):
         cfg = fake_cfg(**optim)
+        cfg.optim.global_batch, cfg.rollout.samples = 12, 1  # update's divisor: 12 sequences
         policy = Policy(load_model(TINY, tokenizer, seed=1))
         before = [p.detach().clone() for p in policy.parameters()]
         optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)  # after = before - grad
-        sums.append(defaultdict(float))
-        update(policy, optimizer, batch, 12, tokenizer.pad_token_id, cfg, ONE_PROCESS, nullcontext(), sums[-1])
+        sums.append(update(policy, optimizer, batch, tokenizer.pad_token_id, cfg, ONE_PROCESS, nullcontext())[2])
         grads.append([b - p.detach() for b, p in zip(before, policy.parameters())])
-    assert micro_batches([len(s["sequence"].input_ids) for s in batch], 2, 30) != micro_batches([0] * 6, 2, 0)
+    assert micro_batches([len(ids) for ids in batch.token_ids], 2, 30) != micro_batches([0] * 6, 2, 0)
     assert max((a - b).abs().max().item() for a, b in zip(*grads)) < 1e-6
     assert max(a.abs().max().item() for a in grads[0]) > 1e-4  # a real gradient
     for key in sums[0]:
@@ -244,25 +244,25 @@ def test_start_up_memory_check_refuses_what_cannot_fit(monkeypatch, capsys):
     import click
 
     from psyrl.runtime.distributed import Dist
-    from psyrl.train import run as trainer
+    from psyrl.train import run
     gib = {"value": 8}
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(
         total_memory=gib["value"] * 2**30))
     gpu = Dist(rank=0, world=4, local_world=4, device=torch.device("cuda", 0))  # read only by the planner here
     cfg = load_config("configs/tgrpo/qwen2.5-3b.toml")
     with pytest.raises(click.ClickException, match=r"memory plan: \w+ needs .* GiB of 8: set .*run.memory_check"):
-        trainer.check_memory_plan(cfg, gpu, "tgrpo")
+        run.check_memory_plan(cfg, gpu, "tgrpo")
     cfg.run.memory_check = False  # printed, not refused
-    trainer.check_memory_plan(cfg, gpu, "tgrpo")
+    run.check_memory_plan(cfg, gpu, "tgrpo")
     assert "GiB of 8: set" in capsys.readouterr().out
     gib["value"] = 48
     cfg.run.memory_check = True
     host = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 16 * 2**30 // 4096}  # a node of 16 GiB: warned, not refused
-    monkeypatch.setattr(trainer.os, "sysconf", lambda name: host[name])
-    trainer.check_memory_plan(cfg, gpu, "tgrpo")
+    monkeypatch.setattr(run.os, "sysconf", lambda name: host[name])
+    run.check_memory_plan(cfg, gpu, "tgrpo")
     assert "memory plan: host RAM needs" in capsys.readouterr().out
     host["SC_PHYS_PAGES"] = 512 * 2**30 // 4096
-    trainer.check_memory_plan(cfg, gpu, "tgrpo")
+    run.check_memory_plan(cfg, gpu, "tgrpo")
     assert "memory plan: fits 4 x 48 GiB" in capsys.readouterr().out
-    trainer.check_memory_plan(cfg, ONE_PROCESS, "tgrpo")  # on a CPU: nothing to plan
+    run.check_memory_plan(cfg, ONE_PROCESS, "tgrpo")  # on a CPU: nothing to plan
     assert capsys.readouterr().out == ""

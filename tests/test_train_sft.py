@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from psyrl.core.config import load_config
 from psyrl.core.records import load_stimuliqa
 from psyrl.core.runlog import read_metrics
-from psyrl.runtime.model import token_logprobs
-from psyrl.train.sft import build_examples, collate, response_tokens, sft_loss
+from psyrl.runtime.model import collate, token_logprobs
+from psyrl.train.sft import build_examples, response_tokens, sft_loss
 from psyrl.train.validation import sample_items
 
 SHORT = [  # a smaller, shorter version of configs/sft/tiny.toml
@@ -57,7 +57,7 @@ def test_tiny_sft_learns_and_exports(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(run / "hf")
     records = sample_items(load_stimuliqa("data/demo/test.jsonl"), 16, seed=0)
     examples, _ = build_examples(records, tokenizer, resolved.prompt, resolved.data.max_length)
-    ids, mask, loss_mask = collate(examples, tokenizer.pad_token_id)
+    ids, mask, loss_mask = collate([e.input_ids for e in examples], [e.prompt_len for e in examples], tokenizer.pad_token_id)
     with torch.no_grad():
         loss = sft_loss(token_logprobs(final, ids, mask, 1.0, loss_mask), loss_mask, response_tokens(examples))
     assert loss.item() == pytest.approx(last["valid/loss"], rel=1e-5)

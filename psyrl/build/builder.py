@@ -10,7 +10,6 @@ psyrl.build.build_run.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,13 @@ from psyrl.build.generation_log import Job, prompt_sha
 from psyrl.build.labelled import load_labelled
 from psyrl.build.qa_pairs import Rejected, parse_qa, topic_key
 from psyrl.build.quality_control import NEAR_DUPLICATE, duplicate_reasons, leak_reason
-from psyrl.core.records import DataError, StimuliRecord, split_by_variable
+from psyrl.core.records import (
+    DataError,
+    StimuliRecord,
+    raise_line_errors,
+    read_jsonl,
+    split_by_variable,
+)
 
 
 # ---------------------------------------------------------------- QA pairs: qa and comparison
@@ -147,27 +152,31 @@ def read_topics(path, catalogue: dict[str, Variable]) -> dict[str, list[str]]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such topics file")
+    bad = []
+    numbered = read_jsonl(path, lambda row: _topic(row, catalogue), bad=bad)
+    raise_line_errors(path, [f"{path}:{lineno}: {problem}" for lineno, problem in bad])
     topics: dict[str, list[str]] = {}
-    errors = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            if not isinstance(row, dict):
-                raise ValueError('expected a JSON object {"variable": ..., "topic": ...}')
-            code, topic = row["variable"], row["topic"]
-            if code not in catalogue:
-                raise ValueError(f"variable {code!r} is not in the catalogue")
-            if not isinstance(topic, str) or not topic.strip():
-                raise ValueError("topic must be a non-empty string")
-        except (ValueError, KeyError, TypeError) as e:
-            errors.append(f"{path}:{lineno}: {e if not isinstance(e, KeyError) else f'missing key {e}'}")
-            continue
-        topics.setdefault(code, []).append(topic.strip())
-    if errors:
-        raise DataError(f"{path}: {len(errors)} bad line(s):\n" + "\n".join(errors[:20]))
+    for _, (code, topic) in numbered:
+        topics.setdefault(code, []).append(topic)
     return topics
+
+
+def _topic(row, catalogue: dict[str, Variable]) -> tuple[str, str]:
+    """(variable, topic) of one topics.jsonl row; a ValueError says what is wrong with it."""
+    if not isinstance(row, dict):
+        raise ValueError('expected a JSON object {"variable": ..., "topic": ...}')
+    try:
+        code, topic = row["variable"], row["topic"]
+        known = code in catalogue
+    except KeyError as e:
+        raise ValueError(f"missing key {e}") from None
+    except TypeError as e:  # a variable that is no string: a list, an object
+        raise ValueError(str(e)) from None
+    if not known:
+        raise ValueError(f"variable {code!r} is not in the catalogue")
+    if not isinstance(topic, str) or not topic.strip():
+        raise ValueError("topic must be a non-empty string")
+    return code, topic.strip()
 
 
 def build_comparison(run: BuildRun, catalogue_path, topics_path=None, *, near_duplicate: float = NEAR_DUPLICATE,

@@ -11,20 +11,24 @@ import functools
 from pathlib import Path
 
 import click
-import transformers
 
-from psyrl.build.build_run import BuildError, BuildRun
+from psyrl.build.build_run import GENERATION_KEYS, BuildError, BuildRun
 from psyrl.build.builder import build_comparison, build_qa
 from psyrl.build.generation_log import Sampling
 from psyrl.build.quality_control import NEAR_DUPLICATE
 from psyrl.build.reasoning import PAPER_REASONING, SHORT_WORDS, build_reasoning
 from psyrl.build.topics import PAPER_TOPICS, build_topics
-from psyrl.core.config import ModelConfig
 from psyrl.core.records import DataError
-from psyrl.runtime.distributed import cleanup, init_distributed, resolve_dtype
-from psyrl.runtime.generation import checkpoint_sampler, fail_once
-from psyrl.runtime.model import load_tokenizer, model_fingerprint
-from psyrl.runtime.vllm_sampler import VLLMUnavailable, check_tensor_parallel, import_vllm
+from psyrl.runtime.distributed import cleanup
+from psyrl.runtime.generation import (
+    GenerationOptions,
+    fail_once,
+    generation_options,
+    load_generation,
+    option_problems,
+    start_generation,
+)
+from psyrl.runtime.vllm_sampler import VLLMUnavailable
 
 
 @click.group("build", context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,80 +40,41 @@ def build_group():
     report.md and report.json."""
 
 
-def generation_options(samples: int = 1, max_new_tokens: int = 512):
-    """The options every build command shares: the model, the sampler, the sampling, the output directory."""
-    options = [
-        click.option("--model", "model_dir", required=True, type=click.Path(file_okay=False),
-                     help="A local Hugging Face model directory (the generator: e.g. an Instruct model)."),
-        click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-                     help="Output directory; a second run with the same settings resumes it."),
-        click.option("--overwrite", is_flag=True, help="Delete --out's earlier build files (generations included) "
-                     "instead of resuming; other files there are left alone."),
-        click.option("--temperature", type=float, default=0.7, show_default=True, help="Sampling temperature."),
-        click.option("--top-p", type=float, default=0.95, show_default=True, help="Nucleus mass."),
-        click.option("--max-new-tokens", type=int, default=max_new_tokens, show_default=True,
-                     help="Longest generation."),
-        click.option("--samples", type=int, default=samples, show_default=True, help="Generations per prompt."),
-        click.option("--seed", type=int, default=0, show_default=True,
-                     help="Sampling seed (each prompt draws with its own, from this and its key)."),
-        click.option("--batch", type=int, default=16, show_default=True, help="Prompts generated together per rank."),
-        click.option("--tokenizer", default="", help="Tokenizer directory or a shipped one (tiny, qwen2.5); default: "
-                     "the model directory's."),
-        click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16"]), default="auto", show_default=True,
-                     help="Compute dtype (bfloat16: autocast with torch, the engine dtype with vllm); auto = bfloat16 "
-                     "on CUDA, float32 on a CPU."),
-        click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-                     help="auto: CUDA (rank r on GPU r) when available, else the CPU."),
-        click.option("--engine", type=click.Choice(["torch", "vllm"]), default="torch", show_default=True,
-                     help="psyrl's torch sampler, or vLLM (a GPU node with `pip install -e '.[vllm]'`)."),
-        click.option("--tensor-parallel", type=int, default=1, show_default=True,
-                     help="vllm: consecutive ranks that hold one engine together; must divide the ranks."),
-        click.option("--gpu-memory-utilization", type=float, default=0.8, show_default=True,
-                     help="vllm: the fraction of each GPU the engine takes."),
-        click.option("--progress/--no-progress", default=True, show_default=True, help="Progress bars on rank 0."),
-    ]
-
-    def decorate(command):
-        for option in reversed(options):
-            command = option(command)
-        return command
+def build_options(samples: int = 1, max_new_tokens: int = 512):
+    """The options every build command shares, --out and the generation options (the builder's
+    sampling defaults), around `run_build`."""
+    def decorate(body):
+        command = run_build(body)
+        command = generation_options(
+            temperature=0.7, top_p=0.95, max_new_tokens=max_new_tokens, samples=samples,
+            notes={"model": "The generator: e.g. an Instruct model.",
+                   "seed": "Each prompt draws with its own, from this and its key."})(command)
+        overwrite = click.option("--overwrite", is_flag=True,
+                                 help="Delete --out's earlier build files (generations included) "
+                                      "instead of resuming; other files there are left alone.")
+        out = click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+                           help="Output directory; a second run with the same settings resumes it.")
+        return out(overwrite(command))
     return decorate
 
 
 def run_build(body):
-    """Wrap a build command: check the generation options, join torchrun, load the tokenizer, hand `body` a BuildRun
-    whose sampler loads the model on first use, print the report; errors as one message from rank 0."""
+    """Wrap a build command: check the generation options, join torchrun, load the tokenizer, hand
+    `body` a BuildRun whose sampler loads the model on first use, print the report; errors as one
+    message from rank 0."""
     @functools.wraps(body)
-    def command(model_dir, out_dir, overwrite, temperature, top_p, max_new_tokens, samples, seed, batch, tokenizer,
-                dtype, device, engine, tensor_parallel, gpu_memory_utilization, progress, **kwargs):
-        problems = [m for ok, m in [
-            (temperature >= 0, "--temperature must be >= 0"), (0 < top_p <= 1, "--top-p must be in (0, 1]"),
-            (max_new_tokens >= 1, "--max-new-tokens must be >= 1"), (samples >= 1, "--samples must be >= 1"),
-            (batch >= 1, "--batch must be >= 1"), (tensor_parallel >= 1, "--tensor-parallel must be >= 1"),
-            (0 < gpu_memory_utilization <= 1, "--gpu-memory-utilization must be in (0, 1]")] if not ok]
+    def command(gen: GenerationOptions, out_dir, overwrite, **kwargs):
+        problems = option_problems(gen)
         if problems:
             raise click.UsageError("; ".join(problems))
         try:
-            transformers.utils.logging.disable_progress_bar()
-            if engine == "vllm":
-                import_vllm()  # before anything starts
-            dist = init_distributed(device)
-            dtype = resolve_dtype(dtype, dist.device)
-            if engine == "vllm":
-                check_tensor_parallel(tensor_parallel, dist.world, "--tensor-parallel")
-            model_cfg = ModelConfig(path=str(model_dir), tokenizer=tokenizer, dtype=dtype)
-            tok = load_tokenizer(model_cfg)
-            model_path = Path(model_dir)
-            settings = {"model": str(model_path.resolve()), "model_fingerprint": model_fingerprint(model_path),
-                        "tokenizer": tokenizer, "engine": engine, "dtype": dtype, "temperature": temperature,
-                        "top_p": top_p, "max_new_tokens": max_new_tokens, "seed": seed, "samples": samples}
-            engine_settings = {"engine": engine, "tensor_parallel": tensor_parallel,
-                               "gpu_memory_utilization": gpu_memory_utilization}
-            run = BuildRun(dist, tok, Path(out_dir), settings,
-                           Sampling(temperature, top_p, max_new_tokens, seed, samples, batch),
-                           lambda: checkpoint_sampler(Path(model_dir), model_cfg, tok, dist, batch, temperature,
-                                                      engine_settings, progress),
-                           progress)
+            dist = start_generation(gen)
+            generation = load_generation(dist, gen)
+            settings = {k: generation.settings[k] for k in GENERATION_KEYS}
+            sampling = Sampling(gen.temperature, gen.top_p, gen.max_new_tokens, gen.seed,
+                                gen.samples, gen.batch)
+            run = BuildRun(dist, generation.tokenizer, Path(out_dir), settings, sampling,
+                           generation.make_sampler, gen.progress)
             body(run, overwrite=overwrite, **kwargs)
             run.close()  # after the last collective
             if dist.is_main:
@@ -148,8 +113,7 @@ def qc_and_split_options(command):
 @click.option("--ignore-column", "ignore_columns", multiple=True, help="A table column that is not a variable; "
               "repeatable.")
 @qc_and_split_options
-@generation_options()
-@run_build
+@build_options()
 def qa_command(run, **kwargs):
     """QA pairs from expert-labelled stimuli: the dataset-generation prompt for every (stimulus, coded variable),
     quality control, then the §4.1 split into train.jsonl and test.jsonl (StimuliQA records that train_sft.py,
@@ -163,8 +127,7 @@ def qa_command(run, **kwargs):
 @click.option("--topics", "topics_path", default=None, type=click.Path(dir_okay=False),
               help="topics.jsonl of `psyrl build topics` (default: the catalogue's seed topics).")
 @qc_and_split_options
-@generation_options()
-@run_build
+@build_options()
 def comparison_command(run, **kwargs):
     """A comparison set in the manner of the paper's LlamaQA and MistralQA: for every (variable, topic) the
     generator writes a stimulus and its QA pair (comparison prompt), then quality control and the §4.1 split."""
@@ -176,8 +139,7 @@ def comparison_command(run, **kwargs):
               help="Variable catalogue, TOML or JSON, with `topics = [...]` seeds.")
 @click.option("--max-topics", type=click.IntRange(min=1), default=PAPER_TOPICS, show_default=True,
               help="Topics per variable, seeds included (appendix B: up to 200).")
-@generation_options(samples=4, max_new_tokens=1024)
-@run_build
+@build_options(samples=4, max_new_tokens=1024)
 def topics_command(run, **kwargs):
     """Expand each variable's seed topics with the topic-generation prompt: --samples generations per variable,
     duplicates dropped, at most --max-topics kept (topics.jsonl, the input of `psyrl build comparison`)."""
@@ -193,8 +155,7 @@ def topics_command(run, **kwargs):
               help="Long rationales to keep (appendix B: 500).")
 @click.option("--short-words", type=click.IntRange(min=1), default=SHORT_WORDS, show_default=True,
               help="A rationale of at most this many words is short.")
-@generation_options()
-@run_build
+@build_options()
 def reasoning_command(run, **kwargs):
     """Reasoning samples for knowledge injection (appendix B): the reasoning-CoT prompt turns each (QA, expected
     answer) into a rationale without the answer, records visited in a seeded order until --short and --long are

@@ -132,7 +132,7 @@ def render_readme(demo: DemoSet) -> str:
     lines = [
         "# data/demo: a SYNTHETIC StimuliQA-format set (not the paper's data)",
         "",
-        "**This data is synthetic.** Every line was generated from templates by `psyrl/demo_data.py` (tables in",
+        "**This data is synthetic.** Every line was generated from templates by `psyrl/build/demo_data.py` (tables in",
         "`psyrl/assets/demo_templates.json`). It is **not** the paper's StimuliQA (which is private), it is **not**",
         "psychologically validated, and it is for the CPU demo and the tests only. Each gold answer follows from",
         "a cue event in the story through a fixed template mapping, so that a tiny model can learn it in minutes;",
@@ -144,7 +144,7 @@ def render_readme(demo: DemoSet) -> str:
         f"psyrl demo-data --out data/demo --seed {demo.seed}",
         "```",
         "",
-        "Deterministic (one `random.Random(seed)`). `tests/test_demo_data.py` regenerates the set and compares",
+        "Deterministic (one `random.Random(seed)`). `tests/build/test_demo_data.py` regenerates the set and compares",
         "every file here byte for byte: change the templates and re-run the command, never edit these files.",
         "",
         f"A story is 2-4 first-person sentences ({_range(words)} words here): an opener (time, place, city), the",

@@ -21,7 +21,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from psyrl.core.atomic import write_text
-from psyrl.core.records import DataError
+from psyrl.core.records import DataError, read_jsonl
 from psyrl.eval.benchmarks import item_seed
 from psyrl.runtime.distributed import Dist, agree, all_gather_lists, broadcast_object
 
@@ -62,21 +62,18 @@ def read_log(path: Path) -> dict[str, dict]:
     writing) is dropped; a bad line anywhere else is a DataError naming it."""
     if not path.exists():
         return {}
-    lines = path.read_bytes().split(b"\n")
-    rows: dict[str, dict] = {}
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            if not (isinstance(row, dict) and isinstance(row.get("key"), str) and isinstance(row.get("outputs"), list)):
-                raise ValueError("not a generation row")
-        except ValueError as e:
-            if lineno == len(lines):  # the file does not end in a newline: the line being written when it stopped
-                break
-            raise DataError(f"{path}:{lineno}: {e}; not a psyrl build log (another --out, or --overwrite)") from None
-        rows[row["key"]] = row
-    return rows
+    try:
+        numbered = read_jsonl(path, _log_row, torn=[])
+    except DataError as e:
+        raise DataError(f"{e}; not a psyrl build log (another --out, or --overwrite)") from None
+    return {row["key"]: row for _, row in numbered}
+
+
+def _log_row(row) -> dict:
+    if not (isinstance(row, dict) and isinstance(row.get("key"), str)
+            and isinstance(row.get("outputs"), list)):
+        raise ValueError("not a generation row")
+    return row
 
 
 def _lines(rows) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from psyrl.build.catalogue import Variable, json_element_lines, line_of, number_text
-from psyrl.core.records import DataError, parse_numbered, raise_line_errors
+from psyrl.core.records import DataError, parse_numbered, raise_line_errors, read_jsonl
 
 TEXT_COLUMNS = ("stimuli", "stimulus", "text", "story")  # looked for in this order when --text-column is not given
 MISSING = {"", "na", "n/a", "nan", "null", "none", "-"}  # cells that mean "not coded" (case-insensitive)
@@ -143,14 +143,7 @@ def _json_rows(path: Path) -> list[tuple[int, dict]]:
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
         return [(line_of(text, offset), row) for offset, row in zip(json_element_lines(text, True), rows)]
-    rows, errors = [], []
-    with path.open("rb") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((lineno, json.loads(line.decode("utf-8-sig" if lineno == 1 else "utf-8"))))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                errors.append(f"{path}:{lineno}: {'not valid UTF-8' if isinstance(e, UnicodeDecodeError) else e.msg}")
-    raise_line_errors(path, errors, "line(s)")
+    bad = []
+    rows = read_jsonl(path, bad=bad)
+    raise_line_errors(path, [f"{path}:{lineno}: {problem}" for lineno, problem in bad], "line(s)")
     return rows

@@ -131,16 +131,6 @@ def benchmark_record(obj) -> BenchmarkRecord:
 
 
 # ---------------------------------------------------------------- files
-def _lines(path: Path):
-    """(line number, bytes) of every non-blank line; bytes, so a bad encoding is reported with its line."""
-    with path.open("rb") as f:
-        for lineno, line in enumerate(f, start=1):
-            if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark
-                line = line[3:]
-            if line.strip():
-                yield lineno, line
-
-
 def _decode(line: bytes):
     try:
         text = line.decode("utf-8")
@@ -152,6 +142,32 @@ def _decode(line: bytes):
         raise ValueError(f"invalid JSON ({e.msg} at column {e.colno})") from None
 
 
+def read_jsonl(path: str | Path, parse=None, bad: list | None = None,
+               torn: list | None = None) -> list[tuple[int, object]]:
+    """(line number, value) of every non-blank line of a JSONL file, UTF-8 (a byte-order mark is
+    dropped), each value through `parse` when given (a function raising ValueError on a value it
+    refuses). A bad line (not UTF-8, not JSON, refused) raises a DataError `path:line: problem`,
+    unless a list takes it as (line, problem) and it is left out: `bad` takes every bad line, `torn`
+    only a bad last line without its newline (a write a crash cut short: what the crash-recovery
+    readers tolerate)."""
+    numbered = []
+    with Path(path).open("rb") as f:
+        for lineno, line in enumerate(f, start=1):
+            if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark
+                line = line[3:]
+            if not line.strip():
+                continue
+            try:
+                value = _decode(line)
+                numbered.append((lineno, value if parse is None else parse(value)))
+            except ValueError as e:  # only the last line can lack its newline
+                sink = torn if torn is not None and not line.endswith(b"\n") else bad
+                if sink is None:
+                    raise DataError(f"{path}:{lineno}: {e}") from None
+                sink.append((lineno, str(e)))
+    return numbered
+
+
 def raise_line_errors(path: Path, errors: list[str], what: str = "line(s)") -> None:
     """A DataError listing the first 20 `file:line: problem` messages, if there are any."""
     if errors:
@@ -160,29 +176,39 @@ def raise_line_errors(path: Path, errors: list[str], what: str = "line(s)") -> N
         raise DataError(f"{path}: {len(errors)} bad {what}, nothing loaded:\n" + "\n".join(shown) + more)
 
 
-def parse_numbered(path: Path, numbered: Iterable[tuple[int, object]], parse, what: str = "line(s)") -> list:
-    """parse(x) for every (line number, x), each record's `id` unique; a DataError lists every bad one."""
-    records, errors, first_line_of = [], [], {}
+def parse_numbered(path: Path, numbered: Iterable[tuple[int, object]], parse, what: str = "line(s)",
+                   bad: Sequence[tuple[int, str]] = ()) -> list:
+    """parse(x) for every (line number, x), each record's `id` unique; a DataError lists every bad
+    one, the (line, problem) pairs of `bad` (lines read_jsonl could not decode) in their place."""
+    records, errors, first_line_of = [], list(bad), {}
     for lineno, item in numbered:
         try:
             record = parse(item)
-        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors too
-            errors.append(f"{path}:{lineno}: {e}")
+        except ValueError as e:
+            errors.append((lineno, str(e)))
             continue
         if record.id in first_line_of:
-            errors.append(f"{path}:{lineno}: duplicate id {record.id!r} (first on line {first_line_of[record.id]})")
+            first = first_line_of[record.id]
+            errors.append((lineno, f"duplicate id {record.id!r} (first on line {first})"))
             continue
         first_line_of[record.id] = lineno
         records.append(record)
-    raise_line_errors(path, errors, what)
+    errors.sort(key=lambda error: error[0])  # stable: a line has one problem at most
+    raise_line_errors(path, [f"{path}:{n}: {problem}" for n, problem in errors], what)
     return records
 
 
-def _load(path: str | Path, parse) -> list:
+def _read(path: str | Path) -> tuple[Path, list[tuple[int, object]], list[tuple[int, str]]]:
+    """(path, its decoded lines, its undecodable lines) of a data file that exists."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such data file")
-    records = parse_numbered(path, _lines(path), lambda line: parse(_decode(line)))
+    bad = []
+    return path, read_jsonl(path, bad=bad), bad
+
+
+def _records(path: Path, numbered: list, bad: list, parse) -> list:
+    records = parse_numbered(path, numbered, parse, bad=bad)
     if not records:
         raise DataError(f"{path}: the file holds no records")
     return records
@@ -190,36 +216,29 @@ def _load(path: str | Path, parse) -> list:
 
 def load_stimuliqa(path: str | Path) -> list[StimuliRecord]:
     """All records of a StimuliQA JSONL file, or a DataError listing every bad line."""
-    return _load(path, stimuli_record)
+    return _records(*_read(path), stimuli_record)
 
 
 def load_benchmark(path: str | Path) -> list[BenchmarkRecord]:
     """All records of a benchmark-schema JSONL file, or a DataError listing every bad line."""
-    return _load(path, benchmark_record)
-
-
-def detect_schema(path: str | Path) -> str:
-    """`stimuliqa` or `benchmark`, from the keys of the file's first record."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such data file")
-    for lineno, line in _lines(path):
-        try:
-            obj = _decode(line)
-        except ValueError as e:
-            raise DataError(f"{path}:{lineno}: {e}") from None
-        if isinstance(obj, dict) and "stimuli" in obj:
-            return "stimuliqa"
-        if isinstance(obj, dict) and "options" in obj:
-            return "benchmark"
-        raise DataError(f"{path}:{lineno}: neither a StimuliQA record (no 'stimuli' key) nor a benchmark "
-                        "record (no 'options' key)")
-    raise DataError(f"{path}: the file holds no records")
+    return _records(*_read(path), benchmark_record)
 
 
 def load_records(path: str | Path) -> list[StimuliRecord] | list[BenchmarkRecord]:
-    """A StimuliQA or benchmark file, whichever its first record is; every line validated."""
-    return load_stimuliqa(path) if detect_schema(path) == "stimuliqa" else load_benchmark(path)
+    """A StimuliQA or benchmark file, whichever its first record is (a `stimuli` or an `options`
+    key); every line validated."""
+    path, numbered, bad = _read(path)
+    if bad and (not numbered or bad[0][0] < numbered[0][0]):  # the first line is no JSON: no schema
+        raise DataError(f"{path}:{bad[0][0]}: {bad[0][1]}")
+    if not numbered:
+        raise DataError(f"{path}: the file holds no records")
+    lineno, first = numbered[0]
+    if isinstance(first, dict) and "stimuli" in first:
+        return _records(path, numbered, bad, stimuli_record)
+    if isinstance(first, dict) and "options" in first:
+        return _records(path, numbered, bad, benchmark_record)
+    raise DataError(f"{path}:{lineno}: neither a StimuliQA record (no 'stimuli' key) nor a "
+                    "benchmark record (no 'options' key)")
 
 
 def write_jsonl(path: str | Path, records: Iterable) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from psyrl.core.atomic import write_text
+from psyrl.core.records import read_jsonl
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -41,20 +42,14 @@ class MetricsFile:
 
 def read_metrics(path: str | Path) -> list[dict]:
     """The rows of a metrics.jsonl; a line that is not a JSON object with an integer `step` names its line."""
-    rows = []
-    with Path(path).open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-                got = line.strip()[:80]
-                raise ValueError(f"{path}:{n}: expected a JSON object with an integer 'step', got {got!r}")
-            rows.append(row)
-    return rows
+    return [row for _, row in read_jsonl(path, _metrics_row)]
+
+
+def _metrics_row(row) -> dict:
+    if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+        got = json.dumps(row)[:80]
+        raise ValueError(f"expected a JSON object with an integer 'step', got {got!r}")
+    return row
 
 
 def step_line(row: dict, fields: list[tuple[str, str, str]]) -> str:
@@ -69,18 +64,10 @@ def step_line(row: dict, fields: list[tuple[str, str, str]]) -> str:
 def truncate_metrics(path: str | Path, last_step: int) -> int:
     """Keep the rows up to `last_step` (a resumed run redoes the steps after its checkpoint); atomic rewrite.
     A line that does not parse (the row a crash cut short) is dropped; returns how many were."""
-    kept, broken = [], 0
-    with Path(path).open(encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                broken += 1
-                continue
-            if row["step"] <= last_step:
-                kept.append(row)
+    broken = []
+    kept = [row for _, row in read_jsonl(path, bad=broken) if row["step"] <= last_step]
     write_text(path, "".join(json.dumps(row) + "\n" for row in kept))
-    return broken
+    return len(broken)
 
 
 class Laps:

@@ -13,12 +13,11 @@ StimuliQA-format files have no options: F1 and format only, grouped by `subdimen
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from psyrl.core.records import BenchmarkRecord, DataError, StimuliRecord, load_records
+from psyrl.core.records import BenchmarkRecord, DataError, StimuliRecord, load_records, read_jsonl
 from psyrl.core.text import choice_of, extract_answer, option_scores, token_f1
 from psyrl.rl.rewards import format_reward
 
@@ -164,20 +163,17 @@ def read_predictions(path: str | Path, tolerate_torn_end: bool = False) -> tuple
     path = Path(path)
     if not path.is_file():
         raise EvalError(f"{path}: no such predictions file")
-    rows, dropped = [], 0
-    raw = path.read_bytes()
-    lines = raw.split(b"\n")
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line.decode("utf-8"))
-            if not isinstance(row, dict) or not {"id", "benchmark", "task", "f1", "format", "tokens"} <= row.keys():
-                raise ValueError("not a prediction row (keys id, benchmark, task, f1, format, tokens expected)")
-        except ValueError as e:
-            if tolerate_torn_end and lineno == len(lines) and not raw.endswith(b"\n"):
-                dropped += 1
-                continue
-            raise EvalError(f"{path}:{lineno}: {e}") from None
-        rows.append(row)
-    return rows, dropped
+    torn = [] if tolerate_torn_end else None
+    try:
+        numbered = read_jsonl(path, _prediction_row, torn=torn)
+    except DataError as e:
+        raise EvalError(str(e)) from None
+    return [row for _, row in numbered], len(torn or ())
+
+
+def _prediction_row(row) -> dict:
+    keys = {"id", "benchmark", "task", "f1", "format", "tokens"}
+    if not isinstance(row, dict) or not keys <= row.keys():
+        raise ValueError("not a prediction row (keys id, benchmark, task, f1, format, tokens "
+                         "expected)")
+    return row

@@ -1,12 +1,14 @@
 """One T-GRPO step's samples across ranks (SPEC §3, §9): training prompts, sampling seeds, which rank samples
 which prompt, the records every rank gathers, the two trajectory-cache phases that turn them into advantages,
-the step's reward metrics and the readable dump of its samples."""
+the typed batch of this rank's sequences that the experience pass and the update read, the step's reward
+metrics and the readable dump of its samples."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -56,6 +58,53 @@ def score(samples: list[dict], cache: TrajectoryCache, cfg) -> tuple[torch.Tenso
     cache.push_rewards(final)
     adv = advantages(final, cfg.advantage.scope, cfg.rollout.samples, cache.rewards(), cfg.advantage.eps)
     return adv, components
+
+
+@dataclass
+class RolloutBatch:
+    """One rank's sequences of a step, in step order: what the experience pass fills in and the update reads."""
+
+    token_ids: list[tuple[int, ...]]
+    """Prompt then response, per sequence."""
+    prompt_lengths: list[int]
+    """Tokens of each sequence's prompt: the rest is the response, the tokens the loss sees."""
+    advantages: list[float]
+    """A_i of eq. 2, one per sequence."""
+    sampler_logprobs: list[list[float]]
+    """The sampler's log-prob of each response token (the sampler/trainer gap, rollout/logprob_gap)."""
+    logp_ref: list[torch.Tensor] | None = None
+    """pi_ref's log-prob of each response token (eq. 1's KL term); None when loss.kl_coef = 0."""
+    logp_old: list[torch.Tensor] | None = None
+    """pi_old's log-prob of each response token; None: the policy has not moved since sampling (the first
+    mini-batch of a rollout), and the update takes its own detached logp_theta (ratio 1, SPEC §3)."""
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def select(self, indices) -> RolloutBatch:
+        """The sequences at `indices`, in that order, with everything known about them."""
+        pick = lambda values: None if values is None else [values[i] for i in indices]
+        return RolloutBatch(pick(self.token_ids), pick(self.prompt_lengths), pick(self.advantages),
+                            pick(self.sampler_logprobs), pick(self.logp_ref), pick(self.logp_old))
+
+    def split(self, parts: int) -> list[RolloutBatch]:
+        """`parts` equal consecutive slices: a rank's share of each mini-batch (`rank_positions` orders them)."""
+        size = len(self) // parts
+        return [self.select(range(k * size, (k + 1) * size)) for k in range(parts)]
+
+
+def rollout_batch(groups, prompt_ids: list[list[int]], adv: torch.Tensor, positions: list[int],
+                  G: int) -> RolloutBatch:
+    """This rank's batch: the G samples of the prompt at each of its `positions` (prompt_ids[k] is the prompt of
+    positions[k]), with their advantages from the step's advantages over all ranks, adv [B*G]."""
+    token_ids, prompt_lengths, advantages, sampler_logprobs = [], [], [], []
+    for p, ids, group in zip(positions, prompt_ids, groups):
+        for i, s in enumerate(group):
+            token_ids.append(tuple(ids) + s.token_ids)
+            prompt_lengths.append(len(ids))
+            advantages.append(adv[p * G + i].item())
+            sampler_logprobs.append(s.logprobs)
+    return RolloutBatch(token_ids, prompt_lengths, advantages, sampler_logprobs)
 
 
 def step_metrics(samples: list[dict], components: dict, adv: torch.Tensor, G: int) -> dict:

@@ -10,12 +10,15 @@ a rank with fewer micro-batches runs filler forwards whose loss is multiplied by
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import torch
 
+from psyrl.rl.rollout import RolloutBatch
 from psyrl.rl.tgrpo import tgrpo_loss
 from psyrl.runtime.distributed import Dist, all_reduce
+from psyrl.runtime.model import collate
 from psyrl.runtime.optim import clipped_step
-from psyrl.train.sft import SFTExample, collate
 
 TOKEN_METRICS = ("clip_frac_high", "clip_frac_low", "dual_clip_frac", "ratio_mean", "ppo_kl", "entropy")
 SEQUENCE_METRICS = ("pg_loss", "kl")
@@ -42,19 +45,29 @@ def agreed_count(count: int, dist: Dist) -> int:
     return int(all_reduce(torch.tensor(float(count)), dist, "max").item()) if dist.sharded else count
 
 
-def sequence_logprobs(model, sequences: list[SFTExample], size: int, pad_id: int, temperature: float, dist: Dist,
-                      amp, budget: int = 0) -> list[torch.Tensor]:
-    """Per sequence, the log-probs of its response tokens under `model` (no gradient), in the order given; `size`
-    sequences a forward, or micro-batches of a token budget (module doc)."""
-    out: list = [None] * len(sequences)
-    batches = micro_batches([len(s.input_ids) for s in sequences], size, budget)
+def collated(batch: RolloutBatch, pad_id: int, device: torch.device):
+    """input_ids, attention_mask [b, T] and response mask [b, T-1] of the batch's sequences, on `device`."""
+    return (t.to(device) for t in collate(batch.token_ids, batch.prompt_lengths, pad_id))
+
+
+def shortest(batch: RolloutBatch) -> list[int]:
+    """The index of the batch's (first) shortest sequence: the cheapest filler forward."""
+    return [min(range(len(batch)), key=lambda i: len(batch.token_ids[i]))]
+
+
+def sequence_logprobs(model, batch: RolloutBatch, pad_id: int, cfg, dist: Dist, amp) -> list[torch.Tensor]:
+    """Per sequence, the log-probs of its response tokens under `model` at rollout.temperature (no gradient), in
+    the batch's order; optim.logprob_micro_batch sequences a forward, or micro-batches of
+    optim.logprob_micro_batch_tokens (module doc)."""
+    out: list = [None] * len(batch)
+    batches = micro_batches([len(ids) for ids in batch.token_ids], cfg.optim.logprob_micro_batch,
+                            cfg.optim.logprob_micro_batch_tokens)
     with torch.no_grad():
         for k in range(agreed_count(len(batches), dist)):
             chunk = batches[k] if k < len(batches) else []
-            rows = [sequences[i] for i in chunk] or [min(sequences, key=lambda s: len(s.input_ids))]  # a filler
-            input_ids, attention_mask, mask = (t.to(dist.device) for t in collate(rows, pad_id))
+            input_ids, attention_mask, mask = collated(batch.select(chunk or shortest(batch)), pad_id, dist.device)
             with amp:
-                logp = model(input_ids, attention_mask, temperature, mask)  # [b, T-1]
+                logp = model(input_ids, attention_mask, cfg.rollout.temperature, mask)  # [b, T-1]
             for i, row, m in zip(chunk, logp, mask):
                 out[i] = row[m].cpu()
     return out
@@ -66,32 +79,32 @@ def as_padded(values: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
         mask, torch.cat(values).to(mask.device))
 
 
-def update(policy, optimizer, batch: list[dict], normalizer: int, pad_id: int, cfg, dist: Dist, amp, sums: dict):
-    """One optimiser step on this rank's share of a mini-batch (eq. 1), gradients accumulated over micro-batches;
-    adds the loss metrics to `sums` (a defaultdict(float); its values become tensors). A sequence without
-    "logp_old" (the first mini-batch of a rollout: the policy has not moved since sampling) takes the update's own
-    detached logp_theta (ratio 1, SPEC §3). `fsdp.defer_grad_sync`: the gradient reduce-scatter runs at the last
-    micro-batch only. Returns (grad norm, applied)."""
-    T = cfg.rollout.temperature
-    batches = micro_batches([len(s["sequence"].input_ids) for s in batch], cfg.optim.micro_batch,
+def update(policy, optimizer, batch: RolloutBatch, pad_id: int, cfg, dist: Dist, amp):
+    """One optimiser step on this rank's share of a mini-batch (eq. 1), gradients accumulated over micro-batches
+    and divided by the mini-batch's sequence count over all ranks (optim.global_batch x rollout.samples).
+    `fsdp.defer_grad_sync`: the gradient reduce-scatter runs at the last micro-batch only. Returns (grad norm,
+    applied, sums): sums holds the loss metrics' token- and sequence-weighted sums (float64 tensors, read once
+    per step by `reduce_sums`: .item() per micro-batch would sync a GPU each time)."""
+    T, normalizer = cfg.rollout.temperature, cfg.optim.global_batch * cfg.rollout.samples
+    sums = defaultdict(float)
+    batches = micro_batches([len(ids) for ids in batch.token_ids], cfg.optim.micro_batch,
                             cfg.optim.micro_batch_tokens)
     count = agreed_count(len(batches), dist)
     for k in range(count):
         weight = 1.0 if k < len(batches) else 0.0  # a filler runs the rank's shortest sequence, weight 0
-        chunk = [batch[i] for i in batches[k]] if weight else [min(batch, key=lambda s: len(s["sequence"].input_ids))]
+        chunk = batch.select(batches[k] if weight else shortest(batch))
         if dist.sharded and cfg.fsdp.defer_grad_sync:
             policy.set_requires_gradient_sync(k == count - 1)
-        input_ids, attention_mask, mask = (t.to(dist.device) for t in collate([s["sequence"] for s in chunk], pad_id))
+        input_ids, attention_mask, mask = collated(chunk, pad_id, dist.device)
         with amp:
             logp = policy(input_ids, attention_mask, T, mask)  # [b, T-1]
-        logp_old = as_padded([s["logp_old"] for s in chunk], mask) if "logp_old" in chunk[0] else logp.detach()
-        logp_ref = as_padded([s["logp_ref"] for s in chunk], mask) if cfg.loss.kl_coef > 0 else None
-        adv = torch.tensor([s["advantage"] for s in chunk], dtype=torch.float32, device=dist.device)
+        logp_old = as_padded(chunk.logp_old, mask) if chunk.logp_old is not None else logp.detach()
+        logp_ref = as_padded(chunk.logp_ref, mask) if cfg.loss.kl_coef > 0 else None
+        adv = torch.tensor(chunk.advantages, dtype=torch.float32, device=dist.device)  # [b]
         loss, metrics = tgrpo_loss(logp, logp_old, adv, mask, normalizer, cfg.loss, logp_ref)
         (loss * weight).backward()
         if not weight:
             continue
-        # tensors, read once per step in reduce_sums: .item() per micro-batch would sync a GPU each time
         tokens, sequences = metrics["tokens"].double(), metrics["sequences"].double()
         for key in TOKEN_METRICS:
             sums[key] += metrics[key].double() * tokens
@@ -99,17 +112,19 @@ def update(policy, optimizer, batch: list[dict], normalizer: int, pad_id: int, c
             sums[key] += metrics[key].double() * sequences
         sums["tokens"] += tokens
         sums["sequences"] += sequences
-        sampler_logp = as_padded([torch.tensor(s["sampler_logprobs"]) for s in chunk], mask)
+        sampler_logp = as_padded([torch.tensor(lp) for lp in chunk.sampler_logprobs], mask)
         sums["gap"] += ((sampler_logp - logp_old.float()).abs() * mask).sum().double()  # the sampler/trainer gap
     if dist.sharded and cfg.fsdp.defer_grad_sync:
         policy.set_requires_gradient_sync(True)
-    return clipped_step(policy, optimizer, cfg.optim.grad_clip)
+    grad_norm, applied = clipped_step(policy, optimizer, cfg.optim.grad_clip)
+    return grad_norm, applied, sums
 
 
-def reduce_sums(sums: dict, dist: Dist) -> dict:
-    """Loss metrics over all ranks: token-weighted and sequence-weighted means."""
-    keys = sorted(sums)
-    total = all_reduce(torch.stack([torch.as_tensor(sums[k], dtype=torch.float64).cpu() for k in keys]), dist)
+def reduce_sums(sums: list[dict], dist: Dist) -> dict:
+    """Loss metrics of a step's updates (each one's `sums`) over all ranks: token- and sequence-weighted means."""
+    keys = sorted(sums[0])
+    total = all_reduce(torch.stack([sum(torch.as_tensor(s[k], dtype=torch.float64).cpu() for s in sums)
+                                    for k in keys]), dist)
     s = dict(zip(keys, total.tolist()))
     out = {f"actor/{k}": s[k] / max(s["tokens"], 1) for k in TOKEN_METRICS}
     out.update({f"actor/{k}": s[k] / max(s["sequences"], 1) for k in SEQUENCE_METRICS})

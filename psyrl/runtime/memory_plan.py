@@ -11,7 +11,7 @@ planned again with one setting changed at a time (then two), and the first chang
 breaking a phase that fitted, is its fix.
 
 Every formula says where it comes from: the code it counts (psyrl, transformers' Qwen2, torch's FSDP2) or an
-assumption, stated. What is measured (tests/test_memory_plan.py): the parameter counts (transformers on the meta
+assumption, stated. What is measured (tests/runtime/test_memory_plan.py): the parameter counts (transformers on the meta
 device), the FSDP2 shard, gradient and AdamW bytes per rank (2 gloo ranks), a decoder layer's saved bytes (exact, in
 float32 and bf16) and the activation and log-prob peak of one forward/backward on a CPU in float32 (within 15 %).
 What is not: anything on a GPU (the CUDA allocator's fragmentation, sdpa's GPU kernels, vLLM's own figures are
@@ -134,7 +134,7 @@ def shapes(architecture) -> Shapes:
 def layer_saved_per_token(sh: Shapes, b: int) -> int:
     """Bytes one Qwen2 decoder layer saves for backward per token, compute dtype of b bytes (modeling_qwen2.py
     with sdpa; a padded batch, so sdpa gets a mask and the GQA k/v are repeated to all heads). Measured on a CPU in
-    float32 to the byte per layer (tests/test_memory_plan.py lists the saved tensors)."""
+    float32 to the byte per layer (tests/runtime/test_memory_plan.py lists the saved tensors)."""
     H, q, kv, ffn = sh.hidden, sh.heads * sh.head_dim, sh.kv_heads * sh.head_dim, sh.intermediate
     norms = 2 * ((4 + 2 * b) * H + 4)  # each RMSNorm: float32 input (pow, mul), normalised value, output; rsqrt
     # the rotary muls save only cos and sin (q and k need no saving: cos/sin carry no gradient); sdpa saves q_embed,
@@ -319,17 +319,6 @@ def plan(cfg, architecture, gpus: int, gpu_memory_gib: float, host_memory_gib: f
     if result.host_fits is False:
         result.host_fix = _find_fix(cfg, sh, gpus, gpu_memory_gib, host_memory_gib, trainer, "host", result)
     return result
-
-
-def suggest_gpu_memory_utilization(cfg, architecture, gpus: int, gpu_memory_gib: float,
-                                   trainer: str = "tgrpo") -> float:
-    """The largest multiple of 0.05 for sampler.gpu_memory_utilization with which the rollout fits beside the
-    trainer's resident memory in this fsdp.offload mode with SUGGEST_MARGIN_GIB to spare, and the vLLM pool still
-    holds the KV cache of one max_model_len sequence. ValueError when no value does."""
-    value, why = _suggest(cfg, shapes(architecture), gpus, gpu_memory_gib, trainer)
-    if value is None:
-        raise ValueError(why)
-    return value
 
 
 def _suggest(cfg, sh: Shapes, gpus: int, gpu_memory_gib: float, trainer: str) -> tuple[float | None, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -197,6 +198,21 @@ def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, p
                                   temperature) for start in range(0, rows.shape[0], chunk)]
     values = torch.cat(pieces) if pieces else rows.new_zeros(0, dtype=torch.float32)  # [N]
     return torch.zeros(positions.shape, dtype=torch.float32, device=values.device).masked_scatter(positions, values)
+
+
+def collate(token_ids: Sequence[Sequence[int]], prompt_lengths: Sequence[int], pad_id: int):
+    """Right-padded input_ids, attention_mask [B, T] and the response mask [B, T-1] (True where token t+1 is
+    response: position t predicts it) of sequences whose first prompt_lengths[i] tokens are the prompt."""
+    width = max(len(ids) for ids in token_ids)
+    input_ids = torch.full((len(token_ids), width), pad_id, dtype=torch.long)  # [B, T]
+    attention_mask = torch.zeros((len(token_ids), width), dtype=torch.long)  # [B, T]
+    response_mask = torch.zeros((len(token_ids), width - 1), dtype=torch.bool)  # [B, T-1]
+    for row, (ids, prompt_len) in enumerate(zip(token_ids, prompt_lengths)):
+        n = len(ids)
+        input_ids[row, :n] = torch.tensor(ids)
+        attention_mask[row, :n] = 1
+        response_mask[row, prompt_len - 1:n - 1] = True
+    return input_ids, attention_mask, response_mask
 
 
 class Policy(nn.Module):

@@ -59,7 +59,7 @@ def import_vllm():
         lambda record: record.getMessage() != "Chat template warmup failed")
     if vllm.__version__.split("+")[0] != VLLM_VERSION:
         print(f"warning: vLLM {vllm.__version__} is installed; psyrl's engine calls were written for "
-              f"{VLLM_VERSION} (psyrl/vllm_sampler.py, `engine_call`)", flush=True)
+              f"{VLLM_VERSION} (psyrl/runtime/vllm_sampler.py, `engine_call`)", flush=True)
     return vllm
 
 

@@ -16,6 +16,7 @@ import torch
 from psyrl.core import prompts
 from psyrl.core.config import PromptConfig
 from psyrl.core.records import StimuliRecord, sft_target
+from psyrl.runtime.model import collate
 
 
 @dataclass(frozen=True)
@@ -45,20 +46,6 @@ def build_examples(records: Sequence[StimuliRecord], tokenizer, cfg: PromptConfi
     return examples, dict(counts)
 
 
-def collate(examples: Sequence[SFTExample], pad_id: int):
-    """Right-padded input_ids, attention_mask [B, T] and loss_mask [B, T-1] (True where target t+1 is response)."""
-    width = max(len(e.input_ids) for e in examples)
-    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)  # [B, T]
-    attention_mask = torch.zeros((len(examples), width), dtype=torch.long)  # [B, T]
-    loss_mask = torch.zeros((len(examples), width - 1), dtype=torch.bool)  # [B, T-1]
-    for row, e in enumerate(examples):
-        n = len(e.input_ids)
-        input_ids[row, :n] = torch.tensor(e.input_ids)
-        attention_mask[row, :n] = 1
-        loss_mask[row, e.prompt_len - 1:n - 1] = True  # target position t predicts token t+1
-    return input_ids, attention_mask, loss_mask
-
-
 def response_tokens(examples: Sequence[SFTExample]) -> int:
     return sum(len(e.input_ids) - e.prompt_len for e in examples)
 
@@ -78,7 +65,7 @@ def micro_batch_losses(policy, examples: Sequence[SFTExample], size: int, pad_id
     starts = range(0, len(examples), size)
     for k in range(max(len(starts), batches)):
         chunk, weight = (examples[starts[k]:starts[k] + size], 1.0) if k < len(starts) else ([filler], 0.0)
-        input_ids, attention_mask, loss_mask = (t.to(device) for t in collate(chunk, pad_id))
+        input_ids, attention_mask, loss_mask = (t.to(device) for t in collate([e.input_ids for e in chunk], [e.prompt_len for e in chunk], pad_id))
         with amp:
             logp = policy(input_ids, attention_mask, 1.0, loss_mask)  # [b, T-1]
         yield sft_loss(logp, loss_mask, normalizer) * weight

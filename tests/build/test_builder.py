@@ -14,13 +14,15 @@ from launch import run as launch
 from psyrl.build.build_run import BuildError, BuildRun
 from psyrl.build.builder import build_comparison, build_qa
 from psyrl.build.catalogue import load_catalogue
+from psyrl.build.cli import build_group
 from psyrl.build.generation_log import Sampling, prompt_sha
 from psyrl.build.labelled import load_labelled
 from psyrl.build.reasoning import build_reasoning
 from psyrl.build.topics import build_topics
 from psyrl.cli import main
-from psyrl.core.config import ModelConfig
+from psyrl.core.config import ModelConfig, SamplerConfig
 from psyrl.core.records import DataError, StimuliRecord, load_stimuliqa, sft_target, write_jsonl
+from psyrl.core.tomlconf import field_docs
 from psyrl.runtime.distributed import ONE_PROCESS
 from psyrl.runtime.model import load_model, load_tokenizer
 from psyrl.runtime.sampler import Sample
@@ -271,6 +273,27 @@ def test_cli_refuses_bad_input_before_loading_a_model(tmp_path):
     result = CliRunner().invoke(main, ["build", "qa", "--catalogue", CATALOGUE, "--table", TABLE, "--model", "m",
                                        "--out", "o", "--top-p", "0"])
     assert result.exit_code == 2 and "--top-p must be in (0, 1]" in result.output
+    result = CliRunner().invoke(main, ["build", "qa", "--catalogue", CATALOGUE, "--table", TABLE, "--model", "m",
+                                       "--out", "o", "--temperature", "-1", "--max-new-tokens", "0", "--samples", "0",
+                                       "--batch", "0", "--tensor-parallel", "0", "--gpu-memory-utilization", "1.5",
+                                       "--seed", "-1"])  # any seed goes: run.seed's >= 0 is not the tools'
+    assert result.exit_code == 2 and ("--temperature must be >= 0; --max-new-tokens must be >= 1; --samples must be "
+                                      ">= 1; --batch must be >= 1; --tensor-parallel must be >= 1; "
+                                      "--gpu-memory-utilization must be in (0, 1]") in result.output
+
+
+def test_generation_options_are_the_config_keys_with_the_builders_defaults():
+    options = {p.name: p for p in build_group.commands["topics"].params}
+    defaults = {name: options[name].default for name in ("temperature", "top_p", "max_new_tokens", "samples",
+                                                         "seed", "batch", "dtype", "engine", "progress")}
+    assert defaults == {"temperature": 0.7, "top_p": 0.95, "max_new_tokens": 1024, "samples": 4, "seed": 0,
+                        "batch": 16, "dtype": "auto", "engine": "torch", "progress": True}
+    assert {p.name: p.default for p in build_group.commands["qa"].params}["max_new_tokens"] == 512
+    # the help is the config key's docstring, cut where it stops holding for a tool that only generates
+    assert options["tensor_parallel"].help == field_docs(SamplerConfig)["tensor_parallel"]
+    assert options["dtype"].help.startswith("Compute dtype (A.3/A.4: bf16). bfloat16: autocast with torch")
+    assert tuple(options["dtype"].type.choices) == ("auto", "float32", "bfloat16")  # the tools add auto
+    assert options["temperature"].help == "Sampling temperature. 0 = greedy."
 
 
 @pytest.mark.slow

@@ -147,7 +147,7 @@ def test_table_columns_ignored_chosen_and_jsonl_errors(tmp_path):
     bad = write(tmp_path, "t.jsonl", '{"id": "a", "stimuli": "x", "B_disap": true}\nnot json\n')
     with pytest.raises(DataError) as e:
         load_labelled(bad, catalogue)
-    assert f"{bad}:2: Expecting value" in str(e.value)
+    assert f"{bad}:2: invalid JSON (Expecting value at column 1)" in str(e.value)
     with pytest.raises(DataError, match=r"t.jsonl:1: 'B_disap': true is not a number"):
         load_labelled(write(tmp_path, "t.jsonl", '{"id": "a", "stimuli": "x", "B_disap": true}\n'), catalogue)
     with pytest.raises(DataError, match="holds no stimuli"):

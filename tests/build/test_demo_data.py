@@ -1,4 +1,4 @@
-"""The synthetic demo set (psyrl/demo_data.py): deterministic, shipped files == a fresh generation, clean splits."""
+"""The synthetic demo set (psyrl/build/demo_data.py): deterministic, shipped files == a fresh generation, clean splits."""
 
 from pathlib import Path
 

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from psyrl.cli import README_END, README_START, main
 from psyrl.core.config import ConfigError, config_reference, dump_config, load_config
-from psyrl.runtime.memory_plan import load_architecture, suggest_gpu_memory_utilization
+from psyrl.runtime.memory_plan import load_architecture, plan
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(ROOT.glob("configs/**/*.toml"))
@@ -60,7 +60,7 @@ def test_gpu_tgrpo_configs_carry_appendix_a3(size):
     assert c.checkpoint.export_dtype == "bfloat16"
     # the engine's memory fraction is computed for 4 x 48 GiB (A6000) beside what the trainer keeps, not copied
     architecture, _ = load_architecture(c.model)
-    assert c.sampler.gpu_memory_utilization == suggest_gpu_memory_utilization(c, architecture, 4, 48)
+    assert c.sampler.gpu_memory_utilization == plan(c, architecture, 4, 48).suggested_utilization
     assert c.rollout.prompts % c.optim.global_batch == 0 and c.optim.global_batch % 4 == 0  # 4 GPUs
 
 

@@ -13,6 +13,7 @@ from psyrl.core.records import (
     load_benchmark,
     load_stimuliqa,
     next_indices,
+    read_jsonl,
     sft_target,
     split_by_variable,
     write_jsonl,
@@ -82,6 +83,36 @@ def test_bad_encoding_is_a_line_error_and_a_bom_is_fine(tmp_path):
                      .replace(b"sad", b"s\xe9d") + b"\n")
     with pytest.raises(DataError, match=r"s\.jsonl:2: not valid UTF-8 \(byte \d+ of the line\)"):
         load_stimuliqa(path)
+
+
+def test_read_jsonl_names_lines_and_drops_a_torn_end_only_when_asked(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b'{"a": 1}\n\n[2]\n{"a": 3')  # line 2 blank; line 4 cut short by a crash (no newline)
+    with pytest.raises(DataError, match=r"r\.jsonl:4: invalid JSON \(Expecting ',' delimiter at column 8\)$"):
+        read_jsonl(path)
+    torn = []
+    assert read_jsonl(path, torn=torn) == [(1, {"a": 1}), (3, [2])]
+    assert torn == [(4, "invalid JSON (Expecting ',' delimiter at column 8)")]
+    # a bad line that ends in its newline is damage, not a crash: only `bad` takes it
+    path.write_bytes(b'{"a": 1}\n{oops\n{"a": 3}')
+    with pytest.raises(DataError, match=r"r\.jsonl:2: invalid JSON"):
+        read_jsonl(path, torn=[])
+    bad = []
+    assert read_jsonl(path, bad=bad) == [(1, {"a": 1}), (3, {"a": 3})] and [n for n, _ in bad] == [2]
+    # bad UTF-8 is named by its line and byte; a byte-order mark is no content
+    path.write_bytes(b'\xef\xbb\xbf{"a": 1}\n{"a": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=r"r\.jsonl:2: not valid UTF-8 \(byte 11 of the line\)"):
+        read_jsonl(path)
+    # a value `parse` refuses is a bad line too, torn or not
+    path.write_text('{"a": 1}\n{"b": 2}')
+
+    def parse(value):
+        if "a" not in value:
+            raise ValueError("no key 'a'")
+        return value["a"]
+    with pytest.raises(DataError, match=r"r\.jsonl:2: no key 'a'"):
+        read_jsonl(path, parse)
+    assert read_jsonl(path, parse, torn=[]) == [(1, 1)]
 
 
 def test_labels_are_optional_for_sft_sets(tmp_path):

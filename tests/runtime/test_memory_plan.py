@@ -1,4 +1,4 @@
-"""`psyrl plan` (psyrl/memory_plan.py): parameter counts against transformers, FSDP2 shard bytes measured on 2 gloo
+"""`psyrl plan` (psyrl/runtime/memory_plan.py): parameter counts against transformers, FSDP2 shard bytes measured on 2 gloo
 ranks, activation and log-prob memory measured on a CPU, the CLI end to end, and the suggested
 gpu_memory_utilization by hand."""
 
@@ -26,7 +26,6 @@ from psyrl.runtime.memory_plan import (
     plan,
     shapes,
     shipped_architecture_dir,
-    suggest_gpu_memory_utilization,
 )
 from psyrl.runtime.model import load_tokenizer, model_config
 
@@ -246,7 +245,7 @@ def test_installed_command_runs():
     assert "memory plan: fits" in result.stdout
 
 
-# ---------------------------------------------------------------- 5. suggest_gpu_memory_utilization by hand
+# ---------------------------------------------------------------- 5. the suggested gpu_memory_utilization by hand
 SMALL = Qwen2Config(vocab_size=65536, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
                     num_key_value_heads=4, intermediate_size=4096, tie_word_embeddings=True)
 # one layer: q 1024x1024 + 1024, k and v 256x1024 + 256 each, o 1024x1024, gate/up/down 3 x 4096x1024, norms 2x1024
@@ -265,10 +264,10 @@ def test_suggested_gpu_memory_utilization_by_hand():
     # none: the trainer keeps float32 shards (4 B) + AdamW (8 B) on the GPU during the rollout:
     #   12 x 94,386,688 = 1,132,640,256 B = 1.0549 GiB; + CUDA context 0.6 + margin 2 = 3.6549 GiB beside the pool
     #   on 9 GiB: util x 9 <= 9 - 3.6549 = 5.3451 -> util <= 0.5939 -> 0.55 (0.60 x 9 = 5.4 is too much)
-    assert suggest_gpu_memory_utilization(cfg, SMALL, 2, 9) == 0.55
+    assert plan(cfg, SMALL, 2, 9).suggested_utilization == 0.55
     # phase: nothing of the trainer's on the GPU: util x 9 <= 9 - 0.6 - 2 = 6.4 -> util <= 0.7111 -> 0.70
     phase = load_config(None, [*SETTINGS, 'fsdp.offload="phase"'])
-    assert suggest_gpu_memory_utilization(phase, SMALL, 2, 9) == 0.70
+    assert plan(phase, SMALL, 2, 9).suggested_utilization == 0.70
     # the KV cache of one sequence: at 0.70 the pool is 6.3 GiB; weights 2 B x P = 377,546,752 B; activation
     #   8192 tokens x 2 B x (2 x 1024 + 3 x 4096) + 16 seqs x 65536 x 16 B = 234,881,024 + 16,777,216 B; no graphs:
     #   KV = 6,764,573,491 - 377,546,752 - 251,658,240 = 6,135,368,499 B; a sequence is 2048 tokens x
@@ -278,8 +277,8 @@ def test_suggested_gpu_memory_utilization_by_hand():
     # a max_model_len of 1,048,576 tokens: one sequence's KV cache is 1,048,576 x 8,192 B = 8 GiB, more than the
     # pool at the largest utilisation that fits (0.55: 4.95 GiB, less weights and activation): none does
     long = load_config(None, [*SETTINGS, 'fsdp.offload="none"', "rollout.max_new_tokens=1047552"])
-    with pytest.raises(ValueError, match="no sampler.gpu_memory_utilization"):
-        suggest_gpu_memory_utilization(long, SMALL, 2, 9)
+    none = plan(long, SMALL, 2, 9)
+    assert none.suggested_utilization is None and "no sampler.gpu_memory_utilization" in none.suggestion_note
 
 
 def test_update_parts_are_fsdp_shards():

@@ -56,7 +56,7 @@ def test_plot_and_summary_refuse_bad_input_with_the_file_and_line(tmp_path):
         f.write('{"step": 21, "reward/final": 0.5\n')  # a line cut short by a crash
     for command in ("plot", "summary"):
         result = runner.invoke(main, [command, str(bad)])
-        assert result.exit_code != 0 and f"{bad / 'metrics.jsonl'}:22: not valid JSON" in result.output, command
+        assert result.exit_code != 0 and f"{bad / 'metrics.jsonl'}:22: invalid JSON" in result.output, command
     sft = tmp_path / "sft"
     sft.mkdir()
     (sft / "metrics.jsonl").write_text('{"step": 1, "train/loss": 2.0}\n')

@@ -6,8 +6,8 @@ import torch
 from psyrl.core import prompts
 from psyrl.core.config import ModelConfig, PromptConfig
 from psyrl.core.records import StimuliRecord
-from psyrl.runtime.model import load_model, load_tokenizer, token_logprobs
-from psyrl.train.sft import build_examples, collate, response_tokens, sft_loss
+from psyrl.runtime.model import collate, load_model, load_tokenizer, token_logprobs
+from psyrl.train.sft import build_examples, response_tokens, sft_loss
 
 RECORDS = [StimuliRecord(f"s/{i}", f"My friend called me {i} times.", "How did I feel?", ans, "B_x",
                          "emotional reactions", "specific emotions", reason)
@@ -23,7 +23,7 @@ def qwen():
 def test_loss_mask_covers_exactly_the_target_and_end_of_turn(qwen):
     examples, counts = build_examples(RECORDS, qwen, PromptConfig(), max_length=2048)
     assert counts == {"kept": 2, "no_reasoning": 1, "too_long": 0}
-    input_ids, attention_mask, loss_mask = collate(examples, qwen.pad_token_id)
+    input_ids, attention_mask, loss_mask = collate([e.input_ids for e in examples], [e.prompt_len for e in examples], qwen.pad_token_id)
     for row, (example, record) in enumerate(zip(examples, [RECORDS[0], RECORDS[2]])):
         targets = input_ids[row, 1:][loss_mask[row]]
         assert qwen.decode(targets) == f"<think>{record.reasoning}</think><answer>{record.answer}</answer><|im_end|>"
@@ -60,7 +60,8 @@ def test_gradient_does_not_depend_on_micro_batching(qwen):
     for micro in (1, 2, 3):
         model.zero_grad()
         for start in range(0, len(examples), micro):
-            ids, mask, loss_mask = collate(examples[start:start + micro], qwen.pad_token_id)
+            ids, mask, loss_mask = collate([e.input_ids for e in examples[start:start + micro]],
+                                          [e.prompt_len for e in examples[start:start + micro]], qwen.pad_token_id)
             sft_loss(token_logprobs(model, ids, mask, 1.0, loss_mask), loss_mask, normalizer).backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-5)
