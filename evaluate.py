@@ -1,14 +1,16 @@
-"""Evaluation on the OOD benchmarks (paper §4.1 "Metrics", appendix B, SPEC §7): F1 and F1-accuracy per benchmark
-and per task, for any local Hugging Face checkpoint.
+"""Evaluation on the OOD benchmarks (paper §4.1 "Metrics", appendix B, SPEC §7): F1 and F1-accuracy
+per benchmark and per task, for any local Hugging Face checkpoint.
 
     python evaluate.py --model runs/tiny-tgrpo/hf --limit 10 --out runs/eval/tiny
-    torchrun --nproc_per_node N evaluate.py --model DIR ...        (items split across ranks, one model per rank)
-    python evaluate.py compare RUN_A RUN_B ...                     (Table 2/3-style, deltas against RUN_A)
+    torchrun --nproc_per_node N evaluate.py --model DIR ...        (items split across ranks, one
+    model per rank)
+    python evaluate.py compare RUN_A RUN_B ...                     (Table 2/3-style, deltas against
+    RUN_A)
     python evaluate.py lengths RUN_A [RUN_B] --out fig6.png        (RQ5 / Figure 6)
 
 Responses come from the sampler interface of the trainers (`psyrl.runtime.sampler`), one per item,
-seeded per item id: an item's random draws do not depend on the ranks, the batch, --limit or a resume
-(its logits can, in their last bits, with the batch's shapes). Predictions are appended to
+seeded per item id: an item's random draws do not depend on the ranks, the batch, --limit or a
+resume (its logits can, in their last bits, with the batch's shapes). Predictions are appended to
 `<out>/predictions.jsonl` as they finish; a second run with the same --out and generation settings
 skips the items already there (an interrupted evaluation resumes). At the end: predictions.jsonl in
 item order, results.json, results.md. ToMbench's licence says "evaluation only": `psyrl self-label`
@@ -60,13 +62,25 @@ from psyrl.runtime.vllm_sampler import VLLMUnavailable  # imports no vLLM until 
 
 BENCHMARK_DIR = Path(__file__).resolve().parent / "data" / "benchmarks"
 OUTPUT_FILES = ("predictions.jsonl", "eval.json", "results.json", "results.md", "lengths.png")
-GENERATION_KEYS = ("model", "model_fingerprint", "tokenizer", "prompt", "temperature", "top_p", "seed",
-                   "max_new_tokens", "dtype", "engine")  # what a resume must share with the run it continues
-DEFAULTS_BEFORE = {"engine": "torch"}  # settings absent from the eval.json of an older psyrl: what it used
+GENERATION_KEYS = (
+    "model",
+    "model_fingerprint",
+    "tokenizer",
+    "prompt",
+    "temperature",
+    "top_p",
+    "seed",
+    # what a resume must share with the run it continues
+    "max_new_tokens",
+    "dtype",
+    "engine")
+# settings absent from the eval.json of an older psyrl: what it used
+DEFAULTS_BEFORE = {"engine": "torch"}
 
 
 def model_label(model_dir: Path) -> str:
-    """A row label: `tiny-tgrpo` for runs/tiny-tgrpo/hf, `tiny-sft/step-200` for a checkpoint's hf/."""
+    """A row label: `tiny-tgrpo` for runs/tiny-tgrpo/hf, `tiny-sft/step-200` for a checkpoint's
+    hf/."""
     path = Path(os.path.abspath(model_dir))  # not resolve(): a symlinked hf/ keeps its run's name
     if path.name != "hf":
         return path.name
@@ -88,30 +102,41 @@ def split_specs(values) -> list[str]:
              "slower on the benchmarks' long ones; on a GPU take more.",
     "engine": "The two draw differently: a resume keeps the engine.",
 })
-@click.option("--benchmarks", multiple=True, metavar="NAME|FILE[,...]",
-              help=f"Benchmark names ({', '.join(PAPER_BENCHMARKS)}; extra: {', '.join(EXTRA_BENCHMARKS)}) or JSONL "
-                   "files in the benchmark or StimuliQA schema; repeatable or comma-separated. Default: the paper's "
-                   "five.")
+@click.option(
+    "--benchmarks", multiple=True, metavar="NAME|FILE[,...]", help=
+    f"Benchmark names ({', '.join(PAPER_BENCHMARKS)}; extra: {', '.join(EXTRA_BENCHMARKS)}) or "
+    "JSONL files in the benchmark or StimuliQA schema; repeatable or comma-separated. Default: the "
+    "paper's five.")
 @click.option("--benchmark-dir", type=click.Path(file_okay=False), default=str(BENCHMARK_DIR),
               show_default="data/benchmarks next to evaluate.py",
               help="Where the benchmark names are looked up (<dir>/<name>/*.jsonl).")
-@click.option("--prompt", "mode", type=click.Choice(["cot", "direct"]), default="cot", show_default=True,
+@click.option("--prompt", "mode", type=click.Choice(["cot",
+                                                     "direct"]), default="cot", show_default=True,
               help="Appendix A.1 instruction: think then answer, or answer only.")
-@click.option("--limit", type=int, default=0, show_default=True,
-              help="At most N items per benchmark task (StimuliQA: per subdimension), a seeded choice; 0 = all.")
-@click.option("--split", "half", type=click.Choice(HALVES), default="all", show_default=True,
-              help="SPEC §8: `selftrain` or `eval` half of every benchmark (a seeded hash of the item id), or all.")
-@click.option("--split-seed", type=int, default=0, show_default=True, help="Seed of the --split hash.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Output directory (predictions.jsonl, results.json, results.md). Default: runs/eval/<model name>.")
-@click.option("--overwrite", is_flag=True, help="Delete --out's earlier evaluate.py files (predictions, results) "
-              "instead of resuming them; other files there are left alone.")
+@click.option(
+    "--limit", type=int, default=0, show_default=True, help=
+    "At most N items per benchmark task (StimuliQA: per subdimension), a seeded choice; 0 = all.")
+@click.option(
+    "--split", "half", type=click.Choice(HALVES), default="all", show_default=True, help=
+    "SPEC §8: `selftrain` or `eval` half of every benchmark (a seeded hash of the item id), or all."
+)
+@click.option("--split-seed", type=int, default=0, show_default=True,
+              help="Seed of the --split hash.")
+@click.option(
+    "--out", "out_dir", type=click.Path(file_okay=False), default=None, help=
+    "Output directory (predictions.jsonl, results.json, results.md). Default: runs/eval/<model "
+    "name>."
+)
+@click.option(
+    "--overwrite", is_flag=True,
+    help="Delete --out's earlier evaluate.py files (predictions, results) "
+    "instead of resuming them; other files there are left alone.")
 @click.pass_context
 def main(click_ctx, gen: GenerationOptions, benchmarks, benchmark_dir, mode, limit, half,
          split_seed, out_dir, overwrite):
-    """Evaluate a checkpoint on the OOD benchmarks: F1 (x100) and F1-accuracy (%) per benchmark and per task, format
-    rate, E choices and response length (results.md, results.json, predictions.jsonl). Sub-commands compare runs and
-    draw the RQ5 length analysis."""
+    """Evaluate a checkpoint on the OOD benchmarks: F1 (x100) and F1-accuracy (%) per benchmark and
+    per task, format rate, E choices and response length (results.md, results.json,
+    predictions.jsonl). Sub-commands compare runs and draw the RQ5 length analysis."""
     if click_ctx.invoked_subcommand is not None:
         if gen.model is not None:
             raise click.UsageError("--model evaluates; it does not go with a sub-command")
@@ -138,11 +163,12 @@ main.add_command(lengths_command, "lengths")
 
 def evaluate(dist, gen: GenerationOptions, specs, benchmark_dir, mode, limit, half, split_seed,
              out: Path, overwrite) -> None:
-    # ---------------------------------------------------------------- inputs, checked before any write
+    # ------------------------------------------------------------- inputs, checked before any write
     sources = resolve_sources(specs, benchmark_dir)
     items = [(s, r) for s in sources for r in select_items(s.records, limit, half, split_seed)]
     if not items:
-        raise EvalError(f"no item to evaluate in {', '.join(s.name for s in sources)} (split {half})")
+        raise EvalError(
+            f"no item to evaluate in {', '.join(s.name for s in sources)} (split {half})")
     generation = load_generation(dist, gen)  # the tokenizer; the model loads after the resume check
     tokenizer, model_dir = generation.tokenizer, Path(gen.model)
     given = {**generation.settings, "prompt": mode}
@@ -154,14 +180,17 @@ def evaluate(dist, gen: GenerationOptions, specs, benchmark_dir, mode, limit, ha
     predictions = out / "predictions.jsonl"
     done: dict[str, dict] = {}
     problem = None
-    if dist.is_main:  # rank 0 decides and writes; the others learn the outcome (no rank left waiting alone)
+    # rank 0 decides and writes; the others learn the outcome (no rank left waiting alone)
+    if dist.is_main:
         try:
             done = {} if overwrite else previous_predictions(out, settings, items)
             out.mkdir(parents=True, exist_ok=True)
-            for name in OUTPUT_FILES if overwrite else ():  # only evaluate.py's own files: --out may hold others
+            # only evaluate.py's own files: --out may hold others
+            for name in OUTPUT_FILES if overwrite else ():
                 (out / name).unlink(missing_ok=True)
             write_text(out / "eval.json", json.dumps(settings, indent=2) + "\n")
-            write_text(predictions, "".join(json.dumps(row) + "\n" for row in done.values()))  # no torn last line
+            # no torn last line
+            write_text(predictions, "".join(json.dumps(row) + "\n" for row in done.values()))
         except (EvalError, OSError) as e:
             problem = str(e)
     problem, done_ids = broadcast_object((problem, set(done)), dist)
@@ -170,20 +199,23 @@ def evaluate(dist, gen: GenerationOptions, specs, benchmark_dir, mode, limit, ha
     sampler = generation.make_sampler()
     prompt_cfg = PromptConfig(mode=mode)
     pending = [(s, r) for s, r in items if r.id not in done_ids]
-    pending.sort(key=lambda item: len(prompts.content(item[1])))  # similar lengths per batch: less padding
+    # similar lengths per batch: less padding
+    pending.sort(key=lambda item: len(prompts.content(item[1])))
     print0(f"evaluate: {model_dir} on {dist.world} x {dist.device}: {len(items)} items "
            f"({', '.join(f'{s.name} {sum(1 for x, _ in items if x is s)}' for s in sources)}); "
            f"{len(done_ids)} already in {predictions}, {len(pending)} to generate", dist)
 
-    # ---------------------------------------------------------------- generate and score, appending as we go
+    # ------------------------------------------------------- generate and score, appending as we go
     stats = {"rank": dist.rank, "items": 0, "response_tokens": 0, "generate_s": 0.0}
     t0 = time.perf_counter()
     per_round = gen.batch * dist.world
-    bar = tqdm(total=len(items), initial=len(done_ids), desc="evaluate", unit="item", dynamic_ncols=True,
-               disable=not (gen.progress and dist.is_main))
-    with predictions.open("a", encoding="utf-8") if dist.is_main else contextlib.nullcontext() as sink:
+    bar = tqdm(total=len(items), initial=len(done_ids), desc="evaluate", unit="item",
+               dynamic_ncols=True, disable=not (gen.progress and dist.is_main))
+    with predictions.open("a",
+                          encoding="utf-8") if dist.is_main else contextlib.nullcontext() as sink:
         for start in range(0, len(pending), per_round):
-            mine = pending[start:start + per_round][dist.rank::dist.world]  # strided: each rank gets short and long
+            # strided: each rank gets short and long
+            mine = pending[start:start + per_round][dist.rank::dist.world]
             texts = [prompts.render(tokenizer, r, prompt_cfg) for _, r in mine]
             ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
             t = time.perf_counter()
@@ -214,13 +246,18 @@ def evaluate(dist, gen: GenerationOptions, specs, benchmark_dir, mode, limit, ha
         return
 
     # ---------------------------------------------------------------- results
-    rows = [done[r.id] for _, r in items]  # item order: the same file for any ranks, batch or resume
+    # item order: the same file for any ranks, batch or resume
+    rows = [done[r.id] for _, r in items]
     write_text(predictions, "".join(json.dumps(row) + "\n" for row in rows))
     results = aggregate(rows)
-    perf = {"ranks": dist.world, "device": str(dist.device), "generated_items": len(pending), "wall_s": wall,
-            "items_per_s": len(pending) / wall if pending and wall > 0 else None, "per_rank": per_rank}
-    write_text(out / "results.json", json.dumps({"settings": settings, "results": results, "perf": perf}, indent=2)
-               + "\n")
+    perf = {
+        "ranks": dist.world, "device": str(dist.device), "generated_items": len(pending),
+        "wall_s": wall, "items_per_s": len(pending) / wall if pending and wall > 0 else None,
+        "per_rank": per_rank
+    }
+    write_text(
+        out / "results.json",
+        json.dumps({"settings": settings, "results": results, "perf": perf}, indent=2) + "\n")
     markdown = results_markdown(model_label(model_dir), results, settings)
     try:
         markdown += "\n## RQ5: Unexpected Outcome Test (ToMbench)\n\n" + counts_markdown(
@@ -229,35 +266,46 @@ def evaluate(dist, gen: GenerationOptions, specs, benchmark_dir, mode, limit, ha
         pass  # no ToMbench Unexpected Outcome Test item in this evaluation
     write_text(out / "results.md", markdown)
     click.echo(markdown)
-    speed = f"{perf['items_per_s']:.2f} items/s over {dist.world} rank(s)" if perf["items_per_s"] else "nothing new"
-    print0(f"evaluate: {len(pending)} items generated in {wall:.1f} s ({speed}); {out}/results.md, results.json, "
-           "predictions.jsonl", dist)
+    speed = f"{perf['items_per_s']:.2f} items/s over {dist.world} rank(s)" if perf[
+        "items_per_s"] else "nothing new"
+    print0(
+        f"evaluate: {len(pending)} items generated in {wall:.1f} s ({speed}); {out}/results.md, "
+        "results.json, predictions.jsonl", dist)
 
 
 def previous_predictions(out: Path, settings: dict, items: list) -> dict[str, dict]:
-    """The finished rows of an earlier run in `out`, by id, after checking it generated the same way; their
-    benchmark and task labels re-derived from this run's sources (a file may have moved)."""
+    """The finished rows of an earlier run in `out`, by id, after checking it generated the same
+    way; their benchmark and task labels re-derived from this run's sources (a file may have
+    moved)."""
     predictions, saved = out / "predictions.jsonl", out / "eval.json"
     if not predictions.exists():
         return {}
     if not saved.is_file():
-        raise EvalError(f"{out} holds predictions.jsonl but no eval.json: not an evaluate.py directory, or damaged; "
-                        "use another --out or --overwrite")
+        raise EvalError(
+            f"{out} holds predictions.jsonl but no eval.json: not an evaluate.py directory, or "
+            "damaged; use another --out or --overwrite")
     try:
         before = json.loads(saved.read_text(encoding="utf-8"))
     except ValueError as e:
         raise EvalError(f"{saved}: {e}; use --overwrite to start again") from None
     before = {**DEFAULTS_BEFORE, **before}
-    changed = [f"{k}: {before.get(k)!r} -> {settings[k]!r}" for k in GENERATION_KEYS if before.get(k) != settings[k]]
+    changed = [
+        f"{k}: {before.get(k)!r} -> {settings[k]!r}" for k in GENERATION_KEYS
+        if before.get(k) != settings[k]
+    ]
     if changed:
-        raise EvalError(f"{out} holds predictions made differently ({'; '.join(changed)}); use another --out, or "
-                        "--overwrite to delete them")
+        raise EvalError(
+            f"{out} holds predictions made differently ({'; '.join(changed)}); use another --out, "
+            "or --overwrite to delete them")
     rows, _ = read_predictions(predictions, tolerate_torn_end=True)
     selected = {r.id: (s, r) for s, r in items}
     outside = sorted({r["id"] for r in rows} - set(selected))
     if outside:
-        raise EvalError(f"{predictions} holds {len(outside)} predictions for items outside this selection (e.g. "
-                        f"{outside[0]!r}); choose a selection that includes them, another --out, or --overwrite")
+        raise EvalError(
+            f"{predictions} holds {len(outside)} predictions for items outside this selection "
+            f"(e.g. {outside[0]!r}); choose a selection that includes them, another --out, or "
+            "--overwrite"
+        )
     for row in rows:
         source, record = selected[row["id"]]
         row["benchmark"], row["task"] = source.name, task_of(record)

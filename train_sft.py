@@ -4,15 +4,16 @@
     torchrun --nproc_per_node N train_sft.py --config ... [--resume]          (FSDP2, SPEC §1)
 
 Loss on response tokens only (the SFT target of SPEC §6 plus the end-of-turn token), normalised by
-the response-token count of the whole optimiser step over all ranks; AdamW; linear warm-up then cosine;
-gradient clipping; a non-finite gradient norm skips the update and is logged. Under torchrun each rank
-takes a contiguous share of every step's sequences on an FSDP2-sharded model (optionally CPU-offloaded,
-bf16 mixed precision). Every `checkpoint.every` steps the model is validated on held-out items (F1,
-format, loss) and saved to `runs/<name>/checkpoints/step-N/` (HF export + resumable state); appendix B
-starts GRPO from the checkpoint with the median F1 (`psyrl select-checkpoint runs/<name>`). The final
-export is `runs/<name>/hf/`. `--resume` continues from the newest complete checkpoint.
-Departures from the paper's stack (LLaMA-Factory + DeepSpeed ZeRO-3): the loss is a token mean over
-the whole optimiser step rather than per micro-batch; over-long examples are dropped, not truncated.
+the response-token count of the whole optimiser step over all ranks; AdamW; linear warm-up then
+cosine; gradient clipping; a non-finite gradient norm skips the update and is logged. Under torchrun
+each rank takes a contiguous share of every step's sequences on an FSDP2-sharded model (optionally
+CPU-offloaded, bf16 mixed precision). Every `checkpoint.every` steps the model is validated on
+held-out items (F1, format, loss) and saved to `runs/<name>/checkpoints/step-N/` (HF export +
+resumable state); appendix B starts GRPO from the checkpoint with the median F1 (`psyrl
+select-checkpoint runs/<name>`). The final export is `runs/<name>/hf/`. `--resume` continues from
+the newest complete checkpoint. Departures from the paper's stack (LLaMA-Factory + DeepSpeed
+ZeRO-3): the loss is a token mean over the whole optimiser step rather than per micro-batch;
+over-long examples are dropped, not truncated.
 """
 
 from __future__ import annotations
@@ -35,25 +36,27 @@ from psyrl.train.run import Run, check_memory_plan, entry_command, run_entry
 from psyrl.train.sft import build_examples, micro_batch_losses, response_tokens
 from psyrl.train.validation import longest_prompt, sample_items, validate
 
-LINE_FIELDS = [("loss", "train/loss", ".4f"), ("grad", "train/grad_norm", ".3f"), ("lr", "train/lr", ".2e"),
-               ("tok/s", "perf/tokens_per_s", ".0f"), ("peak GiB", "perf/peak_mem_gib", ".2f"),
-               ("valid f1", "valid/f1", ".4f"), ("valid acc", "valid/accuracy", ".4f"),
-               ("valid loss", "valid/loss", ".4f")]
+LINE_FIELDS = [("loss", "train/loss", ".4f"), ("grad", "train/grad_norm", ".3f"),
+               ("lr", "train/lr", ".2e"), ("tok/s", "perf/tokens_per_s", ".0f"),
+               ("peak GiB", "perf/peak_mem_gib", ".2f"), ("valid f1", "valid/f1", ".4f"),
+               ("valid acc", "valid/accuracy", ".4f"), ("valid loss", "valid/loss", ".4f")]
 
 
 @entry_command("configs/sft/tiny.toml", "model, optimiser, data position, RNG")
 def main(config_path, overrides, overwrite, resume):
-    """Supervised fine-tuning on StimuliQA-format records (SFT target: <think>reasoning</think><answer>…).
-    Run it with python (one process) or under torchrun (FSDP2 over all ranks)."""
+    """Supervised fine-tuning on StimuliQA-format records (SFT target:
+    <think>reasoning</think><answer>…). Run it with python (one process) or under torchrun (FSDP2
+    over all ranks)."""
     run_entry(train, config_path, overrides, overwrite, resume)
 
 
 def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
-    # ---------------------------------------------------------------- setup: everything checked before any write
+    # --------------------------------------------------- setup: everything checked before any write
     run = Run(cfg, dist, "sft", LINE_FIELDS, overwrite, resume)
     if cfg.optim.global_batch % dist.world:
-        raise click.ClickException(f"optim.global_batch = {cfg.optim.global_batch} must be a multiple of the "
-                                   f"{dist.world} ranks (each rank takes an equal share of every step)")
+        raise click.ClickException(
+            f"optim.global_batch = {cfg.optim.global_batch} must be a multiple of the "
+            f"{dist.world} ranks (each rank takes an equal share of every step)")
     try:
         train_records = load_stimuliqa(cfg.data.train_file)
         valid_records = load_records(cfg.data.valid_file) if cfg.data.valid_file else []
@@ -71,30 +74,35 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
 
     policy.train()
     optimizer = build_optimizer(policy, cfg.optim)
-    amp = contextlib.nullcontext() if dist.sharded else autocast(cfg.model, dist.device)  # FSDP: its own policy
+    # FSDP: its own policy
+    amp = contextlib.nullcontext() if dist.sharded else autocast(cfg.model, dist.device)
     steps, batch, micro = cfg.run.steps, cfg.optim.global_batch, cfg.optim.micro_batch
     state = run.resume(policy, optimizer)
     cursor, skipped_updates = Cursor(**state.get("cursor", {})), state.get("skipped_updates", 0)
     params = sum(p.numel() for p in policy.parameters())
     offload = ", CPU offload" if cfg.fsdp.offload == "always" else ""
-    run.banner(f"{params / 1e6:.2f}M parameters on {dist.world} x {dist.device}"
-               f"{f' (FSDP2{offload})' if dist.sharded else ''}; {counts['kept']} training examples (skipped: "
-               f"{counts['no_reasoning']} without reasoning, {counts['too_long']} over {cfg.data.max_length} "
-               f"tokens); {len(valid_records)} validation items; {steps} steps of {batch} sequences")
+    run.banner(
+        f"{params / 1e6:.2f}M parameters on {dist.world} x {dist.device}"
+        f"{f' (FSDP2{offload})' if dist.sharded else ''}; {counts['kept']} training examples "
+        f"(skipped: {counts['no_reasoning']} without reasoning, {counts['too_long']} over "
+        f"{cfg.data.max_length} tokens); {len(valid_records)} validation items; {steps} steps of "
+        f"{batch} sequences")
 
     sampler = None  # built at the first validation, synced before each later one
 
     def run_validation():
         nonlocal sampler
         if sampler is None:
-            sampler = build_sampler(policy, cfg, tokenizer, dist, cfg.rollout.valid_temperature,  # validates only
+            # validates only
+            sampler = build_sampler(policy, cfg, tokenizer, dist, cfg.rollout.valid_temperature,
                                     longest_prompt(valid_records, tokenizer, cfg))
         else:
             sync_weights(sampler, policy, cfg, dist)
         return validate(policy, sampler, tokenizer, valid_records, cfg, dist)
 
     with run:
-        if valid_records and run.first == 1:  # the untrained model's scores: the baseline of every later row
+        # the untrained model's scores: the baseline of every later row
+        if valid_records and run.first == 1:
             metrics, _ = run_validation()
             run.log({"step": 0, "steps": steps, **metrics}, echo=True)
 
@@ -103,33 +111,39 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
             t0 = time.perf_counter()
             lr = cfg.optim.lr * lr_factor(step - 1, cfg.optim, steps)
             set_lr(optimizer, lr)
-            indices, cursor = next_indices(cursor, len(examples), batch, cfg.run.seed, cfg.data.shuffle)
+            indices, cursor = next_indices(cursor, len(examples), batch, cfg.run.seed,
+                                           cfg.data.shuffle)
             step_examples = [examples[i] for i in indices]
-            normalizer = response_tokens(step_examples)  # global: the gradient does not depend on micro-batching
+            # global: the gradient does not depend on micro-batching
+            normalizer = response_tokens(step_examples)
             loss_sum = torch.zeros((), device=dist.device)
-            for loss in micro_batch_losses(policy, rank_share(step_examples, dist), micro, tokenizer.pad_token_id,
-                                           normalizer, dist.device, amp):
+            for loss in micro_batch_losses(policy, rank_share(step_examples, dist), micro,
+                                           tokenizer.pad_token_id, normalizer, dist.device, amp):
                 loss.backward()
-                loss_sum += loss.detach()  # read once per step: .item() per micro-batch would sync a GPU each time
+                # read once per step: .item() per micro-batch would sync a GPU each time
+                loss_sum += loss.detach()
             grad_norm, applied = clipped_step(policy, optimizer, cfg.optim.grad_clip)
             if not applied:
                 skipped_updates += 1
                 print0(f"step {step}: non-finite gradient norm {grad_norm}; update skipped", dist)
             elapsed = time.perf_counter() - t0
 
-            # ---------------------------------------------------------------- log, validate, checkpoint
+            # ------------------------------------------------------------ log, validate, checkpoint
             peak = all_reduce(torch.tensor(peak_memory_gib(dist.device)), dist, "max")
-            row = {"step": step, "steps": steps, "train/loss": all_reduce(loss_sum, dist).item(),
-                   "train/grad_norm": grad_norm, "train/lr": lr,
-                   "train/tokens": sum(len(e.input_ids) for e in step_examples),
-                   "train/response_tokens": normalizer, "train/skipped_updates": skipped_updates,
-                   "data/epoch": cursor.epoch, "perf/step_s": elapsed, "perf/peak_mem_gib": float(peak)}
+            row = {
+                "step": step, "steps": steps, "train/loss": all_reduce(loss_sum, dist).item(),
+                "train/grad_norm": grad_norm, "train/lr": lr,
+                "train/tokens": sum(len(e.input_ids) for e in step_examples),
+                "train/response_tokens": normalizer, "train/skipped_updates": skipped_updates,
+                "data/epoch": cursor.epoch, "perf/step_s": elapsed, "perf/peak_mem_gib": float(peak)
+            }
             row["perf/tokens_per_s"] = row["train/tokens"] / elapsed
             save = run.should_save(step)
             if valid_records and (save or step == steps):
                 metrics, outputs = run_validation()
                 row.update(metrics)
-            run.log(row)  # before the save: a crash right after it must not lose the row of a step it kept
+            # before the save: a crash right after it must not lose the row of a step it kept
+            run.log(row)
             if save:
                 run.save(step, policy, optimizer, tokenizer,
                          {"cursor": vars(cursor), "skipped_updates": skipped_updates}, {},
@@ -142,7 +156,10 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
         sampler.close()
     if valid_records and cfg.checkpoint.every and dist.is_main:
         step, score, path = select_checkpoint(run.dir, "median")
-        print0(f"sft: median-F1 checkpoint (appendix B): step {step}, valid F1 {score:.4f}, {path / 'hf'}", dist)
+        print0(
+            f"sft: median-F1 checkpoint (appendix B): step {step}, valid F1 {score:.4f}, "
+            f"{path / 'hf'}",
+            dist)
 
 
 if __name__ == "__main__":

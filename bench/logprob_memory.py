@@ -1,5 +1,6 @@
-"""Peak memory of token log-probabilities at Qwen2.5's vocabulary: psyrl's chunked `token_logprobs` vs the
-naive full-logit log-softmax, forward + backward, each in a fresh process (peak RSS above the baseline).
+"""Peak memory of token log-probabilities at Qwen2.5's vocabulary: psyrl's chunked `token_logprobs`
+vs the naive full-logit log-softmax, forward + backward, each in a fresh process (peak RSS above the
+baseline).
 
     python bench/logprob_memory.py [--batch 8 --seq 256 --vocab 151936 --hidden 64]
 """
@@ -33,13 +34,17 @@ else:
 logp.sum().backward()
 elapsed = time.perf_counter() - t0
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"way": way, "peak_above_baseline_gib": (peak - base) / 2**20, "seconds": elapsed}))
+print(json.dumps({"way": way, "peak_above_baseline_gib": (peak - base) / 2**20,
+                  "seconds": elapsed}))
 """
 
 
 def measure(way: str, batch: int, seq: int, vocab: int, hidden: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, way, str(batch), str(seq), str(vocab), str(hidden)],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, way,
+         str(batch),
+         str(seq), str(vocab),
+         str(hidden)], check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -49,11 +54,13 @@ def measure(way: str, batch: int, seq: int, vocab: int, hidden: int) -> dict:
 @click.option("--vocab", default=151936, show_default=True)
 @click.option("--hidden", default=64, show_default=True)
 def main(batch, seq, vocab, hidden):
-    """Print the peak memory of both ways (forward + backward, one decoder layer, tied embeddings)."""
+    """Print the peak memory of both ways (forward + backward, one decoder layer, tied
+    embeddings)."""
     for way in ("naive", "chunked"):
         r = measure(way, batch, seq, vocab, hidden)
-        print(f"{way:8s} {batch}x{seq} vocab {vocab}: peak {r['peak_above_baseline_gib']:.2f} GiB above baseline, "
-              f"{r['seconds']:.2f} s")
+        print(
+            f"{way:8s} {batch}x{seq} vocab {vocab}: peak {r['peak_above_baseline_gib']:.2f} GiB "
+            f"above baseline, {r['seconds']:.2f} s")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,16 @@
-"""Step time and peak GPU memory per phase of `train_tgrpo.py`, next to `psyrl plan`'s prediction for the same
-config on the same GPUs: the check that puts the memory model against a GPU. Run it on a GPU node:
+"""Step time and peak GPU memory per phase of `train_tgrpo.py`, next to `psyrl plan`'s prediction
+for the same config on the same GPUs: the check that puts the memory model against a GPU. Run it on
+a GPU node:
 
     python bench/phase_memory.py [--gpus N] [--modes phase,always] [--out runs/phase-memory]
 
-The model is a random Qwen2 shaped like Qwen2.5-0.5B-Instruct (896 wide, 24 layers, 14 heads, 2 KV heads, MLP 4864,
-tied head) with the shipped Qwen2.5 tokenizer: nothing is downloaded. Each mode runs 2 T-GRPO steps in bf16 with
-the torch engine (what needs no vLLM) on the demo set, then the table compares `metrics.jsonl`'s
-`perf/peak_gib/<phase>` (the trainer's CUDA allocator, reset at each phase) and `time/<phase>` with the plan's
-phase totals. `fsdp.offload = "always"` needs 2 GPUs or more (one process keeps the model in place); on 1 GPU the
-modes compared are `phase` and `none`. `--device cpu --small` runs the same plumbing on a CPU (no memory figures).
+The model is a random Qwen2 shaped like Qwen2.5-0.5B-Instruct (896 wide, 24 layers, 14 heads, 2 KV
+heads, MLP 4864, tied head) with the shipped Qwen2.5 tokenizer: nothing is downloaded. Each mode
+runs 2 T-GRPO steps in bf16 with the torch engine (what needs no vLLM) on the demo set, then the
+table compares `metrics.jsonl`'s `perf/peak_gib/<phase>` (the trainer's CUDA allocator, reset at
+each phase) and `time/<phase>` with the plan's phase totals. `fsdp.offload = "always"` needs 2 GPUs
+or more (one process keeps the model in place); on 1 GPU the modes compared are `phase` and `none`.
+`--device cpu --small` runs the same plumbing on a CPU (no memory figures).
 """
 
 from __future__ import annotations
@@ -28,46 +30,67 @@ from psyrl.core.config import load_config  # noqa: E402
 from psyrl.core.runlog import read_metrics  # noqa: E402
 from psyrl.runtime.memory_plan import GIB, load_architecture, plan  # noqa: E402
 
-SHAPE_05B = ["model.tokenizer=qwen2.5", "model.hidden_size=896", "model.num_layers=24", "model.num_heads=14",
-             "model.num_kv_heads=2", "model.intermediate_size=4864", "model.max_position_embeddings=4096"]
-SMALL = ["model.tokenizer=qwen2.5", "model.hidden_size=64", "model.num_layers=2", "model.num_heads=2",
-         "model.num_kv_heads=1", "model.intermediate_size=128"]
-PHASES = {"rollout": "sample", "experience": "logprobs", "update": "update", "sync": "sync"}  # plan -> laps
+SHAPE_05B = [
+    "model.tokenizer=qwen2.5", "model.hidden_size=896", "model.num_layers=24", "model.num_heads=14",
+    "model.num_kv_heads=2", "model.intermediate_size=4864", "model.max_position_embeddings=4096"
+]
+SMALL = [
+    "model.tokenizer=qwen2.5", "model.hidden_size=64", "model.num_layers=2", "model.num_heads=2",
+    "model.num_kv_heads=1", "model.intermediate_size=128"
+]
+# plan -> laps
+PHASES = {"rollout": "sample", "experience": "logprobs", "update": "update", "sync": "sync"}
 
 
 def settings(mode: str, out: Path, device: str, shape: list[str], tokens: int) -> list[str]:
-    return [*shape, "model.path=", "model.dtype=" + ("bfloat16" if device == "cuda" else "float32"),
-            "model.gradient_checkpointing=true", f"fsdp.offload={mode}", "sampler.engine=torch", "sampler.batch=40",
-            "run.steps=2", "rollout.prompts=16", "rollout.samples=5", "optim.global_batch=8",
-            f"rollout.max_new_tokens={tokens}", "rollout.max_prompt_tokens=448", "optim.micro_batch=4",
-            "optim.logprob_micro_batch=16", "advantage.scope=cache", "rollout.temperature=1.0",
-            'data.valid_file=""', "checkpoint.every=0", "log.progress=false", "log.samples_every=0",
-            "run.memory_check=false", f"run.device={device}", f"run.output_dir={json.dumps(str(out))}",
-            f"run.name={mode}"]
+    return [
+        *shape, "model.path=", "model.dtype=" + ("bfloat16" if device == "cuda" else "float32"),
+        "model.gradient_checkpointing=true", f"fsdp.offload={mode}", "sampler.engine=torch",
+        "sampler.batch=40", "run.steps=2", "rollout.prompts=16", "rollout.samples=5",
+        "optim.global_batch=8", f"rollout.max_new_tokens={tokens}", "rollout.max_prompt_tokens=448",
+        "optim.micro_batch=4", "optim.logprob_micro_batch=16", "advantage.scope=cache",
+        "rollout.temperature=1.0", 'data.valid_file=""', "checkpoint.every=0", "log.progress=false",
+        "log.samples_every=0", "run.memory_check=false", f"run.device={device}",
+        f"run.output_dir={json.dumps(str(out))}", f"run.name={mode}"
+    ]
 
 
 @click.command()
-@click.option("--gpus", type=int, default=None, help="Ranks (default: every visible GPU; 1 on a CPU).")
-@click.option("--modes", default=None, help="Comma-separated fsdp.offload modes (default phase,always; 1 GPU: "
-              "phase,none).")
-@click.option("--out", default="runs/phase-memory", show_default=True, type=click.Path(file_okay=False))
+@click.option("--gpus", type=int, default=None,
+              help="Ranks (default: every visible GPU; 1 on a CPU).")
+@click.option(
+    "--modes", default=None,
+    help="Comma-separated fsdp.offload modes (default phase,always; 1 GPU: "
+    "phase,none).")
+@click.option("--out", default="runs/phase-memory", show_default=True,
+              type=click.Path(file_okay=False))
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
-@click.option("--small", is_flag=True, help="A 2-layer 64-wide model (plumbing check, e.g. on a CPU).")
+@click.option("--small", is_flag=True,
+              help="A 2-layer 64-wide model (plumbing check, e.g. on a CPU).")
 @click.option("--tokens", default=256, show_default=True, help="Response tokens per sample.")
 def main(gpus, modes, out, device, small, tokens):
-    """Step time and peak memory per phase of 2 T-GRPO steps per offload mode, against psyrl plan."""
+    """Step time and peak memory per phase of 2 T-GRPO steps per offload mode, against psyrl
+    plan."""
     gpus = gpus or (torch.cuda.device_count() if device == "cuda" else 1)
     modes = (modes or ("phase,always" if gpus > 1 else "phase,none")).split(",")
     gpu_gib = torch.cuda.get_device_properties(0).total_memory / GIB if device == "cuda" else 48.0
     shape = SMALL if small else SHAPE_05B
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus)] \
-        if gpus > 1 else [sys.executable]
-    lines = [f"psyrl phase memory: {gpus} x {device} ({gpu_gib:.1f} GiB each), torch {torch.__version__}, "
-             f"{'small' if small else '0.5B-shaped'} random Qwen2, {tokens} new tokens"]
+    launcher = [sys.executable]
+    if gpus > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus)]
+    lines = [
+        f"psyrl phase memory: {gpus} x {device} ({gpu_gib:.1f} GiB each), torch "
+        f"{torch.__version__}, {'small' if small else '0.5B-shaped'} random Qwen2, {tokens} new "
+        "tokens"
+    ]
     for mode in modes:
         sets = settings(mode, Path(out), device, shape, tokens)
-        args = [*launcher, str(ROOT / "train_tgrpo.py"), "--config", str(ROOT / "configs/tgrpo/tiny.toml"),
-                "--overwrite", *[a for s in sets for a in ("--set", s)]]
+        args = [
+            *launcher,
+            str(ROOT / "train_tgrpo.py"), "--config",
+            str(ROOT / "configs/tgrpo/tiny.toml"), "--overwrite",
+            *[a for s in sets for a in ("--set", s)]
+        ]
         result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
         if result.returncode:
             lines.append(f"{mode}: failed (exit {result.returncode}): {result.stderr[-2000:]}")
@@ -80,8 +103,11 @@ def main(gpus, modes, out, device, small, tokens):
                      f"{row.get('time/offload', 0):.2f} s")
         for phase, lap in PHASES.items():
             measured = row.get(f"perf/peak_gib/{lap}")
-            lines.append(f"  {phase:<10} {row[f'time/{lap}']:7.2f} s   peak "
-                         f"{'n/a' if measured is None else f'{measured:6.2f} GiB'}   plan {predicted[phase]:6.2f} GiB")
+            lines.append(
+                f"  {phase:<10} {row[f'time/{lap}']:7.2f} s   peak "
+                f"{'n/a' if measured is None else f'{measured:6.2f} GiB'}   plan "
+                f"{predicted[phase]:6.2f} GiB"
+            )
     print("\n".join(lines))
 
 

@@ -24,10 +24,11 @@ from psyrl.rl.trajectory_cache import TrajectoryCache
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = (
-    "she he they felt feel thinks believes wanted because after before the a an her his their friend mother "
-    "teacher work school home angry sad happy proud anxious relieved guilty ashamed surprised lonely hopeful "
-    "grateful jealous calm upset excited worried tired lost found gave took said told asked left stayed "
-    "again never always maybe perhaps so but and or not very quite really, . ! ? ; don't it's well-being"
+    "she he they felt feel thinks believes wanted because after before the a an her his their "
+    "friend mother teacher work school home angry sad happy proud anxious relieved guilty ashamed "
+    "surprised lonely hopeful grateful jealous calm upset excited worried tired lost found gave "
+    "took said told asked left stayed again never always maybe perhaps so but and or not very "
+    "quite really, . ! ? ; don't it's well-being"
 ).split()
 
 
@@ -48,8 +49,10 @@ def make_responses(n: int, words: int, seed: int) -> tuple[list[str], list[str],
 @click.command()
 @click.option("--n", default=10_000, show_default=True, help="Number of responses scored.")
 @click.option("--words", default=300, show_default=True, help="Approximate words per response.")
-@click.option("--repeats", default=3, show_default=True, help="Timed repetitions; the best is reported.")
-@click.option("--config", default=str(ROOT / "configs/tgrpo/tiny.toml"), show_default=True, help="Reward config.")
+@click.option("--repeats", default=3, show_default=True,
+              help="Timed repetitions; the best is reported.")
+@click.option("--config", default=str(ROOT / "configs/tgrpo/tiny.toml"), show_default=True,
+              help="Reward config.")
 def main(n, words, repeats, config):
     cfg = load_config(config, ["reward.variant=bilateral"]).reward
     responses, golds, lengths = make_responses(n, words, seed=0)
@@ -72,12 +75,19 @@ def main(n, words, repeats, config):
     normalize_s = time.perf_counter() - start  # the repetition penalty's share, timed alone
     chars = sum(map(len, responses)) / n
     print(
-        f"{platform.processor() or platform.machine()}, python {platform.python_version()}, torch {torch.__version__}"
+        f"{platform.processor() or platform.machine()}, python {platform.python_version()}, torch "
+        f"{torch.__version__}"
     )
-    print(f"scored {n} responses of ~{words} words ({chars:.0f} chars) with the '{cfg.variant}' reward")
+    print(
+        f"scored {n} responses of ~{words} words ({chars:.0f} chars) with the '{cfg.variant}' "
+        "reward"
+    )
     runs = ", ".join(f"{t:.3f}" for t in times)
     print(f"best of {repeats}: {best:.3f} s = {n / best:,.0f} responses/s (all runs: {runs} s)")
-    print(f"per response: {best / n * 1e6:.0f} us, of which normalising the think text {normalize_s / n * 1e6:.0f} us")
+    print(
+        f"per response: {best / n * 1e6:.0f} us, of which normalising the think text "
+        f"{normalize_s / n * 1e6:.0f} us"
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""The torch sampler's cost: one exact top-p draw at Qwen2.5's vocabulary (psyrl's rejection draw vs the
-nucleus found by a full sort, as HF's TopPLogitsWarper and vLLM's torch path do), and sampling throughput of the
-tiny model with its KV cache.
+"""The torch sampler's cost: one exact top-p draw at Qwen2.5's vocabulary (psyrl's rejection draw vs
+the nucleus found by a full sort, as HF's TopPLogitsWarper and vLLM's torch path do), and sampling
+throughput of the tiny model with its KV cache.
 
     python bench/sampler_speed.py [--rows 16 --vocab 151936 --repeats 20]
 """
@@ -53,13 +53,19 @@ def main(rows, vocab, repeats):
     tokenizer = load_tokenizer(cfg.model)
     model = load_model(cfg.model, tokenizer, seed=0)
     sampler = TorchSampler(model, tokenizer, torch.device("cpu"), batch=80)
-    prompts = [tokenizer(f"question {i}: how angry was I?", add_special_tokens=False)["input_ids"] for i in range(16)]
+    prompts = [
+        tokenizer(f"question {i}: how angry was I?", add_special_tokens=False)["input_ids"]
+        for i in range(16)
+    ]
     t0 = time.perf_counter()
     groups = sampler.generate(prompts, 5, 1.0, top_p, 64, seed=0)
     seconds = time.perf_counter() - t0
     tokens = sum(len(s.token_ids) for g in groups for s in g)
-    print(f"tiny model ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab {len(tokenizer)}): "
-          f"16 prompts x 5 samples x 64 new tokens in {seconds:.2f} s, {tokens / seconds:.0f} tokens/s")
+    print(
+        f"tiny model ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, vocab "
+        f"{len(tokenizer)}): 16 prompts x 5 samples x 64 new tokens in {seconds:.2f} s, "
+        f"{tokens / seconds:.0f} tokens/s"
+    )
 
 
 if __name__ == "__main__":

@@ -1,19 +1,22 @@
 """psyrl's T-GRPO step and TRL's GRPOTrainer step on the identical workload, side by side (issue 6).
 
-    .venv/bin/python bench/step_vs_trl.py            # builds bench/.venv-trl on first use (TRL is bench-only)
+    .venv/bin/python bench/step_vs_trl.py            # builds bench/.venv-trl on first use (TRL is
+    bench-only)
 
-The workload: a random-init Qwen2 (hidden 128, 2 layers, 4 heads, 2 KV heads, FFN 256, vocabulary 151,936, tied
-embeddings) seeded 0, float32, the real Qwen2.5 tokenizer; 8 SocialIQa prompts per step, in file order; G = 5;
-64 new tokens at temperature 1.0, top-p 0.99; KL beta 0.01 against a reference model; lr 1e-6; one update per step;
-one process on 2 cores; 1 warm-up + 5 timed steps, medians.
+The workload: a random-init Qwen2 (hidden 128, 2 layers, 4 heads, 2 KV heads, FFN 256, vocabulary
+151,936, tied embeddings) seeded 0, float32, the real Qwen2.5 tokenizer; 8 SocialIQa prompts per
+step, in file order; G = 5; 64 new tokens at temperature 1.0, top-p 0.99; KL beta 0.01 against a
+reference model; lr 1e-6; one update per step; one process on 2 cores; 1 warm-up + 5 timed steps,
+medians.
 
-Both sides run in the same venv (bench/.venv-trl: torch 2.13.0, transformers 5.19, TRL 1.16, psyrl), each in its
-own process so that each peak RSS is its own. Both get the same prompt token ids (psyrl's `direct` prompt:
-`Stimuli: <context>\\nQuestion: <question>` and the A.1 instruction, one user turn, the chat template) and the same
-reward (psyrl's `base` reward: 0.5 token-set F1 of the extracted answer + 0.5 format), and the same clipped
-surrogate (TRL `loss_type="grpo"`, epsilon 0.2 / 0.3: psyrl's sequence-mean-token-mean and defaults).
-psyrl's step is `train_tgrpo.py` itself, from its `time/*` metrics; TRL's is timed by a callback from the start to
-the end of each optimisation step, and its generation by timing `model.generate`.
+Both sides run in the same venv (bench/.venv-trl: torch 2.13.0, transformers 5.19, TRL 1.16, psyrl),
+each in its own process so that each peak RSS is its own. Both get the same prompt token ids
+(psyrl's `direct` prompt: `Stimuli: <context>\\nQuestion: <question>` and the A.1 instruction, one
+user turn, the chat template) and the same reward (psyrl's `base` reward: 0.5 token-set F1 of the
+extracted answer + 0.5 format), and the same clipped surrogate (TRL `loss_type="grpo"`, epsilon 0.2
+/ 0.3: psyrl's sequence-mean-token-mean and defaults). psyrl's step is `train_tgrpo.py` itself, from
+its `time/*` metrics; TRL's is timed by a callback from the start to the end of each optimisation
+step, and its generation by timing `model.generate`.
 """
 
 from __future__ import annotations
@@ -48,20 +51,25 @@ def ensure_venv() -> Path:
 
 
 def build_workload(work: Path) -> tuple[Path, Path]:
-    """The seeded random model (saved with the Qwen2.5 tokenizer) and the SocialIQa rows as StimuliQA records."""
+    """The seeded random model (saved with the Qwen2.5 tokenizer) and the SocialIQa rows as
+    StimuliQA records."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from psyrl.runtime.model import shipped_tokenizer_dir
 
     torch.manual_seed(0)
-    config = Qwen2Config(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=256, vocab_size=151936, tie_word_embeddings=True)
+    config = Qwen2Config(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=256, vocab_size=151936,
+                         tie_word_embeddings=True)
     model_dir = work / "model"
     Qwen2ForCausalLM(config).to(torch.float32).save_pretrained(model_dir)
     for f in shipped_tokenizer_dir("qwen2.5").iterdir():
         (model_dir / f.name).write_bytes(f.read_bytes())
-    rows = [json.loads(line) for line in (ROOT / "data/benchmarks/socialiqa/dev.jsonl").open(encoding="utf-8")]
+    rows = [
+        json.loads(line)
+        for line in (ROOT / "data/benchmarks/socialiqa/dev.jsonl").open(encoding="utf-8")
+    ]
     data = work / "socialiqa.jsonl"
     with data.open("w", encoding="utf-8") as f:
         for r in rows[:PROMPTS * (WARMUP + TIMED)]:
@@ -84,16 +92,35 @@ def run_psyrl(model_dir: Path, data: Path, work: Path) -> dict:
     from psyrl.core.runlog import read_metrics
 
     overrides = {
-        "run.name": "psyrl", "run.output_dir": str(work), "run.steps": WARMUP + TIMED,
-        "model.path": str(model_dir), "model.dtype": "float32",
-        "data.train_file": str(data), "data.valid_file": "", "data.shuffle": False,
-        "prompt.mode": "direct", "reward.variant": "base", "loss.kl_coef": BETA,
-        "advantage.scope": "cache", "log.samples_every": 0,  # the paper's T-GRPO, not the tiny demo's settings
-        "rollout.prompts": PROMPTS, "rollout.samples": G, "rollout.temperature": TEMPERATURE,
-        "rollout.top_p": TOP_P, "rollout.max_new_tokens": NEW_TOKENS, "sampler.batch": PROMPTS * G,
-        "optim.lr": LR, "optim.schedule": "constant", "optim.warmup_ratio": 0.0, "optim.weight_decay": 0.01,
-        "optim.global_batch": PROMPTS, "optim.micro_batch": PROMPTS * G, "optim.logprob_micro_batch": PROMPTS * G,
-        "checkpoint.every": 1000, "log.progress": False,
+        "run.name": "psyrl",
+        "run.output_dir": str(work),
+        "run.steps": WARMUP + TIMED,
+        "model.path": str(model_dir),
+        "model.dtype": "float32",
+        "data.train_file": str(data),
+        "data.valid_file": "",
+        "data.shuffle": False,
+        "prompt.mode": "direct",
+        "reward.variant": "base",
+        "loss.kl_coef": BETA,
+        # the paper's T-GRPO, not the tiny demo's settings
+        "advantage.scope": "cache",
+        "log.samples_every": 0,
+        "rollout.prompts": PROMPTS,
+        "rollout.samples": G,
+        "rollout.temperature": TEMPERATURE,
+        "rollout.top_p": TOP_P,
+        "rollout.max_new_tokens": NEW_TOKENS,
+        "sampler.batch": PROMPTS * G,
+        "optim.lr": LR,
+        "optim.schedule": "constant",
+        "optim.warmup_ratio": 0.0,
+        "optim.weight_decay": 0.01,
+        "optim.global_batch": PROMPTS,
+        "optim.micro_batch": PROMPTS * G,
+        "optim.logprob_micro_batch": PROMPTS * G,
+        "checkpoint.every": 1000,
+        "log.progress": False,
     }
     args = ["--config", str(ROOT / "configs/tgrpo/tiny.toml")]
     for k, v in overrides.items():
@@ -122,9 +149,11 @@ def run_trl(model_dir: Path, data: Path, work: Path) -> dict:
     tokenizer.padding_side = "left"
     records = load_stimuliqa(data)
     prompt_cfg, reward_cfg = PromptConfig(mode="direct"), RewardConfig(variant="base")
-    dataset = Dataset.from_list([{"prompt": render(tokenizer, r, prompt_cfg), "answer": r.answer} for r in records])
+    dataset = Dataset.from_list([{"prompt": render(tokenizer, r, prompt_cfg), "answer": r.answer}
+                                 for r in records])
 
-    def base_reward(prompts, completions, answer, **_):  # psyrl's `base` reward: w_f1 F1 + w_fmt format
+    # psyrl's `base` reward: w_f1 F1 + w_fmt format
+    def base_reward(prompts, completions, answer, **_):
         c = answer_components(completions, answer, "direct", reward_cfg)
         return (reward_cfg.w_f1 * c["f1"] + reward_cfg.w_fmt * c["fmt"]).tolist()
 
@@ -139,12 +168,33 @@ def run_trl(model_dir: Path, data: Path, work: Path) -> dict:
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     args = GRPOConfig(
-        output_dir=str(work / "trl"), use_cpu=True, bf16=False, max_steps=WARMUP + TIMED, learning_rate=LR,
-        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.01, max_grad_norm=1.0,
-        per_device_train_batch_size=PROMPTS * G, gradient_accumulation_steps=1, num_generations=G,
-        steps_per_generation=1, num_iterations=1, max_completion_length=NEW_TOKENS, temperature=TEMPERATURE,
-        top_p=TOP_P, beta=BETA, loss_type="grpo", epsilon=0.2, epsilon_high=0.3, shuffle_dataset=False,
-        logging_steps=1, save_strategy="no", report_to=[], seed=0, dataloader_num_workers=0,
+        output_dir=str(work / "trl"),
+        use_cpu=True,
+        bf16=False,
+        max_steps=WARMUP + TIMED,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        per_device_train_batch_size=PROMPTS * G,
+        gradient_accumulation_steps=1,
+        num_generations=G,
+        steps_per_generation=1,
+        num_iterations=1,
+        max_completion_length=NEW_TOKENS,
+        temperature=TEMPERATURE,
+        top_p=TOP_P,
+        beta=BETA,
+        loss_type="grpo",
+        epsilon=0.2,
+        epsilon_high=0.3,
+        shuffle_dataset=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        seed=0,
+        dataloader_num_workers=0,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=base_reward, args=args, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[StepTimer()])
@@ -159,8 +209,11 @@ def run_trl(model_dir: Path, data: Path, work: Path) -> dict:
 
     trainer.model.generate = timed_generate
     trainer.train()
-    return {"step": statistics.median(step_times[WARMUP:]), "sample": statistics.median(generate_times[WARMUP:]),
-            "generated_tokens": statistics.median(tokens[WARMUP:])}
+    return {
+        "step": statistics.median(step_times[WARMUP:]),
+        "sample": statistics.median(generate_times[WARMUP:]),
+        "generated_tokens": statistics.median(tokens[WARMUP:])
+    }
 
 
 def side(name: str, work: Path) -> None:
@@ -170,7 +223,8 @@ def side(name: str, work: Path) -> None:
     model_dir, data = work / "model", work / "socialiqa.jsonl"
     result = (run_psyrl if name == "psyrl" else run_trl)(model_dir, data, work)
     result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    result["psyrl_from"] = str(Path(sys.modules["psyrl"].__file__).parent.parent)  # which checkout was measured
+    # which checkout was measured
+    result["psyrl_from"] = str(Path(sys.modules["psyrl"].__file__).parent.parent)
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -192,11 +246,14 @@ def main() -> None:
         env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}
         for name in [a.only] if a.only else ["psyrl", "trl"]:
             print(f"running {name} ({WARMUP} warm-up + {TIMED} timed steps)...", flush=True)
-            proc = subprocess.run([str(python), __file__, "--side", name, "--work", str(work)], cwd=ROOT, env=env,
-                                  capture_output=True, text=True)
+            proc = subprocess.run([str(python), __file__, "--side", name, "--work",
+                                   str(work)], cwd=ROOT, env=env, capture_output=True, text=True)
             line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
             if proc.returncode != 0 or line is None:
-                sys.exit(f"{name} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+                sys.exit(
+                    f"{name} failed (exit "
+                    f"{proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+                )
             results[name] = json.loads(line[len("RESULT "):])
             print(f"{name}: {results[name]}", flush=True)
     print("\n| | step (median) | generation | generated tokens per step | peak RSS |")
@@ -208,8 +265,9 @@ def main() -> None:
         print(f"\npsyrl / TRL step time: {results['psyrl']['step'] / results['trl']['step']:.3f}")
         if "update" in results["psyrl"]:
             p = results["psyrl"]
-            print("psyrl step parts: " + ", ".join(f"{k} {p[k]:.2f} s" for k in
-                                                   ("sample", "score", "logprobs", "update", "sync")))
+            print("psyrl step parts: " +
+                  ", ".join(f"{k} {p[k]:.2f} s"
+                            for k in ("sample", "score", "logprobs", "update", "sync")))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""Worker for tests/runtime/test_memory_plan.py, run under torchrun: the bytes one rank holds of the FSDP2-sharded tiny model's
-parameters, gradients (after a backward, before zero_grad) and AdamW state (after one step), written to
-<out>/rank-R.json. Two counts each: the sum of the local shards' nbytes (the real elements) and the sum of the
-distinct storages behind them (what the allocator holds: FSDP2 pads dim 0 to a multiple of the world)."""
+"""Worker for tests/runtime/test_memory_plan.py, run under torchrun: the bytes one rank holds of the
+FSDP2-sharded tiny model's parameters, gradients (after a backward, before zero_grad) and AdamW
+state (after one step), written to <out>/rank-R.json. Two counts each: the sum of the local shards'
+nbytes (the real elements) and the sum of the distinct storages behind them (what the allocator
+holds: FSDP2 pads dim 0 to a multiple of the world)."""
 
 import json
 import sys
@@ -15,8 +16,10 @@ from psyrl.runtime.distributed import cleanup, init_distributed, load_sharded
 from psyrl.runtime.model import Policy, load_model, load_tokenizer
 from psyrl.runtime.optim import build_optimizer
 
-# odd MLP width and one KV head: dim 0 of gate/up (129) does not split evenly over 2 ranks, so the padding shows
-MODEL = ModelConfig(tokenizer="tiny", hidden_size=48, num_layers=2, num_heads=3, num_kv_heads=1, intermediate_size=129)
+# odd MLP width and one KV head: dim 0 of gate/up (129) does not split evenly over 2 ranks, so the
+# padding shows
+MODEL = ModelConfig(tokenizer="tiny", hidden_size=48, num_layers=2, num_heads=3, num_kv_heads=1,
+                    intermediate_size=129)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -32,9 +35,11 @@ def count(tensors) -> dict[str, int]:
 def main(out: Path) -> None:
     dist = init_distributed("cpu")
     tokenizer = load_tokenizer(MODEL)
-    policy = load_sharded(lambda empty: Policy(load_model(MODEL, tokenizer, seed=3, empty=empty)), dist)
+    policy = load_sharded(lambda empty: Policy(load_model(MODEL, tokenizer, seed=3, empty=empty)),
+                          dist)
     optimizer = build_optimizer(policy, OptimConfig())
-    ids = torch.randint(0, len(tokenizer), (2, 24), generator=torch.Generator().manual_seed(dist.rank))
+    ids = torch.randint(0, len(tokenizer), (2, 24),
+                        generator=torch.Generator().manual_seed(dist.rank))
     policy(ids, torch.ones_like(ids)).sum().backward()
     params = list(policy.parameters())
     figures = {"params": count(params), "grads": count(p.grad for p in params)}

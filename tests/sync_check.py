@@ -1,7 +1,7 @@
-"""Worker for tests/test_gpu_path.py, run under torchrun on 2 gloo ranks: the bucketed weight sync against the
-one-at-a-time float32 gather followed by a cast (tied and untied LM heads, several bucket sizes), the rank-0 gather
-of an export against the full gather, and the phase offload's round trip of shards and AdamW state. Writes
-<out>/rank-R.json with the comparisons' outcomes."""
+"""Worker for tests/test_gpu_path.py, run under torchrun on 2 gloo ranks: the bucketed weight sync
+against the one-at-a-time float32 gather followed by a cast (tied and untied LM heads, several
+bucket sizes), the rank-0 gather of an export against the full gather, and the phase offload's round
+trip of shards and AdamW state. Writes <out>/rank-R.json with the comparisons' outcomes."""
 
 import json
 import sys
@@ -27,7 +27,8 @@ def build(tied: bool, empty: bool) -> Policy:
                          num_key_value_heads=2, intermediate_size=37, tie_word_embeddings=tied)
     with torch.device("meta" if empty else "cpu"), torch.random.fork_rng(devices=[]):
         torch.manual_seed(3)
-        return Policy(Qwen2ForCausalLM(config))  # odd sizes: shards of unequal rows, one rank's padded
+        # odd sizes: shards of unequal rows, one rank's padded
+        return Policy(Qwen2ForCausalLM(config))
 
 
 def main(out: Path) -> None:
@@ -35,7 +36,8 @@ def main(out: Path) -> None:
     result = {}
     for tied in (True, False):
         policy = load_sharded(lambda empty, tied=tied: build(tied, empty), dist)
-        reference = [(n, t.to(torch.bfloat16)) for n, t in gather_full_state_dict(policy, prefix="lm.")]
+        reference = [(n, t.to(torch.bfloat16))
+                     for n, t in gather_full_state_dict(policy, prefix="lm.")]
         for bucket in (1, 4096, 1 << 30):  # one tensor per bucket, a few, everything in one
             got = list(sync_buckets(policy, dist.device, torch.bfloat16, bucket, prefix="lm."))
             same = [n for n, _ in got] == [n for n, _ in reference] and all(
@@ -45,13 +47,14 @@ def main(out: Path) -> None:
         on_rank0 = list(gather_to_rank0(policy, prefix="lm."))
         names_match = [n for n, _ in on_rank0] == [n for n, _ in full]
         if dist.rank == 0:
-            result[f"rank0 tied={tied}"] = names_match and all(torch.equal(a, b) for (_, a), (_, b) in
-                                                                zip(on_rank0, full))
+            result[f"rank0 tied={tied}"] = names_match and all(
+                torch.equal(a, b) for (_, a), (_, b) in zip(on_rank0, full))
         else:
             result[f"rank0 tied={tied}"] = names_match and all(t is None for _, t in on_rank0)
         result[f"names tied={tied}"] = [n for n, _ in full]
 
-    # the phase offload's round trip keeps the Parameters the optimiser's state is keyed by, and every value
+    # the phase offload's round trip keeps the Parameters the optimiser's state is keyed by, and
+    # every value
     policy = load_sharded(lambda empty: build(True, empty), dist)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
     ids = torch.arange(12).reshape(2, 6)
@@ -63,13 +66,16 @@ def main(out: Path) -> None:
     offload = PhaseOffload(policy, optimizer, dist.device, enabled=True)
     storage = params[0].to_local().untyped_storage().data_ptr()
     offload.to_host()
-    moved = params[0].to_local().untyped_storage().data_ptr() != storage  # a new allocation (the CPU path too)
+    # a new allocation (the CPU path too)
+    moved = params[0].to_local().untyped_storage().data_ptr() != storage
     offload.to_device()
     kept = list(policy.parameters()) == params and all(p in optimizer.state for p in params)
     result["offload keeps parameters"] = kept
     result["offload moved storage"] = moved
-    result["offload keeps values"] = all(torch.equal(p.detach().to_local(), b) for p, b in zip(params, before)) and all(
-        torch.equal(optimizer.state[p]["exp_avg"].to_local(), m) for p, m in zip(params, moments))
+    result["offload keeps values"] = all(
+        torch.equal(p.detach().to_local(), b) for p, b in zip(params, before)) and all(
+            torch.equal(optimizer.state[p]["exp_avg"].to_local(), m)
+            for p, m in zip(params, moments))
     with torch.no_grad():  # a forward after the round trip all-gathers the re-registered shards
         result["offload forward"] = bool(torch.isfinite(policy(ids, torch.ones_like(ids))).all())
     (out / f"rank-{dist.rank}.json").write_text(json.dumps(result))

@@ -1,8 +1,9 @@
-"""The GPU node path, held on a CPU (issue: 4 x A6000 made right by construction): the bucketed weight sync equals
-the one-at-a-time gather bit for bit, exports gather on rank 0 only, the phase offload keeps every value and the
-optimiser's keys, `none` / `phase` / `always` train identical weights, token-budget micro-batches give the fixed
-micro-batches' gradient, and one T-GRPO step calls the engine, the offload and the memory release in the order the
-node needs (a recording engine with vLLM's call surface stands in for vLLM)."""
+"""The GPU node path, held on a CPU (issue: 4 x A6000 made right by construction): the bucketed
+weight sync equals the one-at-a-time gather bit for bit, exports gather on rank 0 only, the phase
+offload keeps every value and the optimiser's keys, `none` / `phase` / `always` train identical
+weights, token-budget micro-batches give the fixed micro-batches' gradient, and one T-GRPO step
+calls the engine, the offload and the memory release in the order the node needs (a recording engine
+with vLLM's call surface stands in for vLLM)."""
 
 import json
 import os
@@ -14,7 +15,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_train_tgrpo import TORCHRUN, run_cli, run_in_process, start  # noqa: F401  (start: the module's fixture)
+from test_train_tgrpo import (  # noqa: F401  (start: the module's fixture)
+    TORCHRUN,
+    run_cli,
+    run_in_process,
+    start,
+)
 
 import train_tgrpo
 from psyrl.core.config import ModelConfig, load_config
@@ -27,33 +33,38 @@ from psyrl.runtime.distributed import ONE_PROCESS
 from psyrl.runtime.model import Policy, load_model, load_tokenizer
 from psyrl.runtime.sampler import TorchSampler
 
-TINY = ModelConfig(tokenizer="tiny", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
+TINY = ModelConfig(tokenizer="tiny", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                   intermediate_size=128)
 
 
 @pytest.mark.slow
 def test_sync_buckets_rank0_gather_and_phase_offload_on_two_ranks(tmp_path):
-    result = subprocess.run([*TORCHRUN, "tests/sync_check.py", str(tmp_path)], capture_output=True, text=True,
-                            timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = subprocess.run(
+        [*TORCHRUN, "tests/sync_check.py", str(tmp_path)], capture_output=True, text=True,
+        timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):
         got = json.loads((tmp_path / f"rank-{rank}.json").read_text())
         failed = [k for k, v in got.items() if v is False]
         assert not failed, (rank, failed)
-        assert "lm_head.weight" not in got["names tied=True"] and "lm_head.weight" in got["names tied=False"]
+        assert "lm_head.weight" not in got["names tied=True"] and "lm_head.weight" in got[
+            "names tied=False"]
 
 
 def test_micro_batches_pack_by_tokens():
     lengths = [5, 9, 3, 9, 2, 7]
     assert micro_batches(lengths, 4, 0) == [[0, 1, 2, 3], [4, 5]]  # fixed size, in order
     # by decreasing length (ties by index): 9 (1), 9 (3), 7 (5), 5 (0), 3 (2), 2 (4); budget 20:
-    # [1]: 1 x 9; + 3: 2 x 9 = 18 <= 20; + 5: 3 x 9 = 27 > 20 -> new; [5, 0]: 2 x 7 = 14; + 2: 3 x 7 = 21 > 20
+    # [1]: 1 x 9; + 3: 2 x 9 = 18 <= 20; + 5: 3 x 9 = 27 > 20 -> new; [5, 0]: 2 x 7 = 14; + 2: 3 x 7
+    # = 21 > 20
     # -> new; [2, 4]: 2 x 3 = 6
     assert micro_batches(lengths, 4, 20) == [[1, 3], [5, 0], [2, 4]]
     assert micro_batches([30, 4], 4, 20) == [[0], [1]]  # longer than the budget: alone
 
 
 def fake_cfg(**optim):
-    cfg = load_config("configs/tgrpo/tiny.toml", ["model.path=", "loss.kl_coef=0", "optim.grad_clip=0"])
+    cfg = load_config("configs/tgrpo/tiny.toml",
+                      ["model.path=", "loss.kl_coef=0", "optim.grad_clip=0"])
     for k, v in optim.items():
         setattr(cfg.optim, k, v)
     return cfg
@@ -64,7 +75,8 @@ def test_token_budget_gives_the_gradient_of_fixed_micro_batches():
     g = torch.Generator().manual_seed(0)
     batch = RolloutBatch([], [], [], [])
     for i, (prompt, response) in enumerate([(7, 3), (5, 11), (9, 2), (6, 8), (4, 13), (8, 5)]):
-        batch.token_ids.append(tuple(torch.randint(10, 200, (prompt + response,), generator=g).tolist()))
+        batch.token_ids.append(
+            tuple(torch.randint(10, 200, (prompt + response, ), generator=g).tolist()))
         batch.prompt_lengths.append(prompt)
         batch.advantages.append(float(i % 3 - 1))
         batch.sampler_logprobs.append([-1.0] * response)
@@ -75,9 +87,12 @@ def test_token_budget_gives_the_gradient_of_fixed_micro_batches():
         policy = Policy(load_model(TINY, tokenizer, seed=1))
         before = [p.detach().clone() for p in policy.parameters()]
         optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)  # after = before - grad
-        sums.append(update(policy, optimizer, batch, tokenizer.pad_token_id, cfg, ONE_PROCESS, nullcontext())[2])
+        sums.append(
+            update(policy, optimizer, batch, tokenizer.pad_token_id, cfg, ONE_PROCESS,
+                   nullcontext())[2])
         grads.append([b - p.detach() for b, p in zip(before, policy.parameters())])
-    assert micro_batches([len(ids) for ids in batch.token_ids], 2, 30) != micro_batches([0] * 6, 2, 0)
+    assert micro_batches([len(ids) for ids in batch.token_ids], 2, 30) != micro_batches([0] * 6, 2,
+                                                                                        0)
     assert max((a - b).abs().max().item() for a, b in zip(*grads)) < 1e-6
     assert max(a.abs().max().item() for a in grads[0]) > 1e-4  # a real gradient
     for key in sums[0]:
@@ -90,22 +105,27 @@ def test_export_in_bfloat16_states_its_dtype(tmp_path):
     export_hf(policy, tokenizer, tmp_path / "hf", dtype="bfloat16")
     tensors = load_file(tmp_path / "hf" / "model.safetensors")
     assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
-    assert all(torch.equal(tensors[n], p.detach().bfloat16()) for n, p in policy.lm.state_dict().items()
-               if n in tensors)
+    assert all(
+        torch.equal(tensors[n],
+                    p.detach().bfloat16()) for n, p in policy.lm.state_dict().items()
+        if n in tensors)
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["dtype"] == "bfloat16"
     full = tmp_path / "hf32"
     export_hf(policy, tokenizer, full)
-    assert (tmp_path / "hf" / "model.safetensors").stat().st_size < 0.6 * (full / "model.safetensors").stat().st_size
+    assert (tmp_path / "hf" /
+            "model.safetensors").stat().st_size < 0.6 * (full / "model.safetensors").stat().st_size
 
 
-# ---------------------------------------------------------------- the phase order, with a recording engine
+# --------------------------------------------------------- the phase order, with a recording engine
 class RecordingEngine:
     """vLLM's `LLM` call surface as psyrl uses it (sleep, wake_up, collective_rpc("reload_weights"),
-    reset_prefix_cache, generate), recording each call; generation and the weights are a TorchSampler's."""
+    reset_prefix_cache, generate), recording each call; generation and the weights are a
+    TorchSampler's."""
 
     def __init__(self, events, sampler: TorchSampler):
         self.events, self.sampler, self.sleeping = events, sampler, set()
-        self.llm_engine = SimpleNamespace(engine_core=SimpleNamespace(shutdown=lambda: events.append("shutdown")))
+        self.llm_engine = SimpleNamespace(engine_core=SimpleNamespace(
+            shutdown=lambda: events.append("shutdown")))
 
     def sleep(self, level):
         assert level == 1
@@ -115,10 +135,12 @@ class RecordingEngine:
     def wake_up(self, tags):
         self.events.append(f"wake {tags[0]}")
         self.sleeping -= set(tags)
-        return not self.sleeping  # vLLM 0.32: whether the engine is fully awake (llm.py wake_up -> bool)
+        # vLLM 0.32: whether the engine is fully awake (llm.py wake_up -> bool)
+        return not self.sleeping
 
     def collective_rpc(self, method, kwargs):
-        assert method == "reload_weights" and kwargs["is_checkpoint_format"] and "weights" not in self.sleeping
+        assert method == "reload_weights" and kwargs[
+            "is_checkpoint_format"] and "weights" not in self.sleeping
         self.events.append("reload")
         self.sampler.load_weights(kwargs["weights_iterator"])
 
@@ -131,21 +153,28 @@ class RecordingEngine:
         self.events.append("generate")
         out = []
         for prompt, p in zip(prompts, params):
-            samples = self.sampler.generate([prompt["prompt_token_ids"]], p.n, p.temperature, p.top_p, p.max_tokens,
-                                            [p.seed])[0]
-            out.append(SimpleNamespace(outputs=[SimpleNamespace(
-                index=j, token_ids=list(s.token_ids), finish_reason=s.finish_reason,
-                logprobs=[{t: SimpleNamespace(logprob=lp)} for t, lp in zip(s.token_ids, s.logprobs)])
-                for j, s in enumerate(samples)]))
+            samples = self.sampler.generate([prompt["prompt_token_ids"]], p.n, p.temperature,
+                                            p.top_p, p.max_tokens, [p.seed])[0]
+            out.append(
+                SimpleNamespace(outputs=[
+                    SimpleNamespace(
+                        index=j, token_ids=list(s.token_ids), finish_reason=s.finish_reason,
+                        logprobs=[{t: SimpleNamespace(logprob=lp)}
+                                  for t, lp in zip(s.token_ids, s.logprobs)])
+                    for j, s in enumerate(samples)
+                ]))
         return out
 
 
 def recording_sampler(events, policy, cfg, tokenizer):
-    """A VLLMSampler as `build_sampler` makes it on a GPU (sleep mode on), on the recording engine."""
+    """A VLLMSampler as `build_sampler` makes it on a GPU (sleep mode on), on the recording
+    engine."""
     sampler = vllm_sampler.VLLMSampler.__new__(vllm_sampler.VLLMSampler)
-    inner = TorchSampler(load_model(cfg.model, tokenizer), tokenizer, torch.device("cpu"), cfg.sampler.batch)
+    inner = TorchSampler(load_model(cfg.model, tokenizer), tokenizer, torch.device("cpu"),
+                         cfg.sampler.batch)
     sampler.tokenizer, sampler.dist, sampler.tp, sampler.progress = tokenizer, ONE_PROCESS, 1, False
-    sampler.stops, sampler.tied, sampler.sleeps, sampler.dtype = inner.stops, True, True, torch.float32
+    sampler.stops, sampler.tied, sampler.sleeps = inner.stops, True, True
+    sampler.dtype = torch.float32
     sampler.asleep, sampler.logprobs_mode = set(), "raw_logprobs"
     sampler.SamplingParams = lambda **kw: SimpleNamespace(**kw)
     sampler.llm = RecordingEngine(events, inner)
@@ -166,31 +195,43 @@ def test_one_step_runs_the_node_phases_in_order(start, tmp_path, monkeypatch):  
     monkeypatch.setattr(offload, "to_host", recorded("shards to host", offload.to_host))
     monkeypatch.setattr(offload, "to_device", recorded("shards to device", offload.to_device))
     monkeypatch.setattr(vllm_sampler, "release_memory", lambda device: events.append("empty cache"))
-    monkeypatch.setattr(train_tgrpo, "sequence_logprobs", recorded("experience", train_tgrpo.sequence_logprobs))
+    monkeypatch.setattr(train_tgrpo, "sequence_logprobs",
+                        recorded("experience", train_tgrpo.sequence_logprobs))
     monkeypatch.setattr(train_tgrpo, "update", recorded("update", train_tgrpo.update))
-    monkeypatch.setattr(train_tgrpo, "build_sampler", lambda policy, cfg, tokenizer, dist, **_: recording_sampler(
-        events, policy, cfg, tokenizer))
-    result = run_in_process(start, tmp_path, "fsdp.offload=phase", "checkpoint.every=0")  # 2 steps of 2 updates
+    monkeypatch.setattr(
+        train_tgrpo, "build_sampler",
+        lambda policy, cfg, tokenizer, dist, **_: recording_sampler(events, policy, cfg, tokenizer))
+    # 2 steps of 2 updates
+    result = run_in_process(start, tmp_path, "fsdp.offload=phase", "checkpoint.every=0")
     assert result.exit_code == 0, result.output
     start_up = ["shards to host",  # before the engine starts: vLLM's pool must fit in what is free
-                "empty cache", "reload", "reset prefix cache", "empty cache"]  # the first sync, engine awake
+                # the first sync, engine awake
+                "empty cache", "reload", "reset prefix cache", "empty cache"]
     step = ["generate", "sleep", "empty cache",  # the engine's memory back to the GPU
-            "shards to device",  # phase offload: shards and AdamW state back for the experience and the update
-            "experience", "experience",  # reference log-probs, then logp_old of the second mini-batch only
+            # phase offload: shards and AdamW state back for the experience and the update
+            "shards to device",
+            # reference log-probs, then logp_old of the second mini-batch only
+            "experience", "experience",
             "update", "update", "shards to host",  # the device is the engine's again
-            "empty cache", "wake weights", "reload", "reset prefix cache", "empty cache"]  # the weight sync
-    between = ["empty cache", "wake kv_cache"]  # the next generate frees cached blocks before the KV cache returns
+            # the weight sync
+            "empty cache", "wake weights", "reload", "reset prefix cache", "empty cache"]
+    # the next generate frees cached blocks before the KV cache returns
+    between = ["empty cache", "wake kv_cache"]
     assert events == start_up + step + between + step + ["shutdown"], events
 
 
 def test_modes_offload_train_identical_weights_on_two_ranks(start, tmp_path):  # noqa: F811
-    # 3 steps of 8 prompts, 2 updates each, float32 on 2 gloo ranks: where the shards live changes no number
+    # 3 steps of 8 prompts, 2 updates each, float32 on 2 gloo ranks: where the shards live changes
+    # no number
     finals = {}
     for mode in ("none", "phase", "always"):
         run_cli(start, tmp_path / mode, f"fsdp.offload={mode}", "run.steps=3", ranks=2)
         finals[mode] = load_file(tmp_path / mode / "rl" / "hf" / "model.safetensors")
         rows = read_metrics(tmp_path / mode / "rl" / "metrics.jsonl")
-        finals[mode + " rows"] = [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows]
+        finals[mode +
+               " rows"] = [{k: v
+                            for k, v in r.items() if not k.startswith(("time/", "perf/"))}
+                           for r in rows]
     for mode in ("phase", "always"):
         assert finals[mode].keys() == finals["none"].keys()
         assert all(torch.equal(finals[mode][k], finals["none"][k]) for k in finals["none"]), mode
@@ -202,13 +243,16 @@ test_modes_offload_train_identical_weights_on_two_ranks = pytest.mark.slow(
 
 
 @pytest.mark.slow
-def test_token_budget_and_deferred_sync_on_two_ranks_give_the_same_first_update(start, tmp_path):  # noqa: F811
-    # one update per step: each rank packs its 8 sequences by tokens, the ranks agree on a micro-batch count
+def test_token_budget_and_deferred_sync_on_two_ranks_give_the_same_first_update(
+        start, tmp_path):  # noqa: F811
+    # one update per step: each rank packs its 8 sequences by tokens, the ranks agree on a
+    # micro-batch count
     # (fillers of weight 0 where a rank has fewer); the gradient norm is that of fixed micro-batches
     norms = {}
     for name, extra in (("fixed", []), ("budget", ["optim.micro_batch_tokens=120",
                                                   "optim.logprob_micro_batch_tokens=90"]),
-                        ("deferred", ["fsdp.defer_grad_sync=true"])):  # one reduce-scatter at the last micro-batch
+                        # one reduce-scatter at the last micro-batch
+                        ("deferred", ["fsdp.defer_grad_sync=true"])):
         run_cli(start, tmp_path / name, "rollout.prompts=4", "run.steps=1", *extra, ranks=2)
         norms[name] = read_metrics(tmp_path / name / "rl" / "metrics.jsonl")[0]["actor/grad_norm"]
     assert norms["budget"] == pytest.approx(norms["fixed"], rel=1e-5)
@@ -223,16 +267,19 @@ def test_phase_offload_frees_the_device():
     model(torch.arange(8, device="cuda")[None], torch.ones(1, 8, device="cuda")).sum().backward()
     optimizer.step()
     offload = distributed.PhaseOffload(model, optimizer, torch.device("cuda"), enabled=True)
-    values = [p.detach().clone() for p in model.parameters()]  # the tiny model's head is tied to its embedding
+    # the tiny model's head is tied to its embedding
+    values = [p.detach().clone() for p in model.parameters()]
     moments = [optimizer.state[p]["exp_avg"].clone() for p in model.parameters()]
     held = torch.cuda.memory_allocated()
     offload.to_host()
     assert torch.cuda.memory_allocated() < held / 4 and next(model.parameters()).is_pinned()
     assert all(torch.equal(p.detach().cuda(), v) for p, v in zip(model.parameters(), values))
     offload.to_device()
-    assert next(model.parameters()).is_cuda and optimizer.state[next(model.parameters())]["exp_avg"].is_cuda
+    assert next(model.parameters()).is_cuda and optimizer.state[next(
+        model.parameters())]["exp_avg"].is_cuda
     assert all(torch.equal(p.detach(), v) for p, v in zip(model.parameters(), values))
-    assert all(torch.equal(optimizer.state[p]["exp_avg"], m) for p, m in zip(model.parameters(), moments))
+    assert all(
+        torch.equal(optimizer.state[p]["exp_avg"], m) for p, m in zip(model.parameters(), moments))
     assert model.lm.lm_head.weight is model.lm.model.embed_tokens.weight  # still tied
 
 
@@ -248,16 +295,19 @@ def test_start_up_memory_check_refuses_what_cannot_fit(monkeypatch, capsys):
     gib = {"value": 8}
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(
         total_memory=gib["value"] * 2**30))
-    gpu = Dist(rank=0, world=4, local_world=4, device=torch.device("cuda", 0))  # read only by the planner here
+    # read only by the planner here
+    gpu = Dist(rank=0, world=4, local_world=4, device=torch.device("cuda", 0))
     cfg = load_config("configs/tgrpo/qwen2.5-3b.toml")
-    with pytest.raises(click.ClickException, match=r"memory plan: \w+ needs .* GiB of 8: set .*run.memory_check"):
+    with pytest.raises(click.ClickException,
+                       match=r"memory plan: \w+ needs .* GiB of 8: set .*run.memory_check"):
         run.check_memory_plan(cfg, gpu, "tgrpo")
     cfg.run.memory_check = False  # printed, not refused
     run.check_memory_plan(cfg, gpu, "tgrpo")
     assert "GiB of 8: set" in capsys.readouterr().out
     gib["value"] = 48
     cfg.run.memory_check = True
-    host = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 16 * 2**30 // 4096}  # a node of 16 GiB: warned, not refused
+    # a node of 16 GiB: warned, not refused
+    host = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 16 * 2**30 // 4096}
     monkeypatch.setattr(run.os, "sysconf", lambda name: host[name])
     run.check_memory_plan(cfg, gpu, "tgrpo")
     assert "memory plan: host RAM needs" in capsys.readouterr().out

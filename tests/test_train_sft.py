@@ -1,4 +1,5 @@
-"""`train_sft.py` end to end on a tiny model: it learns, exports, and refuses bad input before training."""
+"""`train_sft.py` end to end on a tiny model: it learns, exports, and refuses bad input before
+training."""
 
 import json
 import shutil
@@ -18,15 +19,25 @@ from psyrl.train.sft import build_examples, response_tokens, sft_loss
 from psyrl.train.validation import sample_items
 
 SHORT = [  # a smaller, shorter version of configs/sft/tiny.toml
-    "model.hidden_size=64", "model.num_layers=2", "model.intermediate_size=128", "run.steps=60", "optim.lr=3e-3",
-    "optim.global_batch=8", "optim.micro_batch=4", "checkpoint.every=20", "data.valid_items=16",
-    "rollout.max_new_tokens=24", "sampler.batch=16", "log.progress=false",
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.intermediate_size=128",
+    "run.steps=60",
+    "optim.lr=3e-3",
+    "optim.global_batch=8",
+    "optim.micro_batch=4",
+    "checkpoint.every=20",
+    "data.valid_items=16",
+    "rollout.max_new_tokens=24",
+    "sampler.batch=16",
+    "log.progress=false",
 ]
 
 
 def run_sft(tmp_path, *extra, config="configs/sft/tiny.toml", resume=False):
     sets = [f"run.output_dir={json.dumps(str(tmp_path / 'runs'))}", *SHORT, *extra]
-    args = [sys.executable, "train_sft.py", "--config", config] + [a for s in sets for a in ("--set", s)]
+    args = [sys.executable, "train_sft.py", "--config", config
+            ] + [a for s in sets for a in ("--set", s)]
     args += ["--resume"] if resume else []
     return subprocess.run(args, capture_output=True, text=True, timeout=600)
 
@@ -39,7 +50,8 @@ def test_tiny_sft_learns_and_exports(tmp_path):
     rows = read_metrics(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(61))
     first, last = rows[0], rows[-1]
-    # measured here: valid loss 8.18 (untrained, ~ln 3424) -> 4.02 after 60 steps (F1 needs longer: README)
+    # measured here: valid loss 8.18 (untrained, ~ln 3424) -> 4.02 after 60 steps (F1 needs longer:
+    # README)
     assert last["valid/loss"] < first["valid/loss"] - 3.0, (first, last)
     assert all(r["train/skipped_updates"] == 0 for r in rows[1:])
     assert "step 60/60 | loss" in result.stdout and "median-F1 checkpoint" in result.stdout
@@ -50,16 +62,19 @@ def test_tiny_sft_learns_and_exports(tmp_path):
         scores = json.loads((run / "checkpoints" / f"step-{step}" / "validation.json").read_text())
         assert scores["step"] == step and 0 <= scores["valid/f1"] <= 1
         lines = (run / "checkpoints" / f"step-{step}" / "validation.jsonl").read_text().splitlines()
-        assert len(lines) == 16 and {"id", "answer", "response", "tokens"} <= json.loads(lines[0]).keys()
+        assert len(lines) == 16 and {"id", "answer", "response", "tokens"} <= json.loads(
+            lines[0]).keys()
 
     # the export, loaded by transformers as it is, reproduces the run's own last held-out loss
     final = AutoModelForCausalLM.from_pretrained(run / "hf")
     tokenizer = AutoTokenizer.from_pretrained(run / "hf")
     records = sample_items(load_stimuliqa("data/demo/test.jsonl"), 16, seed=0)
     examples, _ = build_examples(records, tokenizer, resolved.prompt, resolved.data.max_length)
-    ids, mask, loss_mask = collate([e.input_ids for e in examples], [e.prompt_len for e in examples], tokenizer.pad_token_id)
+    ids, mask, loss_mask = collate([e.input_ids for e in examples],
+                                   [e.prompt_len for e in examples], tokenizer.pad_token_id)
     with torch.no_grad():
-        loss = sft_loss(token_logprobs(final, ids, mask, 1.0, loss_mask), loss_mask, response_tokens(examples))
+        loss = sft_loss(token_logprobs(final, ids, mask, 1.0, loss_mask), loss_mask,
+                        response_tokens(examples))
     assert loss.item() == pytest.approx(last["valid/loss"], rel=1e-5)
     last_checkpoint = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step-60" / "hf")
     with torch.no_grad():
@@ -69,7 +84,8 @@ def test_tiny_sft_learns_and_exports(tmp_path):
 
     chosen = subprocess.run([sys.executable, "-m", "psyrl.cli", "select-checkpoint", str(run)],
                             capture_output=True, text=True)
-    assert chosen.returncode == 0 and Path(chosen.stdout.strip()).parent.parent == run / "checkpoints"
+    assert chosen.returncode == 0 and Path(
+        chosen.stdout.strip()).parent.parent == run / "checkpoints"
 
     again = run_sft(tmp_path)  # an existing run is never overwritten silently
     assert again.returncode != 0 and "--overwrite" in again.stderr
@@ -79,7 +95,8 @@ def test_tiny_sft_learns_and_exports(tmp_path):
 @pytest.mark.parametrize("content, expected", [
     ('{"id": "a", "stimuli": "s"\n', ":1: invalid JSON"),
     ('{"id": "a", "stimuli": "s", "question": "q", "answer": "a", "variable": "v", "dimension": '
-     '"emotional reactions", "subdimension": "specific emotions", "reasoning": 5}\n', ":1: key 'reasoning': expected"),
+     '"emotional reactions", "subdimension": "specific emotions", "reasoning": 5}\n',
+     ":1: key 'reasoning': expected"),
     ("", "holds no records"),
     ('{"id": "a", "stimuli": "s", "question": "q"}\n', ":1: missing key 'answer'"),
 ])
@@ -113,8 +130,10 @@ def test_resume_drops_a_cut_short_metrics_line_and_refuses_changed_data(tmp_path
     data = tmp_path / "train.jsonl"
     lines = Path("data/demo/train.jsonl").read_text().splitlines(keepends=True)
     data.write_text("".join(lines[:64]))
-    quick = [f"data.train_file={json.dumps(str(data))}", 'data.valid_file=""', "run.steps=3", "checkpoint.every=1",
-             "checkpoint.keep_state=0", "optim.micro_batch=8"]
+    quick = [
+        f"data.train_file={json.dumps(str(data))}", 'data.valid_file=""', "run.steps=3",
+        "checkpoint.every=1", "checkpoint.keep_state=0", "optim.micro_batch=8"
+    ]
     assert run_sft(tmp_path, *quick).returncode == 0
     run = tmp_path / "runs" / "tiny-sft"
     shutil.rmtree(run / "checkpoints" / "step-3")
@@ -122,13 +141,22 @@ def test_resume_drops_a_cut_short_metrics_line_and_refuses_changed_data(tmp_path
         f.write('{"step": 4, "train/lo')  # the crash cut the last row short
     resumed = run_sft(tmp_path, *quick, resume=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "dropped 1 unreadable line" in resumed.stdout and "resuming after step 2" in resumed.stdout
+    assert "dropped 1 unreadable line" in resumed.stdout
+    assert "resuming after step 2" in resumed.stdout
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2, 3]
-    data.write_text("".join(lines[:48]))  # same path, other records: the saved data position would mean nothing
+    # same path, other records: the saved data position would mean nothing
+    data.write_text("".join(lines[:48]))
     refused = run_sft(tmp_path, *quick, resume=True)
-    assert refused.returncode != 0 and "is not the data" in refused.stderr and "Traceback" not in refused.stderr
+    assert refused.returncode != 0
+    assert "is not the data" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 def test_help_explains():
-    out = subprocess.run([sys.executable, "train_sft.py", "--help"], capture_output=True, text=True).stdout
-    assert "--config" in out and "--set" in out and "--overwrite" in out and "--resume" in out and "torchrun" in out
+    out = subprocess.run([sys.executable, "train_sft.py", "--help"], capture_output=True,
+                         text=True).stdout
+    assert "--config" in out
+    assert "--set" in out
+    assert "--overwrite" in out
+    assert "--resume" in out
+    assert "torchrun" in out

@@ -1,6 +1,7 @@
-"""`train_tgrpo.py` end to end on a tiny model that has learnt the answer format by SFT (so rewards vary within
-groups): it updates every parameter, logs every reward component as `psyrl.rl.rewards` computes it, 1 rank equals
-2 ranks, resume is bitwise, the reference model never moves, a NaN loss skips one update, bad input is refused."""
+"""`train_tgrpo.py` end to end on a tiny model that has learnt the answer format by SFT (so rewards
+vary within groups): it updates every parameter, logs every reward component as `psyrl.rl.rewards`
+computes it, 1 rank equals 2 ranks, resume is bitwise, the reference model never moves, a NaN loss
+skips one update, bad input is refused."""
 
 import json
 import math
@@ -33,17 +34,24 @@ TIME_KEYS = ("time/", "perf/")
 
 @pytest.fixture(scope="module")
 def start(tmp_path_factory):
-    """A 2-layer model taught `<think>it is so</think><answer>yes|no</answer>` by train_sft.py (~15 s): its samples
-    keep the format but guess the answer, so F1, and with it the reward, varies within groups."""
+    """A 2-layer model taught `<think>it is so</think><answer>yes|no</answer>` by train_sft.py (~15
+    s): its samples keep the format but guess the answer, so F1, and with it the reward, varies
+    within groups."""
     out = tmp_path_factory.mktemp("start")
-    records = [json.loads(line) for line in Path("data/demo/train.jsonl").read_text().splitlines()[:64]]
+    records = [
+        json.loads(line) for line in Path("data/demo/train.jsonl").read_text().splitlines()[:64]
+    ]
     with (out / "train.jsonl").open("w") as f:
         for i, r in enumerate(records):
-            f.write(json.dumps({**r, "answer": "yes" if i % 2 else "no", "reasoning": "it is so"}) + "\n")
-    sets = [f"run.output_dir={json.dumps(str(out / 'runs'))}", "run.name=start",
-            f"data.train_file={out / 'train.jsonl'}", 'data.valid_file=""', "run.steps=80", "model.hidden_size=64",
-            "model.num_layers=2", "model.intermediate_size=128", "optim.lr=5e-3", "checkpoint.every=0",
-            "log.progress=false"]
+            f.write(
+                json.dumps({**r, "answer": "yes" if i % 2 else "no", "reasoning": "it is so"}) +
+                "\n")
+    sets = [
+        f"run.output_dir={json.dumps(str(out / 'runs'))}", "run.name=start",
+        f"data.train_file={out / 'train.jsonl'}", 'data.valid_file=""', "run.steps=80",
+        "model.hidden_size=64", "model.num_layers=2", "model.intermediate_size=128",
+        "optim.lr=5e-3", "checkpoint.every=0", "log.progress=false"
+    ]
     args = [sys.executable, "train_sft.py", "--config", "configs/sft/tiny.toml"]
     args += [a for s in sets for a in ("--set", s)]
     result = subprocess.run(args, capture_output=True, text=True, timeout=600)
@@ -52,32 +60,55 @@ def start(tmp_path_factory):
 
 
 def tgrpo_sets(start: Path, out: Path, *extra: str) -> list[str]:
-    return [f"run.output_dir={json.dumps(str(out))}", "run.name=rl", f"model.path={start / 'runs' / 'start' / 'hf'}",
-            f"data.train_file={start / 'train.jsonl'}", 'data.valid_file=""', "run.steps=2", "rollout.prompts=8",
-            "rollout.samples=4", "optim.global_batch=4", "rollout.max_new_tokens=24", "sampler.batch=4",
-            "optim.micro_batch=4", "optim.logprob_micro_batch=4", "optim.lr=1e-4", "log.progress=false",
-            "advantage.scope=cache", "rollout.temperature=1.0", "log.samples_every=0", *extra]  # the paper's T-GRPO
+    return [
+        f"run.output_dir={json.dumps(str(out))}",
+        "run.name=rl",
+        f"model.path={start / 'runs' / 'start' / 'hf'}",
+        f"data.train_file={start / 'train.jsonl'}",
+        'data.valid_file=""',
+        "run.steps=2",
+        "rollout.prompts=8",
+        "rollout.samples=4",
+        "optim.global_batch=4",
+        "rollout.max_new_tokens=24",
+        "sampler.batch=4",
+        "optim.micro_batch=4",
+        "optim.logprob_micro_batch=4",
+        "optim.lr=1e-4",
+        "log.progress=false",
+        # the paper's T-GRPO
+        "advantage.scope=cache",
+        "rollout.temperature=1.0",
+        "log.samples_every=0",
+        *extra
+    ]
 
 
 def run_cli(start, out, *extra, ranks=1, resume=False):
     """train_tgrpo.py in a subprocess (python, or torchrun with 2 gloo ranks)."""
     launcher = TORCHRUN if ranks == 2 else [sys.executable]
     args = [*launcher, "train_tgrpo.py", "--config", "configs/tgrpo/tiny.toml"]
-    args += [a for s in tgrpo_sets(start, out, *extra) for a in ("--set", s)] + (["--resume"] if resume else [])
+    args += [a for s in tgrpo_sets(start, out, *extra)
+             for a in ("--set", s)] + (["--resume"] if resume else [])
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = launch.run(args, None if resume else out / "rl", timeout=600, env=env)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[:3000] + result.stderr[-3000:]
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[:3000] + result.stderr[
+        -3000:]
     return result
 
 
 def run_in_process(start, out, *extra, resume=False):
     """The same CLI in this process (so a test can patch the module), returning click's result."""
-    args = ["--config", "configs/tgrpo/tiny.toml"] + [a for s in tgrpo_sets(start, out, *extra) for a in ("--set", s)]
-    return CliRunner().invoke(train_tgrpo.main, args + (["--resume"] if resume else []), catch_exceptions=False)
+    args = ["--config", "configs/tgrpo/tiny.toml"
+            ] + [a for s in tgrpo_sets(start, out, *extra) for a in ("--set", s)]
+    return CliRunner().invoke(train_tgrpo.main, args + (["--resume"] if resume else []),
+                              catch_exceptions=False)
 
 
 def rows_without_timing(run: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(TIME_KEYS)} for r in read_metrics(run / "metrics.jsonl")]
+    return [{k: v
+             for k, v in r.items() if not k.startswith(TIME_KEYS)}
+            for r in read_metrics(run / "metrics.jsonl")]
 
 
 def test_two_steps_update_every_parameter_and_checkpoint_the_cache(start, tmp_path):
@@ -85,23 +116,28 @@ def test_two_steps_update_every_parameter_and_checkpoint_the_cache(start, tmp_pa
     run = tmp_path / "rl"
     rows = read_metrics(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
-    expected = ["reward/final", "reward/f1", "reward/format", "reward/repetition_penalty", "reward/br",
-                "reward/br_short_fraction", "reward/br_long_fraction", "response/length", "response/length_max",
-                "response/truncated", "rollout/zero_variance_groups", "rollout/advantage_abs_mean",
-                "rollout/logprob_gap", "actor/pg_loss", "actor/kl", "actor/clip_frac_high", "actor/clip_frac_low",
-                "actor/dual_clip_frac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/skipped_updates",
-                "time/sample", "time/score", "time/logprobs", "time/update", "time/sync", "cache/steps"]
+    expected = [
+        "reward/final", "reward/f1", "reward/format", "reward/repetition_penalty", "reward/br",
+        "reward/br_short_fraction", "reward/br_long_fraction", "response/length",
+        "response/length_max", "response/truncated", "rollout/zero_variance_groups",
+        "rollout/advantage_abs_mean", "rollout/logprob_gap", "actor/pg_loss", "actor/kl",
+        "actor/clip_frac_high", "actor/clip_frac_low", "actor/dual_clip_frac", "actor/ppo_kl",
+        "actor/entropy", "actor/grad_norm", "actor/skipped_updates", "time/sample", "time/score",
+        "time/logprobs", "time/update", "time/sync", "cache/steps"
+    ]
     for row in rows:
         assert not [k for k in expected if k not in row]
         assert all(v is not None and math.isfinite(v) for v in row.values() if isinstance(v, float))
         assert row["actor/grad_norm"] > 0 and row["rollout/advantage_abs_mean"] > 0
         assert row["rollout/zero_variance_groups"] < 1 and row["actor/skipped_updates"] == 0
-        assert row["rollout/logprob_gap"] < 1e-5  # the sampler's copy follows the trainer (synced after step 1)
+        # the sampler's copy follows the trainer (synced after step 1)
+        assert row["rollout/logprob_gap"] < 1e-5
     assert rows[1]["actor/kl"] > 0  # the policy has moved away from the reference
     before = load_file(start / "runs" / "start" / "hf" / "model.safetensors")
     after = load_file(run / "hf" / "model.safetensors")
     assert sorted(before) == sorted(after)
-    assert not [name for name in before if torch.equal(before[name], after[name])]  # every parameter moved
+    # every parameter moved
+    assert not [name for name in before if torch.equal(before[name], after[name])]
     cache = json.loads((run / "checkpoints" / "step-2" / "trajectory_cache.json").read_text())
     assert cache["size"] == 4 and [len(s["reward"]) for s in cache["steps"]] == [32, 32]
     assert len((run / "samples" / "step-2.jsonl").read_text().splitlines()) == 32
@@ -109,38 +145,45 @@ def test_two_steps_update_every_parameter_and_checkpoint_the_cache(start, tmp_pa
     saved = run / "checkpoints" / "step-2" / "config.resolved.toml"
     saved.write_text(saved.read_text().replace("[rollout]\n", "[rollout]\nvalid_batch = 64\n"))
     write_manifest(saved.parent)
-    refused = run_in_process(start, tmp_path, "optim.weight_decay=0", "checkpoint.every=1", "log.samples_every=1",
-                             resume=True)
-    assert refused.exit_code != 0 and "cannot read the config the run was started with" in refused.output
+    refused = run_in_process(start, tmp_path, "optim.weight_decay=0", "checkpoint.every=1",
+                             "log.samples_every=1", resume=True)
+    assert refused.exit_code != 0
+    assert "cannot read the config the run was started with" in refused.output
     assert "valid_batch" in refused.output
 
 
 @pytest.mark.parametrize("variant", ["base", "length", "short", "length_rp", "bilateral"])
 def test_every_variant_logs_what_psyrl_rewards_computes(start, tmp_path, variant):
-    result = run_in_process(start, tmp_path, f"reward.variant={variant}", "run.steps=1", "log.samples_every=1")
+    result = run_in_process(start, tmp_path, f"reward.variant={variant}", "run.steps=1",
+                            "log.samples_every=1")
     assert result.exit_code == 0, result.output
     run = tmp_path / "rl"
-    samples = [json.loads(line) for line in (run / "samples" / "step-1.jsonl").read_text().splitlines()]
+    samples = [
+        json.loads(line) for line in (run / "samples" / "step-1.jsonl").read_text().splitlines()
+    ]
     golds = {r.id: r.answer for r in load_stimuliqa(start / "train.jsonl")}
     lengths = [s["tokens"] for s in samples]
     f1 = [s["f1"] for s in samples]
     cfg = load_config(run / "config.resolved.toml")
     # step 1: the cache holds this step only, so L-bar and r-bar_F1 are this step's means
-    final, parts = score_batch([s["response"] for s in samples], [golds[s["id"]] for s in samples], lengths,
-                               statistics.fmean(lengths), statistics.fmean(f1), cfg.reward)
+    final, parts = score_batch([s["response"] for s in samples], [golds[s["id"]] for s in samples],
+                               lengths, statistics.fmean(lengths), statistics.fmean(f1), cfg.reward)
     for key in ("f1", "fmt", "rep", "br", "len", "short", "final"):
         assert [s[key] for s in samples] == pytest.approx(parts[key].tolist(), abs=1e-12), key
     logged = read_metrics(run / "metrics.jsonl")[0]
     for key, value in reward_metrics(parts).items():
         assert logged[key] == pytest.approx(value, abs=1e-12), key
-    expected_adv = (final - final.mean()) / (final.std() + 1e-6)  # scope cache with one step = eq. 2 on the batch
+    # scope cache with one step = eq. 2 on the batch
+    expected_adv = (final - final.mean()) / (final.std() + 1e-6)
     assert [s["advantage"] for s in samples] == pytest.approx(expected_adv.tolist(), abs=1e-9)
-    check_markdown(run / "samples" / "step-1.md", samples, logged, load_stimuliqa(start / "train.jsonl"), G=4)
+    check_markdown(run / "samples" / "step-1.md", samples, logged,
+                   load_stimuliqa(start / "train.jsonl"), G=4)
 
 
 def check_markdown(path: Path, samples: list[dict], logged: dict, records, G: int, shown: int = 4):
-    """samples/step-N.md: the step means of the metrics row, then per shown prompt its story, question, gold
-    answer and a table row per response (reward components, advantage as in step-N.jsonl) and the response."""
+    """samples/step-N.md: the step means of the metrics row, then per shown prompt its story,
+    question, gold answer and a table row per response (reward components, advantage as in
+    step-N.jsonl) and the response."""
     text = path.read_text()
     assert f"final {logged['reward/final']:.3f}, F1 {logged['reward/f1']:.3f}" in text
     by_id = {r.id: r for r in records}
@@ -150,23 +193,29 @@ def check_markdown(path: Path, samples: list[dict], logged: dict, records, G: in
         group = samples[p * G:(p + 1) * G]
         record = by_id[group[0]["id"]]
         assert section.startswith(f"{p + 1}: `{record.id}`")
-        assert f"> **Q:** {record.question}" in section and f"Gold answer: **{record.answer}**" in section
+        assert f"> **Q:** {record.question}" in section
+        assert f"Gold answer: **{record.answer}**" in section
         for s in group:
-            row = next(line for line in section.splitlines() if line.startswith(f"| {s['sample']} |"))
+            row = next(line for line in section.splitlines()
+                       if line.startswith(f"| {s['sample']} |"))
             cells = [c.strip() for c in row.strip("|").split("|")]
             assert cells[1] == f"{s['f1']:.3f}" and cells[-4] == f"{s['final']:.3f}", row
-            assert cells[-3:] == [f"{s['advantage']:+.3f}", str(s["tokens"]), s["finish_reason"]], row
+            assert cells[-3:] == [f"{s['advantage']:+.3f}",
+                                  str(s["tokens"]), s["finish_reason"]], row
             assert f"```text\n{s['response']}\n```" in section
 
 
 def test_group_scope_with_cache_size_one_is_standard_grpo():
-    cfg = load_config(None, ["reward.variant=base", "advantage.scope=group", "cache.size=1", "rollout.samples=4"])
+    cfg = load_config(
+        None, ["reward.variant=base", "advantage.scope=group", "cache.size=1", "rollout.samples=4"])
     cache = TrajectoryCache(cfg.cache.size)
-    older = [{"f1": 1.0, "fmt": 1.0, "rep": 0.0, "length": 9}] * 8  # a previous step: must not matter
+    # a previous step: must not matter
+    older = [{"f1": 1.0, "fmt": 1.0, "rep": 0.0, "length": 9}] * 8
     rollout.score(older, cache, cfg)
     f1 = [1.0, 0.5, 0.0, 0.0, 0.2, 0.2, 0.2, 0.2]
     fmt = [1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0]
-    samples = [{"f1": a, "fmt": b, "rep": 0.0, "length": 5 + i} for i, (a, b) in enumerate(zip(f1, fmt))]
+    samples = [{"f1": a, "fmt": b, "rep": 0.0, "length": 5 + i}
+               for i, (a, b) in enumerate(zip(f1, fmt))]
     adv, parts = rollout.score(samples, cache, cfg)
     rewards = [0.5 * a + 0.5 * b for a, b in zip(f1, fmt)]  # eq. 11 with w_F1 = w_fmt = 0.5
     expected = []
@@ -179,7 +228,8 @@ def test_group_scope_with_cache_size_one_is_standard_grpo():
 
 @pytest.mark.slow
 def test_resume_is_bitwise_identical(start, tmp_path):
-    extra = ["run.steps=3", "checkpoint.every=1", "checkpoint.keep_state=0"]  # 2 updates per step: logp_old path
+    # 2 updates per step: logp_old path
+    extra = ["run.steps=3", "checkpoint.every=1", "checkpoint.keep_state=0"]
     run_cli(start, tmp_path / "a", *extra)
     whole, cut = tmp_path / "a" / "rl", tmp_path / "b" / "rl"
     shutil.copytree(whole, cut)
@@ -187,7 +237,8 @@ def test_resume_is_bitwise_identical(start, tmp_path):
     shutil.rmtree(cut / "hf")
     result = run_cli(start, tmp_path / "b", *extra, resume=True)
     assert "resuming after step 2" in result.stdout
-    a, b = load_file(whole / "hf" / "model.safetensors"), load_file(cut / "hf" / "model.safetensors")
+    a, b = load_file(whole / "hf" / "model.safetensors"), load_file(cut / "hf" /
+                                                                    "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
     cache = "checkpoints/step-3/trajectory_cache.json"
     assert (whole / cache).read_text() == (cut / cache).read_text()
@@ -196,7 +247,8 @@ def test_resume_is_bitwise_identical(start, tmp_path):
 
 @pytest.mark.slow
 def test_two_ranks_equal_one_process(start, tmp_path):
-    # 2 steps of 8 prompts, 2 updates each; under torchrun each rank samples and trains 2 prompts per mini-batch
+    # 2 steps of 8 prompts, 2 updates each; under torchrun each rank samples and trains 2 prompts
+    # per mini-batch
     extra = ["checkpoint.every=2", "log.samples_every=1"]
     run_cli(start, tmp_path / "one", *extra)
     run_cli(start, tmp_path / "two", *extra, ranks=2)
@@ -204,7 +256,8 @@ def test_two_ranks_equal_one_process(start, tmp_path):
     for step in (1, 2):
         a, b = ((r / "samples" / f"step-{step}.jsonl").read_text().splitlines() for r in (one, two))
         a, b = [json.loads(x) for x in a], [json.loads(x) for x in b]
-        assert [x["response"] for x in a] == [x["response"] for x in b]  # same samples, whatever the rank
+        # same samples, whatever the rank
+        assert [x["response"] for x in a] == [x["response"] for x in b]
         assert [x["advantage"] for x in a] == pytest.approx([x["advantage"] for x in b], abs=1e-12)
     cache = "checkpoints/step-2/trajectory_cache.json"
     assert json.loads((one / cache).read_text()) == json.loads((two / cache).read_text())
@@ -213,7 +266,8 @@ def test_two_ranks_equal_one_process(start, tmp_path):
         assert r1.keys() == r2.keys()
         for k in r1:
             assert r2[k] == pytest.approx(r1[k], rel=1e-5, abs=1e-6), k
-        assert r2["rollout/logprob_gap"] < 1e-5  # the weight sync from FSDP shards reaches the sampler
+        # the weight sync from FSDP shards reaches the sampler
+        assert r2["rollout/logprob_gap"] < 1e-5
     a, b = load_file(one / "hf" / "model.safetensors"), load_file(two / "hf" / "model.safetensors")
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
 
@@ -242,14 +296,17 @@ def test_reference_never_changes_and_a_nan_loss_skips_one_update(start, tmp_path
     monkeypatch.setattr(train_tgrpo, "build_reference", recording_build_reference)
     monkeypatch.setattr(update, "tgrpo_loss", nan_on_first_update)
     start_weights = load_file(start / "runs" / "start" / "hf" / "model.safetensors")
-    result = run_in_process(start, tmp_path, "rollout.prompts=4")  # one update per step, 4 micro-batches
+    # one update per step, 4 micro-batches
+    result = run_in_process(start, tmp_path, "rollout.prompts=4")
     assert result.exit_code == 0, result.output
     policy, reference = built
-    assert all(torch.equal(t, start_weights[name.removeprefix("lm.")]) for name, t in reference.state_dict().items()
-               if name.removeprefix("lm.") in start_weights)
+    assert all(
+        torch.equal(t, start_weights[name.removeprefix("lm.")])
+        for name, t in reference.state_dict().items() if name.removeprefix("lm.") in start_weights)
     assert not any(p.requires_grad for p in reference.parameters())
     rows = read_metrics(tmp_path / "rl" / "metrics.jsonl")
-    assert [r["actor/skipped_updates"] for r in rows] == [1, 1] and rows[0]["actor/grad_norm"] is None
+    assert [r["actor/skipped_updates"]
+            for r in rows] == [1, 1] and rows[0]["actor/grad_norm"] is None
     assert "step 1: non-finite gradient norm nan; update skipped" in result.output
     assert math.isfinite(rows[1]["actor/grad_norm"])
 
@@ -257,7 +314,8 @@ def test_reference_never_changes_and_a_nan_loss_skips_one_update(start, tmp_path
 @pytest.mark.parametrize("extra, message", [
     (["data.train_file=EMPTY"], "holds no records"),
     (["rollout.max_prompt_tokens=5"], "longer than rollout.max_prompt_tokens = 5"),
-    (["advantage.scope=group", "rollout.samples=1"], "advantage.scope = 'group' needs rollout.samples >= 2"),
+    (["advantage.scope=group", "rollout.samples=1"
+      ], "advantage.scope = 'group' needs rollout.samples >= 2"),
     (["rollout.prompts=6"], "must be a multiple of optim.global_batch = 4"),
 ])
 def test_bad_input_is_refused_with_one_message(start, tmp_path, extra, message):
@@ -272,5 +330,9 @@ def test_bad_input_is_refused_with_one_message(start, tmp_path, extra, message):
 
 
 def test_help_explains():
-    out = subprocess.run([sys.executable, "train_tgrpo.py", "--help"], capture_output=True, text=True).stdout
-    assert "--config" in out and "--resume" in out and "torchrun" in out and "trajectory cache" in out
+    out = subprocess.run([sys.executable, "train_tgrpo.py", "--help"], capture_output=True,
+                         text=True).stdout
+    assert "--config" in out
+    assert "--resume" in out
+    assert "torchrun" in out
+    assert "trajectory cache" in out

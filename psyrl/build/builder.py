@@ -1,11 +1,14 @@
-"""QA pairs (paper §3.1, appendix A.1 and B): `psyrl build qa` (from expert-labelled stimuli) and `psyrl build
-comparison` (LlamaQA/MistralQA-style: the generator writes the stimulus too), then quality control and the §4.1 split.
+"""QA pairs (paper §3.1, appendix A.1 and B): `psyrl build qa` (from expert-labelled stimuli) and
+`psyrl build comparison` (LlamaQA/MistralQA-style: the generator writes the stimulus too), then
+quality control and the §4.1 split.
 
-    qa          labelled stimuli + catalogue -> dataset-generation prompt -> QA pairs -> quality control -> split
-    comparison  topics -> comparison prompt (a stimulus, then its QA pair) -> quality control -> split
+    qa          labelled stimuli + catalogue -> dataset-generation prompt -> QA pairs -> quality
+    control -> split
+    comparison  topics -> comparison prompt (a stimulus, then its QA pair) -> quality control ->
+    split
 
-The other commands: psyrl.build.topics (`topics`), psyrl.build.reasoning (`reasoning`); what they share:
-psyrl.build.build_run.
+The other commands: psyrl.build.topics (`topics`), psyrl.build.reasoning (`reasoning`); what they
+share: psyrl.build.build_run.
 """
 
 from __future__ import annotations
@@ -15,7 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from psyrl.build import prompts
-from psyrl.build.build_run import BuildError, BuildRun, Tally, report_markdown, write_nonempty, write_report
+from psyrl.build.build_run import (
+    BuildError,
+    BuildRun,
+    Tally,
+    report_markdown,
+    write_nonempty,
+    write_report,
+)
 from psyrl.build.catalogue import Variable, load_catalogue
 from psyrl.build.generation_log import Job, prompt_sha
 from psyrl.build.labelled import load_labelled
@@ -46,7 +56,8 @@ class Candidate:
 
 
 def _judge(candidates: list[Candidate], comparison: bool, near_duplicate: float):
-    """(kept records, dropped rows, tally): parse, leak rules, then duplicates, in generation order."""
+    """(kept records, dropped rows, tally): parse, leak rules, then duplicates, in generation
+    order."""
     tally, dropped, passed = Tally(), [], []
     for c in candidates:
         cut = c.output["finish_reason"] == "length"
@@ -54,7 +65,8 @@ def _judge(candidates: list[Candidate], comparison: bool, near_duplicate: float)
             pair = parse_qa(c.output["text"], want_stimulus=comparison)
             if cut and not pair.reason:  # cut before its Reason: the answer may be cut too
                 raise Rejected("truncated")
-        except Rejected as e:  # a generation cut at max_new_tokens fails for that reason, whatever it lacks
+        # a generation cut at max_new_tokens fails for that reason, whatever it lacks
+        except Rejected as e:
             dropped.append((c, "truncated" if cut else e.reason, None))
             continue
         stimulus = pair.stimulus if comparison else c.stimulus
@@ -63,21 +75,25 @@ def _judge(candidates: list[Candidate], comparison: bool, near_duplicate: float)
             dropped.append((c, reason, pair))
             continue
         passed.append((c, pair, stimulus))
-    texts = [(c.group, f"{stimulus}\n{pair.question}" if comparison else pair.question) for c, pair, stimulus in passed]
+    texts = [(c.group, f"{stimulus}\n{pair.question}" if comparison else pair.question)
+             for c, pair, stimulus in passed]
     kept = []
     for (c, pair, stimulus), reason in zip(passed, duplicate_reasons(texts, near_duplicate)):
         if reason:
             dropped.append((c, reason, pair))
             continue
         tally.add(c.variable.code, "kept")
-        kept.append(StimuliRecord(id=c.id, stimuli=stimulus, question=pair.question, answer=pair.answer,
-                                  variable=c.variable.code, dimension=c.variable.dimension,
-                                  subdimension=c.variable.subdimension))
+        kept.append(
+            StimuliRecord(id=c.id, stimuli=stimulus, question=pair.question, answer=pair.answer,
+                          variable=c.variable.code, dimension=c.variable.dimension,
+                          subdimension=c.variable.subdimension))
     rows = []
     for c, reason, pair in dropped:
         tally.add(c.variable.code, reason)
-        rows.append({"id": c.id, "variable": c.variable.code, "reason": reason, "text": c.output["text"],
-                     **({"question": pair.question, "answer": pair.answer} if pair else {})})
+        rows.append({
+            "id": c.id, "variable": c.variable.code, "reason": reason, "text": c.output["text"],
+            **({"question": pair.question, "answer": pair.answer} if pair else {})
+        })
     order = {c.id: i for i, c in enumerate(candidates)}
     rows.sort(key=lambda r: order[r["id"]])
     return kept, rows, tally
@@ -94,40 +110,48 @@ def _candidates(jobs: list[Job], rows: dict[str, dict], info: dict[str, tuple]) 
     return out
 
 
-def _finish_qa(run: BuildRun, command: str, catalogue, candidates, comparison: bool, near_duplicate: float,
-               n_train: int, n_test: int, min_count: int | None, split_seed: int, summary: str) -> dict:
+def _finish_qa(run: BuildRun, command: str, catalogue, candidates, comparison: bool,
+               near_duplicate: float, n_train: int, n_test: int, min_count: int | None,
+               split_seed: int, summary: str) -> dict:
     kept, dropped, tally = _judge(candidates, comparison, near_duplicate)
     out = run.out
     split = split_by_variable(kept, n_train, n_test, split_seed, min_count)
-    for name, records in (("qa.jsonl", kept), ("dropped.jsonl", dropped), ("train.jsonl", split.train),
-                          ("test.jsonl", split.test)):
+    for name, records in (("qa.jsonl", kept), ("dropped.jsonl", dropped),
+                          ("train.jsonl", split.train), ("test.jsonl", split.test)):
         write_nonempty(out / name, records)
     minimum = n_train + n_test if min_count is None else min_count
     generated = list(dict.fromkeys(c.variable.code for c in candidates))
-    excluded = {code: split.excluded.get(code, 0) for code in generated  # a variable with nothing kept too
+    # a variable with nothing kept too
+    excluded = {code: split.excluded.get(code, 0) for code in generated
                 if code in split.excluded or not any(r.variable == code for r in kept)}
-    report = {"command": command, **tally.report(catalogue),
-              "split": {"train": len(split.train), "test": len(split.test), "n_train": n_train, "n_test": n_test,
-                        "min_count": minimum, "seed": split_seed, "excluded": excluded}}
-    files = " and ".join(n for n, r in (("train.jsonl", split.train), ("test.jsonl", split.test)) if r)
-    split_line = (f"Split (paper §4.1, {n_train} train / {n_test} test per variable, seed {split_seed}): "
-                  f"{len(split.train)} train, {len(split.test)} test"
-                  + (f" ({files})" if files else " (no file written)")
-                  + f"; excluded with fewer than {minimum} kept pairs: "
-                  + (", ".join(f"{code} ({n})" for code, n in excluded.items()) or "none") + ".")
-    markdown = report_markdown(f"psyrl build {command}: {out}", f"{summary} = {report['generations']} generations: "
-                               f"{report['kept']} kept (qa.jsonl), {sum(report['dropped'].values())} dropped "
-                               f"(dropped.jsonl).\n\n{split_line}", report)
+    report = {
+        "command": command, **tally.report(catalogue), "split": {
+            "train": len(split.train), "test": len(split.test), "n_train": n_train,
+            "n_test": n_test, "min_count": minimum, "seed": split_seed, "excluded": excluded
+        }
+    }
+    files = " and ".join(n for n, r in (("train.jsonl", split.train), ("test.jsonl", split.test))
+                         if r)
+    split_line = (
+        f"Split (paper §4.1, {n_train} train / {n_test} test per variable, seed {split_seed}): "
+        f"{len(split.train)} train, {len(split.test)} test" +
+        (f" ({files})" if files else " (no file written)") +
+        f"; excluded with fewer than {minimum} kept pairs: " +
+        (", ".join(f"{code} ({n})" for code, n in excluded.items()) or "none") + ".")
+    markdown = report_markdown(
+        f"psyrl build {command}: {out}", f"{summary} = {report['generations']} generations: "
+        f"{report['kept']} kept (qa.jsonl), {sum(report['dropped'].values())} dropped "
+        f"(dropped.jsonl).\n\n{split_line}", report)
     write_report(out, report, markdown)
     return report
 
 
 def build_qa(run: BuildRun, catalogue_path, table_path, *, id_column: str | None = None,
-             text_column: str | None = None, ignore_columns: Sequence[str] = (), near_duplicate: float = NEAR_DUPLICATE,
-             n_train: int = 200, n_test: int = 100, min_count: int | None = None, split_seed: int = 0,
-             overwrite: bool = False):
-    """StimuliQA from a table of labelled stimuli: one dataset-generation prompt per (stimulus, coded variable).
-    Returns the report on rank 0 (None on the others)."""
+             text_column: str | None = None, ignore_columns: Sequence[str] = (),
+             near_duplicate: float = NEAR_DUPLICATE, n_train: int = 200, n_test: int = 100,
+             min_count: int | None = None, split_seed: int = 0, overwrite: bool = False):
+    """StimuliQA from a table of labelled stimuli: one dataset-generation prompt per (stimulus,
+    coded variable). Returns the report on rank 0 (None on the others)."""
     catalogue = load_catalogue(catalogue_path)
     stimuli = load_labelled(table_path, catalogue, id_column, text_column, ignore_columns)
     jobs, info = [], {}
@@ -137,18 +161,22 @@ def build_qa(run: BuildRun, catalogue_path, table_path, *, id_column: str | None
             jobs.append(Job(key, prompts.dataset_prompt(catalogue[code], s.text, value)))
             info[key] = (catalogue[code], s.text, value, s.id)
     if not jobs:
-        raise BuildError(f"{table_path}: no stimulus has a value for any variable of {catalogue_path}")
+        raise BuildError(
+            f"{table_path}: no stimulus has a value for any variable of {catalogue_path}")
     run.open("qa", {"catalogue": str(catalogue_path), "table": str(table_path)}, overwrite)
     rows = run.generate(jobs, "qa pairs")
     if not run.dist.is_main:
         return None
-    return _finish_qa(run, "qa", catalogue, _candidates(jobs, rows, info), False, near_duplicate, n_train, n_test,
-                      min_count, split_seed, f"{len(stimuli)} stimuli, {len(jobs)} coded (stimulus, variable) prompts "
-                      f"x {run.sampling.samples}")
+    return _finish_qa(
+        run, "qa", catalogue, _candidates(jobs, rows,
+                                          info), False, near_duplicate, n_train, n_test, min_count,
+        split_seed, f"{len(stimuli)} stimuli, {len(jobs)} coded (stimulus, variable) prompts "
+        f"x {run.sampling.samples}")
 
 
 def read_topics(path, catalogue: dict[str, Variable]) -> dict[str, list[str]]:
-    """topics.jsonl of `psyrl build topics` (`{"variable", "topic", ...}` per line): topics by variable."""
+    """topics.jsonl of `psyrl build topics` (`{"variable", "topic", ...}` per line): topics by
+    variable."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such topics file")
@@ -179,28 +207,33 @@ def _topic(row, catalogue: dict[str, Variable]) -> tuple[str, str]:
     return code, topic.strip()
 
 
-def build_comparison(run: BuildRun, catalogue_path, topics_path=None, *, near_duplicate: float = NEAR_DUPLICATE,
-                     n_train: int = 200, n_test: int = 100, min_count: int | None = None, split_seed: int = 0,
-                     overwrite: bool = False):
-    """A LlamaQA/MistralQA-style comparison set: per (variable, topic) the generator writes a stimulus and its QA
-    pair. Topics from `topics_path` (psyrl build topics) or else the catalogue's seed topics."""
+def build_comparison(run: BuildRun, catalogue_path, topics_path=None, *,
+                     near_duplicate: float = NEAR_DUPLICATE, n_train: int = 200, n_test: int = 100,
+                     min_count: int | None = None, split_seed: int = 0, overwrite: bool = False):
+    """A LlamaQA/MistralQA-style comparison set: per (variable, topic) the generator writes a
+    stimulus and its QA pair. Topics from `topics_path` (psyrl build topics) or else the catalogue's
+    seed topics."""
     catalogue = load_catalogue(catalogue_path)
     topics = read_topics(topics_path, catalogue) if topics_path else {
         code: list(v.topics) for code, v in catalogue.items() if v.topics}
     jobs, info = [], {}
     for code, variable in catalogue.items():
         for topic in dict.fromkeys(topics.get(code, []), None):  # a repeated topic once
-            key = f"{code}:{prompt_sha(topic_key(topic))[:10]}"  # by topic: adding one regenerates no other
+            # by topic: adding one regenerates no other
+            key = f"{code}:{prompt_sha(topic_key(topic))[:10]}"
             if key not in info:
                 jobs.append(Job(key, prompts.comparison_prompt(variable, topic)))
                 info[key] = (variable, "", None, code)
     if not jobs:
-        raise BuildError(f"no topic to build from: {topics_path or catalogue_path} has no topic for a variable of "
-                         f"{catalogue_path}")
-    run.open("comparison", {"catalogue": str(catalogue_path), "topics": str(topics_path or "")}, overwrite)
+        raise BuildError(
+            f"no topic to build from: {topics_path or catalogue_path} has no topic for a variable "
+            f"of {catalogue_path}")
+    run.open("comparison", {"catalogue": str(catalogue_path), "topics": str(topics_path or "")},
+             overwrite)
     rows = run.generate(jobs, "comparison pairs")
     if not run.dist.is_main:
         return None
-    return _finish_qa(run, "comparison", catalogue, _candidates(jobs, rows, info), True, near_duplicate, n_train,
-                      n_test, min_count, split_seed, f"{len(jobs)} (variable, topic) prompts over "
-                      f"{len({k.split(':')[0] for k in info})} variables x {run.sampling.samples}")
+    return _finish_qa(
+        run, "comparison", catalogue, _candidates(jobs, rows, info), True, near_duplicate, n_train,
+        n_test, min_count, split_seed, f"{len(jobs)} (variable, topic) prompts over "
+        f"{len({k.split(':')[0] for k in info})} variables x {run.sampling.samples}")

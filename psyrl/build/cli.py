@@ -1,8 +1,10 @@
-"""`psyrl build`: the StimuliQA builder's command line (the pipeline: psyrl.build.builder, psyrl.build.topics,
-psyrl.build.reasoning, psyrl.build.build_run).
+"""`psyrl build`: the StimuliQA builder's command line (the pipeline: psyrl.build.builder,
+psyrl.build.topics, psyrl.build.reasoning, psyrl.build.build_run).
 
-    psyrl build qa --catalogue C --table T --model DIR --out DIR          (one process; HF/torch sampler on CPU)
-    torchrun --nproc_per_node 4 -m psyrl build qa ... --engine vllm --tensor-parallel 4    (a GPU node)
+    psyrl build qa --catalogue C --table T --model DIR --out DIR          (one process; HF/torch
+    sampler on CPU)
+    torchrun --nproc_per_node 4 -m psyrl build qa ... --engine vllm --tensor-parallel 4    (a GPU
+    node)
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ from psyrl.runtime.vllm_sampler import VLLMUnavailable
 
 @click.group("build", context_settings={"help_option_names": ["-h", "--help"]})
 def build_group():
-    """Build StimuliQA-format data with the paper's prompts (appendix A.1) and quality control (appendix B), from
-    any local model directory: QA pairs from labelled stimuli (qa), topic expansion (topics), LlamaQA-style
-    comparison sets (comparison), reasoning samples for SFT (reasoning). Each command writes into its --out:
-    generations.jsonl (resumable: run the same command again after an interruption), its results, dropped.jsonl,
-    report.md and report.json."""
+    """Build StimuliQA-format data with the paper's prompts (appendix A.1) and quality control
+    (appendix B), from any local model directory: QA pairs from labelled stimuli (qa), topic
+    expansion (topics), LlamaQA-style comparison sets (comparison), reasoning samples for SFT
+    (reasoning). Each command writes into its --out: generations.jsonl (resumable: run the same
+    command again after an interruption), its results, dropped.jsonl, report.md and report.json."""
 
 
 def build_options(samples: int = 1, max_new_tokens: int = 512):
@@ -87,16 +89,22 @@ def run_build(body):
 
 def qc_and_split_options(command):
     for option in reversed([
-        click.option("--near-duplicate", type=click.FloatRange(0, 1, min_open=True), default=NEAR_DUPLICATE,
-                     show_default=True, help="Content-word Jaccard similarity from which a pair duplicates an "
-                     "earlier one of its group (psyrl.build.quality_control)."),
-        click.option("--train", "n_train", type=click.IntRange(min=0), default=200, show_default=True,
-                     help="Training pairs per variable (paper §4.1)."),
-        click.option("--test", "n_test", type=click.IntRange(min=0), default=100, show_default=True,
-                     help="Test pairs per variable (paper §4.1)."),
-        click.option("--min-count", type=click.IntRange(min=0), default=None,
-                     help="Variables with fewer kept pairs are excluded and listed (default: --train + --test)."),
-        click.option("--split-seed", type=int, default=0, show_default=True, help="Seed of the split."),
+            click.option(
+                "--near-duplicate", type=click.FloatRange(0, 1, min_open=True),
+                default=NEAR_DUPLICATE, show_default=True,
+                help="Content-word Jaccard similarity from which a pair duplicates an "
+                "earlier one of its group (psyrl.build.quality_control)."),
+            click.option("--train", "n_train", type=click.IntRange(min=0), default=200,
+                         show_default=True, help="Training pairs per variable (paper §4.1)."),
+            click.option("--test", "n_test", type=click.IntRange(min=0), default=100,
+                         show_default=True, help="Test pairs per variable (paper §4.1)."),
+            click.option(
+                "--min-count", type=click.IntRange(min=0), default=None, help=
+                "Variables with fewer kept pairs are excluded and listed (default: --train + "
+                "--test)."
+            ),
+            click.option("--split-seed", type=int, default=0, show_default=True,
+                         help="Seed of the split."),
     ]):
         command = option(command)
     return command
@@ -107,17 +115,21 @@ def qc_and_split_options(command):
               help="Variable catalogue, TOML or JSON (see data/build/catalogue.toml).")
 @click.option("--table", "table_path", required=True, type=click.Path(dir_okay=False),
               help="Labelled stimuli, CSV or JSONL: an id, the text, one column per variable.")
-@click.option("--id-column", default=None, help="The table's id column (default: `id`, in any case).")
-@click.option("--text-column", default=None, help="The table's stimulus column (default: the first of stimuli, "
-              "stimulus, text, story, in any case).")
-@click.option("--ignore-column", "ignore_columns", multiple=True, help="A table column that is not a variable; "
+@click.option("--id-column", default=None,
+              help="The table's id column (default: `id`, in any case).")
+@click.option(
+    "--text-column", default=None,
+    help="The table's stimulus column (default: the first of stimuli, "
+    "stimulus, text, story, in any case).")
+@click.option("--ignore-column", "ignore_columns", multiple=True,
+              help="A table column that is not a variable; "
               "repeatable.")
 @qc_and_split_options
 @build_options()
 def qa_command(run, **kwargs):
-    """QA pairs from expert-labelled stimuli: the dataset-generation prompt for every (stimulus, coded variable),
-    quality control, then the §4.1 split into train.jsonl and test.jsonl (StimuliQA records that train_sft.py,
-    train_tgrpo.py and evaluate.py take)."""
+    """QA pairs from expert-labelled stimuli: the dataset-generation prompt for every (stimulus,
+    coded variable), quality control, then the §4.1 split into train.jsonl and test.jsonl (StimuliQA
+    records that train_sft.py, train_tgrpo.py and evaluate.py take)."""
     build_qa(run, **kwargs)
 
 
@@ -129,8 +141,9 @@ def qa_command(run, **kwargs):
 @qc_and_split_options
 @build_options()
 def comparison_command(run, **kwargs):
-    """A comparison set in the manner of the paper's LlamaQA and MistralQA: for every (variable, topic) the
-    generator writes a stimulus and its QA pair (comparison prompt), then quality control and the §4.1 split."""
+    """A comparison set in the manner of the paper's LlamaQA and MistralQA: for every (variable,
+    topic) the generator writes a stimulus and its QA pair (comparison prompt), then quality control
+    and the §4.1 split."""
     build_comparison(run, **kwargs)
 
 
@@ -141,24 +154,25 @@ def comparison_command(run, **kwargs):
               help="Topics per variable, seeds included (appendix B: up to 200).")
 @build_options(samples=4, max_new_tokens=1024)
 def topics_command(run, **kwargs):
-    """Expand each variable's seed topics with the topic-generation prompt: --samples generations per variable,
-    duplicates dropped, at most --max-topics kept (topics.jsonl, the input of `psyrl build comparison`)."""
+    """Expand each variable's seed topics with the topic-generation prompt: --samples generations
+    per variable, duplicates dropped, at most --max-topics kept (topics.jsonl, the input of `psyrl
+    build comparison`)."""
     build_topics(run, **kwargs)
 
 
 @build_group.command("reasoning")
 @click.option("--data", "data_path", required=True, type=click.Path(dir_okay=False),
               help="A StimuliQA JSONL file (e.g. the train.jsonl of `psyrl build qa`).")
-@click.option("--short", "n_short", type=click.IntRange(min=0), default=PAPER_REASONING, show_default=True,
-              help="Short rationales to keep (appendix B: 500).")
-@click.option("--long", "n_long", type=click.IntRange(min=0), default=PAPER_REASONING, show_default=True,
-              help="Long rationales to keep (appendix B: 500).")
+@click.option("--short", "n_short", type=click.IntRange(min=0), default=PAPER_REASONING,
+              show_default=True, help="Short rationales to keep (appendix B: 500).")
+@click.option("--long", "n_long", type=click.IntRange(min=0), default=PAPER_REASONING,
+              show_default=True, help="Long rationales to keep (appendix B: 500).")
 @click.option("--short-words", type=click.IntRange(min=1), default=SHORT_WORDS, show_default=True,
               help="A rationale of at most this many words is short.")
 @build_options()
 def reasoning_command(run, **kwargs):
-    """Reasoning samples for knowledge injection (appendix B): the reasoning-CoT prompt turns each (QA, expected
-    answer) into a rationale without the answer, records visited in a seeded order until --short and --long are
-    kept. reasoning.jsonl: StimuliQA records with `reasoning`, train_sft.py's `cot` input
-    (<think>reasoning</think><answer>answer</answer>)."""
+    """Reasoning samples for knowledge injection (appendix B): the reasoning-CoT prompt turns each
+    (QA, expected answer) into a rationale without the answer, records visited in a seeded order
+    until --short and --long are kept. reasoning.jsonl: StimuliQA records with `reasoning`,
+    train_sft.py's `cot` input (<think>reasoning</think><answer>answer</answer>)."""
     build_reasoning(run, **kwargs)

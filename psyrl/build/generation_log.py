@@ -1,11 +1,12 @@
-"""Resumable generation for the data builder (`psyrl build`): many prompts through the sampler interface, each
-finished round appended to a JSONL log, so an interrupted build resumes where it stopped and a finished prompt is
-never generated again.
+"""Resumable generation for the data builder (`psyrl build`): many prompts through the sampler
+interface, each finished round appended to a JSONL log, so an interrupted build resumes where it
+stopped and a finished prompt is never generated again.
 
-A log row: `{"key", "prompt_sha", "outputs": [{"text", "finish_reason", "tokens"}, ...]}`. A row counts as done
-for a job with the same key and the same prompt (an edited stimulus is generated again). Under torchrun the
-prompts of a round are shared across ranks and rank 0 writes; each prompt draws with its own seed (from the
-build's seed and its key), so the samples do not depend on the ranks, the batch or a resume.
+A log row: `{"key", "prompt_sha", "outputs": [{"text", "finish_reason", "tokens"}, ...]}`. A row
+counts as done for a job with the same key and the same prompt (an edited stimulus is generated
+again). Under torchrun the prompts of a round are shared across ranks and rank 0 writes; each prompt
+draws with its own seed (from the build's seed and its key), so the samples do not depend on the
+ranks, the batch or a resume.
 """
 
 from __future__ import annotations
@@ -51,15 +52,16 @@ def prompt_sha(prompt: str) -> str:
 
 
 def chat_ids(tokenizer, prompt: str) -> list[int]:
-    """The prompt as the model's chat template renders one user turn, ready for the assistant's reply."""
+    """The prompt as the model's chat template renders one user turn, ready for the assistant's
+    reply."""
     text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                          add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def read_log(path: Path) -> dict[str, dict]:
-    """The log's rows by key (a later row for a key replaces an earlier one). A torn last line (a crash while
-    writing) is dropped; a bad line anywhere else is a DataError naming it."""
+    """The log's rows by key (a later row for a key replaces an earlier one). A torn last line (a
+    crash while writing) is dropped; a bad line anywhere else is a DataError naming it."""
     if not path.exists():
         return {}
     try:
@@ -81,8 +83,8 @@ def _lines(rows) -> str:
 
 
 def load_log(dist: Dist, log: Path) -> dict[str, dict]:
-    """Every row of `log`, by key, on every rank (rank 0 reads it and rewrites it without a torn last line).
-    Collective."""
+    """Every row of `log`, by key, on every rank (rank 0 reads it and rewrites it without a torn
+    last line). Collective."""
     rows, problem = {}, None
     if dist.is_main:  # the others learn the outcome (no rank left waiting alone)
         try:
@@ -97,28 +99,36 @@ def load_log(dist: Dist, log: Path) -> dict[str, dict]:
     return rows
 
 
-def generate(dist: Dist, sampler, tokenizer, jobs: Sequence[Job], log: Path, logged: dict[str, dict],
+def generate(dist: Dist, sampler, tokenizer, jobs: Sequence[Job], log: Path, logged: dict[str,
+                                                                                          dict],
              sampling: Sampling, progress: bool = True, desc: str = "generate") -> dict[str, dict]:
-    """Every job's log row, by key, on every rank: from `logged` (see load_log; the new rows are added to it) when
-    done with the same prompt, generated and appended to `log` otherwise. Collective under torchrun."""
+    """Every job's log row, by key, on every rank: from `logged` (see load_log; the new rows are
+    added to it) when done with the same prompt, generated and appended to `log` otherwise.
+    Collective under torchrun."""
     keys = [job.key for job in jobs]
     if len(set(keys)) != len(keys):
         raise ValueError("two jobs share a key")
     done = {j.key: logged[j.key] for j in jobs
             if j.key in logged and logged[j.key].get("prompt_sha") == prompt_sha(j.prompt)}
-    pending = sorted((j for j in jobs if j.key not in done), key=lambda j: len(j.prompt))  # less padding per batch
+    # less padding per batch
+    pending = sorted((j for j in jobs if j.key not in done), key=lambda j: len(j.prompt))
     per_round = sampling.batch * dist.world
     bar = tqdm(total=len(jobs), initial=len(done), desc=desc, unit="prompt", dynamic_ncols=True,
                disable=not (progress and dist.is_main and pending))
     with log.open("a", encoding="utf-8") if dist.is_main else contextlib.nullcontext() as sink:
         for start in range(0, len(pending), per_round):
-            mine = pending[start:start + per_round][dist.rank::dist.world]  # strided: each rank gets short and long
-            groups = sampler.generate([chat_ids(tokenizer, j.prompt) for j in mine], sampling.samples,  # collective
-                                      sampling.temperature, sampling.top_p, sampling.max_new_tokens,
+            # strided: each rank gets short and long
+            mine = pending[start:start + per_round][dist.rank::dist.world]
+            # collective
+            groups = sampler.generate([chat_ids(tokenizer, j.prompt)
+                                       for j in mine], sampling.samples, sampling.temperature,
+                                      sampling.top_p, sampling.max_new_tokens,
                                       [item_seed(sampling.seed, j.key) for j in mine])
-            rows = all_gather_lists([{"key": j.key, "prompt_sha": prompt_sha(j.prompt), "outputs": [
-                {"text": s.text, "finish_reason": s.finish_reason, "tokens": len(s.token_ids)} for s in group]}
-                for j, group in zip(mine, groups)], dist)
+            rows = all_gather_lists([{
+                "key": j.key, "prompt_sha": prompt_sha(j.prompt), "outputs": [{
+                    "text": s.text, "finish_reason": s.finish_reason, "tokens": len(s.token_ids)
+                } for s in group]
+            } for j, group in zip(mine, groups)], dist)
             failure = None
             if dist.is_main:  # on disk at once: a crash loses at most the round in flight
                 try:
@@ -127,7 +137,8 @@ def generate(dist: Dist, sampler, tokenizer, jobs: Sequence[Job], log: Path, log
                     os.fsync(sink.fileno())
                 except OSError as e:
                     failure = e
-            if not agree(failure is None, dist):  # a full disk on rank 0 stops every rank, none left waiting
+            # a full disk on rank 0 stops every rank, none left waiting
+            if not agree(failure is None, dist):
                 raise failure or OSError(f"rank 0 could not write {log}")
             done.update((row["key"], row) for row in rows)
             logged.update((row["key"], row) for row in rows)

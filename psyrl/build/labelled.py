@@ -1,7 +1,8 @@
-"""The labelled table of the StimuliQA builder (paper §3.1): one row per stimulus, an id, the stimulus text and one
-column per catalogue variable (psyrl.build.catalogue) holding the annotated number, or nothing (empty, NA, N/A, null)
-where the variable was not coded. CSV with a header row (comma, semicolon or tab separated), JSONL, or a `.json`
-array of objects. Validated whole: every problem is reported as `file:line: what was wrong`, nothing is built.
+"""The labelled table of the StimuliQA builder (paper §3.1): one row per stimulus, an id, the
+stimulus text and one column per catalogue variable (psyrl.build.catalogue) holding the annotated
+number, or nothing (empty, NA, N/A, null) where the variable was not coded. CSV with a header row
+(comma, semicolon or tab separated), JSONL, or a `.json` array of objects. Validated whole: every
+problem is reported as `file:line: what was wrong`, nothing is built.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from pathlib import Path
 from psyrl.build.catalogue import Variable, json_element_lines, line_of, number_text
 from psyrl.core.records import DataError, parse_numbered, raise_line_errors, read_jsonl
 
-TEXT_COLUMNS = ("stimuli", "stimulus", "text", "story")  # looked for in this order when --text-column is not given
-MISSING = {"", "na", "n/a", "nan", "null", "none", "-"}  # cells that mean "not coded" (case-insensitive)
+# looked for in this order when --text-column is not given
+TEXT_COLUMNS = ("stimuli", "stimulus", "text", "story")
+# cells that mean "not coded" (case-insensitive)
+MISSING = {"", "na", "n/a", "nan", "null", "none", "-"}
 
 
 @dataclass(frozen=True)
@@ -31,13 +34,15 @@ class LabelledStimulus:
     values: dict[str, float] = field(default_factory=dict)
 
 
-def load_labelled(path: str | Path, catalogue: dict[str, Variable], id_column: str | None = None,
-                  text_column: str | None = None, ignore_columns: Sequence[str] = ()) -> list[LabelledStimulus]:
-    """Every row of a CSV (comma, semicolon or tab separated) or JSONL table of labelled stimuli, values checked
-    against the catalogue's ranges; a DataError lists `file:line: problem` for every bad row. The id column is `id`
-    and the text column the first of TEXT_COLUMNS, in any case, unless named. Columns that are neither the id, the
-    text nor a catalogue variable are an error unless named in `ignore_columns` (a misspelt variable would
-    otherwise vanish silently); columns without a name (a spreadsheet's index, a trailing comma) are ignored."""
+def load_labelled(
+    path: str | Path, catalogue: dict[str, Variable], id_column: str | None = None,
+    text_column: str | None = None, ignore_columns: Sequence[str] = ()) -> list[LabelledStimulus]:
+    """Every row of a CSV (comma, semicolon or tab separated) or JSONL table of labelled stimuli,
+    values checked against the catalogue's ranges; a DataError lists `file:line: problem` for every
+    bad row. The id column is `id` and the text column the first of TEXT_COLUMNS, in any case,
+    unless named. Columns that are neither the id, the text nor a catalogue variable are an error
+    unless named in `ignore_columns` (a misspelt variable would otherwise vanish silently); columns
+    without a name (a spreadsheet's index, a trailing comma) are ignored."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such table of labelled stimuli")
@@ -45,26 +50,34 @@ def load_labelled(path: str | Path, catalogue: dict[str, Variable], id_column: s
     header = list(dict.fromkeys(k for _, row in rows if isinstance(row, dict) for k in row))
     lower = {c.lower(): c for c in reversed(header)}
     id_column = id_column or lower.get("id", "id")
-    text_column = text_column or next((lower[c] for c in TEXT_COLUMNS if c in lower), TEXT_COLUMNS[0])
+    text_column = text_column or next(
+        (lower[c] for c in TEXT_COLUMNS if c in lower), TEXT_COLUMNS[0])
     errors = []
     for column, option in ((id_column, "--id-column"), (text_column, "--text-column")):
         if rows and column not in header:
-            errors.append(f"{path}:1: no {column!r} column (columns: {', '.join(header)}); name it with {option}")
+            errors.append(
+                f"{path}:1: no {column!r} column (columns: {', '.join(header)}); name it with "
+                f"{option}"
+            )
     known = {id_column, text_column, *catalogue, *ignore_columns}
     for column in header:
         if column not in known:
             close = difflib.get_close_matches(column, list(catalogue), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            errors.append(f"{path}:1: column {column!r} is not a variable of the catalogue; {hint}pass "
-                          f"--ignore-column {column} to build without it")
+            errors.append(
+                f"{path}:1: column {column!r} is not a variable of the catalogue; {hint}pass "
+                f"--ignore-column {column} to build without it")
     raise_line_errors(path, errors, "column(s)")
-    stimuli = parse_numbered(path, rows, lambda row: _stimulus(row, catalogue, id_column, text_column), "row(s)")
+    stimuli = parse_numbered(path, rows,
+                             lambda row: _stimulus(row, catalogue, id_column, text_column),
+                             "row(s)")
     if not stimuli:
         raise DataError(f"{path}: the table holds no stimuli")
     return stimuli
 
 
-def _stimulus(row, catalogue: dict[str, Variable], id_column: str, text_column: str) -> LabelledStimulus:
+def _stimulus(row, catalogue: dict[str, Variable], id_column: str,
+              text_column: str) -> LabelledStimulus:
     if not isinstance(row, dict):
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
     problems = []
@@ -74,7 +87,10 @@ def _stimulus(row, catalogue: dict[str, Variable], id_column: str, text_column: 
     if not isinstance(ident, str) or not ident.strip():
         problems.append(f"{id_column!r} must be a non-empty string, got {json.dumps(ident)}")
     if not isinstance(text, str) or not text.strip():
-        problems.append(f"{text_column!r} (the stimulus) must be a non-empty string, got {json.dumps(text)[:60]}")
+        problems.append(
+            f"{text_column!r} (the stimulus) must be a non-empty string, got "
+            f"{json.dumps(text)[:60]}"
+        )
     values = {}
     for code, variable in catalogue.items():
         raw = row.get(code)
@@ -85,9 +101,15 @@ def _stimulus(row, catalogue: dict[str, Variable], id_column: str, text_column: 
         except (TypeError, ValueError):
             value = math.nan
         if not math.isfinite(value):
-            problems.append(f"{code!r}: {json.dumps(raw)[:40]} is not a number (leave the cell empty when not coded)")
+            problems.append(
+                f"{code!r}: {json.dumps(raw)[:40]} is not a number (leave the cell empty when not "
+                "coded)"
+            )
         elif not variable.low <= value <= variable.high:
-            problems.append(f"{code!r}: {number_text(value)} is outside the catalogue's range {variable.range_text}")
+            problems.append(
+                f"{code!r}: {number_text(value)} is outside the catalogue's range "
+                f"{variable.range_text}"
+            )
         else:
             values[code] = value
     if problems:
@@ -102,12 +124,14 @@ def _text(path: Path) -> str:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line, column = raw[:e.start].count(b"\n") + 1, e.start - raw.rfind(b"\n", 0, e.start)
-        raise DataError(f"{path}:{line}: not valid UTF-8 (byte {column} of the line); save it as UTF-8") from None
+        raise DataError(
+            f"{path}:{line}: not valid UTF-8 (byte {column} of the line); save it as UTF-8"
+        ) from None
 
 
 def _csv_rows(path: Path) -> list[tuple[int, dict]]:
-    """(first line, {column: cell}) per data row; the delimiter is the header line's most frequent of `,` `;` tab.
-    Ragged rows and repeated column names are errors."""
+    """(first line, {column: cell}) per data row; the delimiter is the header line's most frequent
+    of `,` `;` tab. Ragged rows and repeated column names are errors."""
     text = _text(path)
     first = text.split("\n", 1)[0]
     delimiter = max(",;\t", key=first.count)
@@ -124,8 +148,10 @@ def _csv_rows(path: Path) -> list[tuple[int, dict]]:
         for cells in reader:
             if any(c.strip() for c in cells):
                 if len(cells) != len(header):
-                    errors.append(f"{path}:{line}: {len(cells)} cells, the header has {len(header)}")
-                else:  # a column without a name is a spreadsheet's index or a trailing comma: ignored
+                    errors.append(
+                        f"{path}:{line}: {len(cells)} cells, the header has {len(header)}")
+                # a column without a name is a spreadsheet's index or a trailing comma: ignored
+                else:
                     rows.append((line, {h: c for h, c in zip(header, cells) if h}))
             line = reader.line_num + 1
     except csv.Error as e:
@@ -135,14 +161,17 @@ def _csv_rows(path: Path) -> list[tuple[int, dict]]:
 
 
 def _json_rows(path: Path) -> list[tuple[int, dict]]:
-    """(line, object) per row of a JSONL file, or of a .json file holding one JSON array of objects."""
+    """(line, object) per row of a JSONL file, or of a .json file holding one JSON array of
+    objects."""
     if path.suffix.lower() == ".json" and _text(path).lstrip().startswith("["):
         text = _text(path)
         try:
             rows = json.loads(text)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
-        return [(line_of(text, offset), row) for offset, row in zip(json_element_lines(text, True), rows)]
+            raise DataError(
+                f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+        return [(line_of(text, offset), row)
+                for offset, row in zip(json_element_lines(text, True), rows)]
     bad = []
     rows = read_jsonl(path, bad=bad)
     raise_line_errors(path, [f"{path}:{lineno}: {problem}" for lineno, problem in bad], "line(s)")

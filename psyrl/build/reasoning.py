@@ -1,6 +1,7 @@
-"""Reasoning samples for knowledge injection (appendix B, "Logical Reasoning Sample Injection"): `psyrl build
-reasoning` turns (QA, expected answer) into step-by-step rationales with the reasoning-CoT prompt (appendix A.1) and
-keeps N short and N long ones (the paper: 500 + 500) as SFT records."""
+"""Reasoning samples for knowledge injection (appendix B, "Logical Reasoning Sample Injection"):
+`psyrl build reasoning` turns (QA, expected answer) into step-by-step rationales with the
+reasoning-CoT prompt (appendix A.1) and keeps N short and N long ones (the paper: 500 + 500) as SFT
+records."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ import random
 from tqdm import tqdm
 
 from psyrl.build import prompts
-from psyrl.build.build_run import BuildError, BuildRun, Tally, report_markdown, write_nonempty, write_report
+from psyrl.build.build_run import (
+    BuildError,
+    BuildRun,
+    Tally,
+    report_markdown,
+    write_nonempty,
+    write_report,
+)
 from psyrl.build.catalogue import Variable
 from psyrl.build.generation_log import Job
 from psyrl.build.qa_pairs import Rejected, parse_reasoning
@@ -20,12 +28,13 @@ PAPER_REASONING = 500  # appendix B: "500 short and 500 long reasoning samples"
 SHORT_WORDS = 40  # psyrl's line between a short and a long rationale (the paper does not say)
 
 
-def build_reasoning(run: BuildRun, data_path, *, n_short: int = PAPER_REASONING, n_long: int = PAPER_REASONING,
-                    short_words: int = SHORT_WORDS, overwrite: bool = False):
-    """Appendix B's reasoning samples for knowledge injection: the reasoning-CoT prompt on the records of a StimuliQA
-    file, visited in a seeded order until `n_short` rationales of at most `short_words` words and `n_long` longer
-    ones are kept. Written as StimuliQA records with `reasoning` (train_sft.py's `cot` target is
-    <think>reasoning</think><answer>answer</answer>)."""
+def build_reasoning(run: BuildRun, data_path, *, n_short: int = PAPER_REASONING,
+                    n_long: int = PAPER_REASONING, short_words: int = SHORT_WORDS,
+                    overwrite: bool = False):
+    """Appendix B's reasoning samples for knowledge injection: the reasoning-CoT prompt on the
+    records of a StimuliQA file, visited in a seeded order until `n_short` rationales of at most
+    `short_words` words and `n_long` longer ones are kept. Written as StimuliQA records with
+    `reasoning` (train_sft.py's `cot` target is <think>reasoning</think><answer>answer</answer>)."""
     records = load_stimuliqa(data_path)
     if n_short < 0 or n_long < 0 or n_short + n_long == 0:
         raise BuildError("--short and --long must be >= 0, and not both 0")
@@ -42,7 +51,8 @@ def build_reasoning(run: BuildRun, data_path, *, n_short: int = PAPER_REASONING,
         batch = [records[i] for i in order[position:position + chunk]]
         position += len(batch)
         jobs = [Job(r.id, prompts.reasoning_prompt(r)) for r in batch]
-        rows = run.generate(jobs, "reasoning", progress=False)  # every rank: the loop's decision needs the rows
+        # every rank: the loop's decision needs the rows
+        rows = run.generate(jobs, "reasoning", progress=False)
         for record, job in zip(batch, jobs):
             taken = False
             for j, output in enumerate(rows[job.key]["outputs"]):
@@ -55,7 +65,8 @@ def build_reasoning(run: BuildRun, data_path, *, n_short: int = PAPER_REASONING,
                     rationale = parse_reasoning(output["text"], record.answer)
                 except Rejected as e:
                     tally.add(record.variable, e.reason)
-                    dropped.append({"id": record.id, "sample": j, "reason": e.reason, "text": output["text"]})
+                    dropped.append(
+                        {"id": record.id, "sample": j, "reason": e.reason, "text": output["text"]})
                     continue
                 kind = "short" if len(rationale.split()) <= short_words else "long"
                 if len(kept[kind]) >= quota[kind]:
@@ -80,10 +91,13 @@ def build_reasoning(run: BuildRun, data_path, *, n_short: int = PAPER_REASONING,
               "short_words": short_words, "quota": quota,
               "mean_words": {k: sum(w) / len(w) if w else None for k, w in words.items()}}
     short_of = [k for k in kept if len(kept[k]) < quota[k]]
-    unfilled = f"; the file ran out before the {' and '.join(short_of)} quota{'s' * (len(short_of) > 1)} filled"
-    summary = (f"{position} of {len(records)} records visited (seeded order) for {n_short} short (<= {short_words} "
-               f"words) and {n_long} long rationales: kept {len(kept['short'])} short and {len(kept['long'])} long "
-               f"in reasoning.jsonl{unfilled if short_of else ''}. Generations beyond a filled quota count as "
-               "surplus.")
-    write_report(run.out, report, report_markdown(f"psyrl build reasoning: {run.out}", summary, report))
+    unfilled = (f"; the file ran out before the {' and '.join(short_of)} "
+                f"quota{'s' * (len(short_of) > 1)} filled")
+    summary = (
+        f"{position} of {len(records)} records visited (seeded order) for {n_short} short (<= "
+        f"{short_words} words) and {n_long} long rationales: kept {len(kept['short'])} short and "
+        f"{len(kept['long'])} long in reasoning.jsonl{unfilled if short_of else ''}. Generations "
+        "beyond a filled quota count as surplus.")
+    write_report(run.out, report,
+                 report_markdown(f"psyrl build reasoning: {run.out}", summary, report))
     return report

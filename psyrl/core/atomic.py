@@ -1,6 +1,6 @@
-"""All-or-nothing writes: a file or directory is assembled under a temporary name `.<name>.tmp-<tag>` and
-renamed into place, so a crash never leaves a half-written one under its real name; `tidy` clears what a
-crash left behind."""
+"""All-or-nothing writes: a file or directory is assembled under a temporary name
+`.<name>.tmp-<tag>` and renamed into place, so a crash never leaves a half-written one under its
+real name; `tidy` clears what a crash left behind."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def write_text(path: str | Path, text: str) -> None:
     with tmp.open("w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
-        os.fsync(f.fileno())  # on disk before the rename makes it visible: a power cut leaves no empty file
+        # on disk before the rename makes it visible: a power cut leaves no empty file
+        os.fsync(f.fileno())
     tmp.replace(path)
     _sync_dir(path.parent)
 
@@ -44,8 +45,10 @@ def _sync_dir(directory: Path) -> None:
 
 
 def replace_dir(tmp: Path, final: Path) -> None:
-    """Move a finished directory into place. The previous version is renamed to `<name>.old` first and deleted
-    last: at every instant one complete version exists under `final` or `<name>.old` (`tidy` restores it)."""
+    """Move a finished directory into place. The previous version is renamed to `<name>.old` first
+    and deleted
+    last: at every instant one complete version exists under `final` or `<name>.old` (`tidy`
+    restores it)."""
     old = final.with_name(final.name + ".old")
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
@@ -56,8 +59,8 @@ def replace_dir(tmp: Path, final: Path) -> None:
 
 
 def tidy(directory: str | Path) -> None:
-    """After a crash: delete unfinished `.<name>.tmp-<tag>` directories and files; put back a `<name>.old`
-    whose replacement never arrived."""
+    """After a crash: delete unfinished `.<name>.tmp-<tag>` directories and files; put back a
+    `<name>.old` whose replacement never arrived."""
     directory = Path(directory)
     if not directory.is_dir():
         return

@@ -1,10 +1,10 @@
 """Run configuration: one dataclass per TOML table (SPEC §9), a docstring under every field.
 
-`load_config` reads a TOML file plus `--set table.key=value` overrides and returns a `Config`;
-every bad input raises one `ConfigError` naming the file, the line and the key. The
-config reference (docs/config.md) is generated from the docstrings below, in the order of `Config`'s
-tables (the T-GRPO ones: reward, cache, advantage, loss, rollout, sampler; SPEC §2-4); the TOML plumbing
-itself is in `psyrl.core.tomlconf`.
+`load_config` reads a TOML file plus `--set table.key=value` overrides and returns a `Config`; every
+bad input raises one `ConfigError` naming the file, the line and the key. The config reference
+(docs/config.md) is generated from the docstrings below, in the order of `Config`'s tables (the
+T-GRPO ones: reward, cache, advantage, loss, rollout, sampler; SPEC §2-4); the TOML plumbing itself
+is in `psyrl.core.tomlconf`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from typing import Literal
 from psyrl.core import tomlconf
 from psyrl.core.tomlconf import ConfigError, check_choices, require
 
-__all__ = ["Config", "ConfigError", "load_config", "dump_config", "config_changes", "config_reference"]
+__all__ = [
+    "Config", "ConfigError", "load_config", "dump_config", "config_changes", "config_reference"
+]
 
 
 @dataclass
@@ -30,17 +32,19 @@ class RunConfig:
     seed: int = 0
     """Seed of every random generator of the run (data order, sampling, init)."""
     steps: int = 315
-    """Number of steps: an SFT step is one optimiser step, a T-GRPO step one rollout (SPEC §9). 315 in the paper."""
+    """Number of steps: an SFT step is one optimiser step, a T-GRPO step one rollout (SPEC §9). 315
+    in the paper."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the model computes: `auto` takes CUDA when available, else the CPU."""
     memory_check: bool = True
-    """On CUDA, before any model is built: `psyrl plan`'s memory model for this config on these GPUs; its one-line
-    verdict is printed, and a phase predicted not to fit stops the run with the setting that fixes it (false:
-    print the verdict and go on)."""
+    """On CUDA, before any model is built: `psyrl plan`'s memory model for this config on these
+    GPUs; its one-line verdict is printed, and a phase predicted not to fit stops the run with the
+    setting that fixes it (false: print the verdict and go on)."""
 
     def __post_init__(self):
         bad_name = self.name in ("", ".", "..") or any(c in self.name for c in "/\\")
-        require(not bad_name, "name", f"expected a directory name (not '.', '..', no slashes), got {self.name!r}")
+        require(not bad_name, "name",
+                f"expected a directory name (not '.', '..', no slashes), got {self.name!r}")
         require(self.output_dir != "", "output_dir", "expected a directory, got an empty string")
         require(self.seed >= 0, "seed", f"expected >= 0, got {self.seed}")
         require(self.steps >= 1, "steps", f"expected >= 1, got {self.steps}")
@@ -50,20 +54,21 @@ class RunConfig:
 @dataclass
 class ModelConfig:
     path: str = ""
-    """Local Hugging Face causal-LM directory (e.g. Qwen2.5-0.5B-Instruct); empty = a tiny random-init Qwen2
-    built from the keys below, seeded by run.seed."""
+    """Local Hugging Face causal-LM directory (e.g. Qwen2.5-0.5B-Instruct); empty = a tiny
+    random-init Qwen2 built from the keys below, seeded by run.seed."""
     tokenizer: str = ""
-    """`tiny` (psyrl's small BPE), `qwen2.5` (shipped Qwen2.5 files), or a directory; empty = the model
-    directory's own tokenizer, or `tiny` when `path` is empty."""
+    """`tiny` (psyrl's small BPE), `qwen2.5` (shipped Qwen2.5 files), or a directory; empty = the
+    model directory's own tokenizer, or `tiny` when `path` is empty."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Compute dtype (A.3/A.4: bf16); master weights and optimiser state stay float32. Under torchrun: FSDP2
-    MixedPrecisionPolicy (bf16 parameters, float32 gradient reduction); in one process: bf16 autocast.
-    For GPUs: on this project's CPU, bf16 autocast trained the tiny model at 191 tokens/s against 4,500-5,400
-    in float32 (two runs)."""
+    """Compute dtype (A.3/A.4: bf16); master weights and optimiser state stay float32. Under
+    torchrun: FSDP2 MixedPrecisionPolicy (bf16 parameters, float32 gradient reduction); in one
+    process: bf16 autocast. For GPUs: on this project's CPU, bf16 autocast trained the tiny model at
+    191 tokens/s against 4,500-5,400 in float32 (two runs)."""
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
     """transformers attention kernel."""
     gradient_checkpointing: bool = False
-    """Recompute decoder-layer activations in the backward pass: less activation memory, more compute."""
+    """Recompute decoder-layer activations in the backward pass: less activation memory, more
+    compute."""
     hidden_size: int = 128
     """Tiny model only: hidden size."""
     num_layers: int = 2
@@ -93,12 +98,13 @@ class DataConfig:
     train_file: str = "data/demo/train.jsonl"
     """Training records (StimuliQA JSONL, SPEC §6), relative to the working directory."""
     valid_file: str = "data/demo/test.jsonl"
-    """Held-out records scored at every checkpoint: StimuliQA (F1, format, loss) or a benchmark-schema file (F1,
-    format, F1-accuracy, SPEC §7); empty = no validation."""
+    """Held-out records scored at every checkpoint: StimuliQA (F1, format, loss) or a
+    benchmark-schema file (F1, format, F1-accuracy, SPEC §7); empty = no validation."""
     valid_items: int = 0
     """Validate on a fixed seeded sample of this many held-out items; 0 = all of them."""
     max_length: int = 2048
-    """Longest prompt + response in tokens (A.3/A.4: 2048); longer training examples are dropped and counted."""
+    """Longest prompt + response in tokens (A.3/A.4: 2048); longer training examples are dropped and
+    counted."""
     shuffle: bool = True
     """Draw training examples in a fresh seeded order every epoch (else file order)."""
 
@@ -111,12 +117,14 @@ class DataConfig:
 @dataclass
 class PromptConfig:
     mode: Literal["cot", "direct"] = "cot"
-    """Instruction of appendix A.1: `cot` (think, then answer, in tags) or `direct` (answer tag only)."""
+    """Instruction of appendix A.1: `cot` (think, then answer, in tags) or `direct` (answer tag
+    only)."""
     placement: Literal["user", "system"] = "user"
-    """Where the instruction goes: after the content in the user turn (EasyR1's template, SPEC §5) or as the
-    system message."""
+    """Where the instruction goes: after the content in the user turn (EasyR1's template, SPEC §5)
+    or as the system message."""
     options: Literal["paper", "all", "none"] = "paper"
-    """Append a multiple-choice item's options to its question: `paper` = SimpleToM and SocialIQa only (§4.1)."""
+    """Append a multiple-choice item's options to its question: `paper` = SimpleToM and SocialIQa
+    only (§4.1)."""
 
     def __post_init__(self):
         check_choices(self)
@@ -125,18 +133,21 @@ class PromptConfig:
 @dataclass
 class RewardConfig:
     variant: Literal["base", "length", "short", "length_rp", "bilateral"] = "bilateral"
-    """Final reward: `base` (eq. 11), `length` (eq. 12-13), `short` (eq. 12, 14), `length_rp` (eq. 15),
-    `bilateral` (eq. 3, the paper's BR)."""
+    """Final reward: `base` (eq. 11), `length` (eq. 12-13), `short` (eq. 12, 14), `length_rp` (eq.
+    15), `bilateral` (eq. 3, the paper's BR)."""
     w_f1: float = 0.5
-    """Weight of the answer F1, w^F1 (eq. 3). Not stated in the paper: EasyR1's r1v scorer weighs accuracy 0.5."""
+    """Weight of the answer F1, w^F1 (eq. 3). Not stated in the paper: EasyR1's r1v scorer weighs
+    accuracy 0.5."""
     w_fmt: float = 0.5
-    """Weight of the format reward, w^fmt (eq. 3). Not stated in the paper: EasyR1's r1v scorer weighs format 0.5."""
+    """Weight of the format reward, w^fmt (eq. 3). Not stated in the paper: EasyR1's r1v scorer
+    weighs format 0.5."""
     w_len: float = 0.1
     """Weight of the length reward, w^length (eq. 12, 15). Not stated in the paper."""
     w_short: float = 0.1
     """Weight of the short reward, w^short (eq. 12). Not stated in the paper."""
     delta: float = 0.1
-    """Bilateral bonus delta for a short or long response that beats the mean F1 (eq. 8). Not stated in the paper."""
+    """Bilateral bonus delta for a short or long response that beats the mean F1 (eq. 8). Not stated
+    in the paper."""
     tau_low: float = 0.75
     """tau_-: L/L-bar below this counts as short (eq. 8). Not stated in the paper."""
     tau_high: float = 1.25
@@ -150,7 +161,8 @@ class RewardConfig:
     eps: float = 1e-6
     """epsilon of eq. 9 and of r_F1/(r-bar_F1 + eps) in eq. 13-14. Not stated in the paper."""
     short_reward_literal: bool = False
-    """Eq. 14 as printed (reward grows with L/L-bar) instead of SPEC §2's reading (grows with L-bar/L)."""
+    """Eq. 14 as printed (reward grows with L/L-bar) instead of SPEC §2's reading (grows with
+    L-bar/L)."""
 
     def __post_init__(self):
         check_choices(self)
@@ -159,14 +171,16 @@ class RewardConfig:
         require(0 < self.tau_low <= 1, "tau_low", f"expected 0 < tau_low <= 1, got {self.tau_low}")
         require(self.tau_high >= 1, "tau_high", f"expected >= 1, got {self.tau_high}")
         require(self.l_plus > 0, "l_plus", f"expected > 0, got {self.l_plus}")
-        require(self.s_minus > 0, "s_minus", f"expected > 0 (L-bar/L needs L > 0), got {self.s_minus}")
+        require(self.s_minus > 0, "s_minus",
+                f"expected > 0 (L-bar/L needs L > 0), got {self.s_minus}")
         require(self.eps > 0, "eps", f"expected > 0, got {self.eps}")
 
 
 @dataclass
 class CacheConfig:
     size: int = 4
-    """C, the number of recent steps the trajectory cache keeps (B_c = B x C, section 3.2). Not stated in the paper."""
+    """C, the number of recent steps the trajectory cache keeps (B_c = B x C, section 3.2). Not
+    stated in the paper."""
 
     def __post_init__(self):
         require(self.size >= 1, "size", f"expected >= 1, got {self.size}")
@@ -175,7 +189,8 @@ class CacheConfig:
 @dataclass
 class AdvantageConfig:
     scope: Literal["cache", "batch", "group"] = "cache"
-    """Pool of eq. 2's mean and std: `cache` (paper), `batch` (current step), `group` (standard GRPO, per prompt)."""
+    """Pool of eq. 2's mean and std: `cache` (paper), `batch` (current step), `group` (standard
+    GRPO, per prompt)."""
     eps: float = 1e-6
     """epsilon of eq. 2 (verl's GRPO value)."""
 
@@ -187,38 +202,42 @@ class AdvantageConfig:
 @dataclass
 class LossConfig:
     eps_low: float = 0.2
-    """Lower clip range: the ratio is clipped below at 1 - eps_low (eq. 1; EasyR1 v0.3.1 default)."""
+    """Lower clip range: the ratio is clipped below at 1 - eps_low (eq. 1; EasyR1 v0.3.1
+    default)."""
     eps_high: float = 0.3
-    """Upper clip range: the ratio is clipped above at 1 + eps_high (eq. 1 has eps_high = eps_low; EasyR1 uses 0.3)."""
+    """Upper clip range: the ratio is clipped above at 1 + eps_high (eq. 1 has eps_high = eps_low;
+    EasyR1 uses 0.3)."""
     dual_clip: float = 3.0
-    """Dual-clip c: for negative advantages the loss is capped at -c*A; 0 disables it (eq. 1 as printed)."""
+    """Dual-clip c: for negative advantages the loss is capped at -c*A; 0 disables it (eq. 1 as
+    printed)."""
     kl_coef: float = 1e-2
     """beta: weight of the low-variance KL to the reference model in the loss (eq. 1; A.3)."""
 
     def __post_init__(self):
         require(0 <= self.eps_low < 1, "eps_low", f"expected 0 <= eps_low < 1, got {self.eps_low}")
         require(self.eps_high >= 0, "eps_high", f"expected >= 0, got {self.eps_high}")
-        require(
-            self.dual_clip == 0 or self.dual_clip > 1, "dual_clip", f"expected 0 (off) or > 1, got {self.dual_clip}"
-        )
+        require(self.dual_clip == 0 or self.dual_clip > 1, "dual_clip",
+                f"expected 0 (off) or > 1, got {self.dual_clip}")
         require(self.kl_coef >= 0, "kl_coef", f"expected >= 0, got {self.kl_coef}")
 
 
 @dataclass
 class RolloutConfig:
     prompts: int = 512
-    """B: prompts sampled per step, over all ranks (A.3 rollout batch: 512); a multiple of optim.global_batch, each
-    mini-batch of global_batch prompts being one update (SPEC §9)."""
+    """B: prompts sampled per step, over all ranks (A.3 rollout batch: 512); a multiple of
+    optim.global_batch, each mini-batch of global_batch prompts being one update (SPEC §9)."""
     samples: int = 5
     """G: responses sampled per prompt (A.3: 5)."""
     temperature: float = 1.0
-    """Sampling temperature of training responses (A.3: 1.0); every trainer forward divides logits by it."""
+    """Sampling temperature of training responses (A.3: 1.0); every trainer forward divides logits
+    by it."""
     top_p: float = 0.99
     """Nucleus sampling mass (A.3: 0.99), for training samples and validation alike."""
     max_new_tokens: int = 2048
     """Longest generated response in tokens (A.3: 2048)."""
     max_prompt_tokens: int = 2048
-    """Training prompts longer than this many tokens are filtered out and counted (A.3: max prompt 2048)."""
+    """Training prompts longer than this many tokens are filtered out and counted (A.3: max prompt
+    2048)."""
     valid_temperature: float = 0.5
     """Sampling temperature of validation generations (A.3: 0.5); 0 = greedy."""
 
@@ -227,42 +246,52 @@ class RolloutConfig:
             require(getattr(self, key) >= 1, key, f"expected >= 1, got {getattr(self, key)}")
         require(self.temperature > 0, "temperature", f"expected > 0, got {self.temperature}")
         require(0 < self.top_p <= 1, "top_p", f"expected 0 < top_p <= 1, got {self.top_p}")
-        require(self.valid_temperature >= 0, "valid_temperature", f"expected >= 0, got {self.valid_temperature}")
+        require(self.valid_temperature >= 0, "valid_temperature",
+                f"expected >= 0, got {self.valid_temperature}")
 
 
 @dataclass
 class SamplerConfig:
     engine: Literal["torch", "vllm"] = "torch"
-    """What generates responses: `torch` (psyrl's own sampler on an unsharded copy of the model, KV cache, exact
-    top-p; CPUs and tests) or `vllm` (a vLLM 0.32 engine colocated in every torchrun rank, `psyrl.runtime.vllm_sampler`;
-    GPU nodes, `pip install -e '.[vllm]'`). Both take the weights from the trainer after every update."""
+    """What generates responses: `torch` (psyrl's own sampler on an unsharded copy of the model, KV
+    cache, exact top-p; CPUs and tests) or `vllm` (a vLLM 0.32 engine colocated in every torchrun
+    rank, `psyrl.runtime.vllm_sampler`; GPU nodes, `pip install -e '.[vllm]'`). Both take the
+    weights from the trainer after every update."""
     batch: int = 64
     """torch: sequences generated together (whole prompts: a prompt's G responses stay together)."""
     max_num_seqs: int = 256
-    """vllm: sequences the engine decodes together at most (vLLM's max_num_seqs; it schedules within it)."""
+    """vllm: sequences the engine decodes together at most (vLLM's max_num_seqs; it schedules within
+    it)."""
     tensor_parallel: int = 1
-    """vllm: ranks that hold one engine together (consecutive ranks; A.3: 2 on 4 GPUs). Must divide the ranks."""
+    """vllm: ranks that hold one engine together (consecutive ranks; A.3: 2 on 4 GPUs). Must divide
+    the ranks."""
     gpu_memory_utilization: float = 0.8
-    """vllm: the fraction of each GPU the engine may take for weights and KV cache while awake (A.3: 0.8)."""
+    """vllm: the fraction of each GPU the engine may take for weights and KV cache while awake (A.3:
+    0.8)."""
     sleep: bool = True
-    """vllm on GPUs: put the engine to sleep (level 1: weights to CPU, KV cache freed) between sampling and the
-    next weight sync, so that the update has the GPU. Off = the engine keeps its memory throughout."""
+    """vllm on GPUs: put the engine to sleep (level 1: weights to CPU, KV cache freed) between
+    sampling and the next weight sync, so that the update has the GPU. Off = the engine keeps its
+    memory throughout."""
     enforce_eager: bool = False
     """vllm: no CUDA graphs (less memory and a faster start, slower decoding)."""
     disable_custom_all_reduce: bool = True
-    """vllm: NCCL instead of vLLM's custom all-reduce between the ranks of an engine (tensor_parallel > 1), as EasyR1
-    (the paper's stack) and verl set it: the custom kernel needs GPU peer access, and on PCIe boards without NVLink
-    (RTX A6000) it has been reported to hang. false = vLLM's default (faster on NVLink nodes)."""
+    """vllm: NCCL instead of vLLM's custom all-reduce between the ranks of an engine
+    (tensor_parallel > 1), as EasyR1 (the paper's stack) and verl set it: the custom kernel needs
+    GPU peer access, and on PCIe boards without NVLink (RTX A6000) it has been reported to hang.
+    false = vLLM's default (faster on NVLink nodes)."""
     sync_bucket_mib: int = 512
-    """Weight sync: parameters are cast to model.dtype on the device and all-gathered in buckets of about this many
-    MiB (of the gathered tensors), each bucket streamed into the sampler before the next is gathered."""
+    """Weight sync: parameters are cast to model.dtype on the device and all-gathered in buckets of
+    about this many MiB (of the gathered tensors), each bucket streamed into the sampler before the
+    next is gathered."""
 
     def __post_init__(self):
         check_choices(self)
         require(self.batch >= 1, "batch", f"expected >= 1, got {self.batch}")
         require(self.max_num_seqs >= 1, "max_num_seqs", f"expected >= 1, got {self.max_num_seqs}")
-        require(self.tensor_parallel >= 1, "tensor_parallel", f"expected >= 1, got {self.tensor_parallel}")
-        require(self.sync_bucket_mib >= 1, "sync_bucket_mib", f"expected >= 1, got {self.sync_bucket_mib}")
+        require(self.tensor_parallel >= 1, "tensor_parallel",
+                f"expected >= 1, got {self.tensor_parallel}")
+        require(self.sync_bucket_mib >= 1, "sync_bucket_mib",
+                f"expected >= 1, got {self.sync_bucket_mib}")
         require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization",
                 f"expected 0 < gpu_memory_utilization <= 1, got {self.gpu_memory_utilization}")
 
@@ -284,35 +313,42 @@ class OptimConfig:
     warmup_ratio: float = 0.1
     """Linear warm-up over int(warmup_ratio x run.steps) steps (A.4: 10 % = 31 of 315 steps)."""
     grad_clip: float = 1.0
-    """Clip the global gradient norm to this (A.3: 1.0); 0 = no clipping (the norm is still logged)."""
+    """Clip the global gradient norm to this (A.3: 1.0); 0 = no clipping (the norm is still
+    logged)."""
     global_batch: int = 8
-    """Per optimiser step, over all ranks: SFT sequences (A.4: 1 per device x 2 accumulation x 4 GPUs = 8);
-    T-GRPO prompts, each with its G responses (A.3: 128)."""
+    """Per optimiser step, over all ranks: SFT sequences (A.4: 1 per device x 2 accumulation x 4
+    GPUs = 8); T-GRPO prompts, each with its G responses (A.3: 128)."""
     micro_batch: int = 1
-    """Sequences per forward/backward on one rank (A.4 SFT: 1; A.3 update: 4); gradients accumulate."""
+    """Sequences per forward/backward on one rank (A.4 SFT: 1; A.3 update: 4); gradients
+    accumulate."""
     logprob_micro_batch: int = 16
-    """Sequences per gradient-free forward on one rank: log-probs, validation loss (A.3 experience: 16)."""
+    """Sequences per gradient-free forward on one rank: log-probs, validation loss (A.3 experience:
+    16)."""
     micro_batch_tokens: int = 0
-    """T-GRPO update: when > 0, micro-batches by a token budget instead of `micro_batch` sequences: a rank's
-    sequences sorted by length and packed while rows x longest row stays within this many tokens (a longer sequence
-    goes alone). Less padding, fewer all-gathers; the loss normaliser is unchanged, so the gradient equals the
-    fixed-size micro-batches' to float rounding. 0 = fixed-size micro-batches."""
+    """T-GRPO update: when > 0, micro-batches by a token budget instead of `micro_batch` sequences:
+    a rank's sequences sorted by length and packed while rows x longest row stays within this many
+    tokens (a longer sequence goes alone). Less padding, fewer all-gathers; the loss normaliser is
+    unchanged, so the gradient equals the fixed-size micro-batches' to float rounding. 0 =
+    fixed-size micro-batches."""
     logprob_micro_batch_tokens: int = 0
-    """T-GRPO experience (reference and old log-probs): the same token budget for the gradient-free forwards, instead
-    of `logprob_micro_batch` sequences; 0 = fixed-size."""
+    """T-GRPO experience (reference and old log-probs): the same token budget for the gradient-free
+    forwards, instead of `logprob_micro_batch` sequences; 0 = fixed-size."""
 
     def __post_init__(self):
         check_choices(self)
         require(self.lr > 0, "lr", f"expected > 0, got {self.lr}")
         require(self.weight_decay >= 0, "weight_decay", f"expected >= 0, got {self.weight_decay}")
         for key in ("beta1", "beta2"):
-            require(0 <= getattr(self, key) < 1, key, f"expected 0 <= {key} < 1, got {getattr(self, key)}")
+            require(0 <= getattr(self, key) < 1, key,
+                    f"expected 0 <= {key} < 1, got {getattr(self, key)}")
         require(self.adam_eps > 0, "adam_eps", f"expected > 0, got {self.adam_eps}")
-        require(0 <= self.warmup_ratio < 1, "warmup_ratio", f"expected 0 <= warmup_ratio < 1, got {self.warmup_ratio}")
+        require(0 <= self.warmup_ratio < 1, "warmup_ratio",
+                f"expected 0 <= warmup_ratio < 1, got {self.warmup_ratio}")
         require(self.grad_clip >= 0, "grad_clip", f"expected >= 0, got {self.grad_clip}")
         require(self.global_batch >= 1, "global_batch", f"expected >= 1, got {self.global_batch}")
         require(self.micro_batch >= 1, "micro_batch", f"expected >= 1, got {self.micro_batch}")
-        require(self.logprob_micro_batch >= 1, "logprob_micro_batch", f"expected >= 1, got {self.logprob_micro_batch}")
+        require(self.logprob_micro_batch >= 1, "logprob_micro_batch",
+                f"expected >= 1, got {self.logprob_micro_batch}")
         for key in ("micro_batch_tokens", "logprob_micro_batch_tokens"):
             require(getattr(self, key) >= 0, key, f"expected >= 0, got {getattr(self, key)}")
 
@@ -320,44 +356,49 @@ class OptimConfig:
 @dataclass
 class FsdpConfig:
     offload: Literal["none", "phase", "always"] = "none"
-    """Under torchrun, where the actor's sharded parameters and AdamW state live. `none`: on the device throughout.
-    `phase` (A.3's "parameters and optimizer offloaded to CPU" as EasyR1 does it): T-GRPO moves the shards and the
-    optimiser state to pinned CPU memory while the sampler rolls out and back to the device before the experience
-    log-probs, so compute and the optimiser step run on the device (SFT has no rollout: there it equals `none`).
-    `always`: FSDP2's CPUOffloadPolicy, shards on the CPU during compute (copied in for each forward and backward,
-    gradients back to the CPU, the optimiser step on the CPU): least device memory, most host traffic."""
+    """Under torchrun, where the actor's sharded parameters and AdamW state live. `none`: on the
+    device throughout. `phase` (A.3's "parameters and optimizer offloaded to CPU" as EasyR1 does
+    it): T-GRPO moves the shards and the optimiser state to pinned CPU memory while the sampler
+    rolls out and back to the device before the experience log-probs, so compute and the optimiser
+    step run on the device (SFT has no rollout: there it equals `none`). `always`: FSDP2's
+    CPUOffloadPolicy, shards on the CPU during compute (copied in for each forward and backward,
+    gradients back to the CPU, the optimiser step on the CPU): least device memory, most host
+    traffic."""
     reshard_after_forward: bool = True
-    """Free each layer's gathered parameters after its forward and gather again for backward (full sharding,
-    ZeRO-3); false keeps them until backward: fewer all-gathers, more memory."""
+    """Free each layer's gathered parameters after its forward and gather again for backward (full
+    sharding, ZeRO-3); false keeps them until backward: fewer all-gathers, more memory."""
     ref_offload: bool = True
-    """Under torchrun: keep the T-GRPO reference model's shards in CPU memory (A.3: "CPU offload enabled for
-    reference model", FSDP2 CPUOffloadPolicy), in the compute dtype (model.dtype: bf16 as verl and EasyR1 load it);
-    its log-probs are one gradient-free forward per step."""
+    """Under torchrun: keep the T-GRPO reference model's shards in CPU memory (A.3: "CPU offload
+    enabled for reference model", FSDP2 CPUOffloadPolicy), in the compute dtype (model.dtype: bf16
+    as verl and EasyR1 load it); its log-probs are one gradient-free forward per step."""
     defer_grad_sync: bool = False
-    """Accumulate unsharded gradients over an update's micro-batches and reduce-scatter once, at the last one
-    (FSDP2 set_requires_gradient_sync): one gradient reduction per update instead of one per micro-batch, for a
-    full float32 gradient copy per rank (`psyrl plan` prints its cost)."""
+    """Accumulate unsharded gradients over an update's micro-batches and reduce-scatter once, at the
+    last one (FSDP2 set_requires_gradient_sync): one gradient reduction per update instead of one
+    per micro-batch, for a full float32 gradient copy per rank (`psyrl plan` prints its cost)."""
     timeout_minutes: int = 60
-    """Collective timeout: how long ranks wait for each other (e.g. while rank 0 writes a checkpoint)."""
+    """Collective timeout: how long ranks wait for each other (e.g. while rank 0 writes a
+    checkpoint)."""
 
     def __post_init__(self):
         check_choices(self)
-        require(self.timeout_minutes >= 1, "timeout_minutes", f"expected >= 1, got {self.timeout_minutes}")
+        require(self.timeout_minutes >= 1, "timeout_minutes",
+                f"expected >= 1, got {self.timeout_minutes}")
 
 
 @dataclass
 class CheckpointConfig:
     every: int = 0
-    """Every this many steps and at the last one: save `checkpoints/step-N/` (HF export, resumable training state,
-    resolved config, held-out scores when there is a valid_file); 0 = only the final export `hf/` (no resume).
-    Appendix B: GRPO starts from the SFT checkpoint with the median F1 (`psyrl select-checkpoint`)."""
+    """Every this many steps and at the last one: save `checkpoints/step-N/` (HF export, resumable
+    training state, resolved config, held-out scores when there is a valid_file); 0 = only the final
+    export `hf/` (no resume). Appendix B: GRPO starts from the SFT checkpoint with the median F1
+    (`psyrl select-checkpoint`)."""
     export_dtype: Literal["float32", "bfloat16"] = "float32"
-    """Dtype of the weights in every HF export (`hf/`, `checkpoints/step-N/hf/`): bfloat16 halves the files of a
-    bf16 run (the resumable `state/` keeps float32 master weights either way)."""
+    """Dtype of the weights in every HF export (`hf/`, `checkpoints/step-N/hf/`): bfloat16 halves
+    the files of a bf16 run (the resumable `state/` keeps float32 master weights either way)."""
     keep_state: int = 2
-    """Keep the resumable training state (model and optimiser shards, RNG, data position: ~3x the model's size) in
-    the last this-many checkpoints only; older ones keep their HF export and scores for the median-F1 choice.
-    0 = keep every state."""
+    """Keep the resumable training state (model and optimiser shards, RNG, data position: ~3x the
+    model's size) in the last this-many checkpoints only; older ones keep their HF export and scores
+    for the median-F1 choice. 0 = keep every state."""
 
     def __post_init__(self):
         check_choices(self)
@@ -372,16 +413,18 @@ class LogConfig:
     progress: bool = True
     """Show tqdm progress bars (rank 0)."""
     samples_every: int = 0
-    """T-GRPO: every this many steps write `samples/step-N.jsonl`, every sample of the step (prompt id, response,
-    finish reason, reward components, advantage), and `samples/step-N.md`, the first `samples_prompts` prompts with
-    their G responses for reading; 0 = never."""
+    """T-GRPO: every this many steps write `samples/step-N.jsonl`, every sample of the step (prompt
+    id, response, finish reason, reward components, advantage), and `samples/step-N.md`, the first
+    `samples_prompts` prompts with their G responses for reading; 0 = never."""
     samples_prompts: int = 4
     """Prompts shown in `samples/step-N.md`."""
 
     def __post_init__(self):
         require(self.every >= 1, "every", f"expected >= 1, got {self.every}")
-        require(self.samples_every >= 0, "samples_every", f"expected >= 0, got {self.samples_every}")
-        require(self.samples_prompts >= 1, "samples_prompts", f"expected >= 1, got {self.samples_prompts}")
+        require(self.samples_every >= 0, "samples_every",
+                f"expected >= 0, got {self.samples_every}")
+        require(self.samples_prompts >= 1, "samples_prompts",
+                f"expected >= 1, got {self.samples_prompts}")
 
 
 @dataclass

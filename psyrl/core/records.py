@@ -18,7 +18,8 @@ from pathlib import Path
 from psyrl.core.atomic import write_text
 from psyrl.core.text import ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN
 
-# paper §3.1 and Table 2; the subdimension -> dimension pairing is psyrl's reading (the paper lists both, not the map)
+# paper §3.1 and Table 2; the subdimension -> dimension pairing is psyrl's reading (the paper lists
+# both, not the map)
 SUBDIMENSIONS: dict[str, str] = {
     "specific emotions": "emotional reactions",
     "targeted emotions": "emotional reactions",
@@ -27,17 +28,20 @@ SUBDIMENSIONS: dict[str, str] = {
     "needs fulfilment": "collective psychology",
     "national theme": "collective psychology",
 }
-DIMENSIONS: tuple[str, ...] = ("emotional reactions", "narrative transformation", "collective psychology")
+DIMENSIONS: tuple[str, ...] = ("emotional reactions", "narrative transformation",
+                               "collective psychology")
 MAX_REPORTED_ERRORS = 20
 
 
 class DataError(ValueError):
-    """A data file a run cannot use; the message lists `file:line: problem` for every bad line (up to 20)."""
+    """A data file a run cannot use; the message lists `file:line: problem` for every bad line (up
+    to 20)."""
 
 
 @dataclass(frozen=True)
 class StimuliRecord:
-    """One StimuliQA item (SPEC §6). SFT needs only stimuli, question, answer (+ reasoning in `cot` mode)."""
+    """One StimuliQA item (SPEC §6). SFT needs only stimuli, question, answer (+ reasoning in `cot`
+    mode)."""
 
     id: str
     stimuli: str
@@ -67,13 +71,22 @@ class BenchmarkRecord:
 
 # ---------------------------------------------------------------- validation of one JSON object
 # (key, type, may be empty); a type of `tuple` means a JSON list of strings
-_STIMULI_KEYS = {"id": (str, False), "stimuli": (str, False), "question": (str, False), "answer": (str, False)}
-# SPEC §6: SFT needs only stimuli, question, answer (+ reasoning); the labels group evaluation results
+_STIMULI_KEYS = {
+    "id": (str, False), "stimuli": (str, False), "question": (str, False), "answer": (str, False)
+}
+# SPEC §6: SFT needs only stimuli, question, answer (+ reasoning); the labels group evaluation
+# results
 _STIMULI_OPTIONAL = {"variable": (str, True), "dimension": (str, True), "subdimension": (str, True),
                      "reasoning": (str, True)}
 _BENCHMARK_KEYS = {
-    "id": (str, False), "benchmark": (str, False), "task": (str, True), "context": (str, True),
-    "question": (str, False), "options": (tuple, False), "answer_index": (int, False), "answer": (str, False),
+    "id": (str, False),
+    "benchmark": (str, False),
+    "task": (str, True),
+    "context": (str, True),
+    "question": (str, False),
+    "options": (tuple, False),
+    "answer_index": (int, False),
+    "answer": (str, False),
 }
 _BENCHMARK_OPTIONAL = {"meta": (dict, True)}
 _TYPE_NAMES = {str: "a string", int: "an integer", tuple: "a list of strings", dict: "an object"}
@@ -89,23 +102,31 @@ def _check_keys(obj, required: dict, optional: dict) -> list[str]:
         if key not in obj or (key in optional and obj[key] is None):
             continue
         value = obj[key]
-        ok = (isinstance(value, list) and all(isinstance(v, str) for v in value)) if kind is tuple else (
-            isinstance(value, kind) and not (kind is int and isinstance(value, bool)))
+        ok = (isinstance(value, list)
+              and all(isinstance(v, str) for v in value)) if kind is tuple else (
+                  isinstance(value, kind) and not (kind is int and isinstance(value, bool)))
         if not ok:
-            problems.append(f"key {key!r}: expected {_TYPE_NAMES[kind]}, got {json.dumps(value)[:60]}")
-        elif not may_be_empty and kind in (str, tuple) and not (value.strip() if kind is str else value):
+            problems.append(
+                f"key {key!r}: expected {_TYPE_NAMES[kind]}, got {json.dumps(value)[:60]}")
+        elif not may_be_empty and kind in (str,
+                                           tuple) and not (value.strip() if kind is str else value):
             problems.append(f"key {key!r}: must not be empty")
     return problems
 
 
 def stimuli_record(obj) -> StimuliRecord:
-    """Validate one decoded JSON line as a StimuliQA record; raises ValueError naming every problem."""
+    """Validate one decoded JSON line as a StimuliQA record; raises ValueError naming every
+    problem."""
     problems = _check_keys(obj, _STIMULI_KEYS, _STIMULI_OPTIONAL)
     if not problems:
         if obj.get("dimension") and obj["dimension"] not in DIMENSIONS:
-            problems.append(f"key 'dimension': {obj['dimension']!r} is not one of {', '.join(DIMENSIONS)}")
+            problems.append(
+                f"key 'dimension': {obj['dimension']!r} is not one of {', '.join(DIMENSIONS)}")
         if obj.get("subdimension") and obj["subdimension"] not in SUBDIMENSIONS:
-            problems.append(f"key 'subdimension': {obj['subdimension']!r} is not one of {', '.join(SUBDIMENSIONS)}")
+            problems.append(
+                f"key 'subdimension': {obj['subdimension']!r} is not one of "
+                f"{', '.join(SUBDIMENSIONS)}"
+            )
     if problems:
         raise ValueError("; ".join(problems))
     labels = {k: obj.get(k) or "" for k in ("variable", "dimension", "subdimension")}
@@ -113,7 +134,8 @@ def stimuli_record(obj) -> StimuliRecord:
 
 
 def benchmark_record(obj) -> BenchmarkRecord:
-    """Validate one decoded JSON line as a benchmark record; raises ValueError naming every problem."""
+    """Validate one decoded JSON line as a benchmark record; raises ValueError naming every
+    problem."""
     problems = _check_keys(obj, _BENCHMARK_KEYS, _BENCHMARK_OPTIONAL)
     if not problems:
         options, index = obj["options"], obj["answer_index"]
@@ -122,12 +144,15 @@ def benchmark_record(obj) -> BenchmarkRecord:
         elif any(not o.strip() for o in options):
             problems.append("key 'options': an option is empty")
         elif not 0 <= index < len(options):
-            problems.append(f"key 'answer_index': {index} is out of range for {len(options)} options")
+            problems.append(
+                f"key 'answer_index': {index} is out of range for {len(options)} options")
         elif obj["answer"] != options[index]:
-            problems.append(f"key 'answer': {obj['answer']!r} != options[{index}] = {options[index]!r}")
+            problems.append(
+                f"key 'answer': {obj['answer']!r} != options[{index}] = {options[index]!r}")
     if problems:
         raise ValueError("; ".join(problems))
-    return BenchmarkRecord(**{**obj, "options": tuple(obj["options"]), "meta": obj.get("meta") or {}})
+    return BenchmarkRecord(
+        **{**obj, "options": tuple(obj["options"]), "meta": obj.get("meta") or {}})
 
 
 # ---------------------------------------------------------------- files
@@ -173,7 +198,8 @@ def raise_line_errors(path: Path, errors: list[str], what: str = "line(s)") -> N
     if errors:
         shown = errors[:MAX_REPORTED_ERRORS]
         more = f"\n... and {len(errors) - len(shown)} more" if len(errors) > len(shown) else ""
-        raise DataError(f"{path}: {len(errors)} bad {what}, nothing loaded:\n" + "\n".join(shown) + more)
+        raise DataError(f"{path}: {len(errors)} bad {what}, nothing loaded:\n" + "\n".join(shown) +
+                        more)
 
 
 def parse_numbered(path: Path, numbered: Iterable[tuple[int, object]], parse, what: str = "line(s)",
@@ -242,7 +268,8 @@ def load_records(path: str | Path) -> list[StimuliRecord] | list[BenchmarkRecord
 
 
 def write_jsonl(path: str | Path, records: Iterable) -> None:
-    """One JSON object per line, fields in dataclass order, UTF-8; written to a temporary file then renamed."""
+    """One JSON object per line, fields in dataclass order, UTF-8; written to a temporary file then
+    renamed."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     lines = []
     for r in records:
@@ -254,7 +281,8 @@ def write_jsonl(path: str | Path, records: Iterable) -> None:
 
 # ---------------------------------------------------------------- SFT target (SPEC §6)
 def sft_target(record: StimuliRecord, mode: str) -> str | None:
-    """The assistant text SFT teaches: `cot` -> think + answer tags (None without reasoning), `direct` -> answer tag."""
+    """The assistant text SFT teaches: `cot` -> think + answer tags (None without reasoning),
+    `direct` -> answer tag."""
     if mode == "direct":
         return f"{ANSWER_OPEN}{record.answer}{ANSWER_CLOSE}"
     if mode != "cot":
@@ -270,13 +298,15 @@ class VariableSplit:
     train: list
     test: list
     excluded: dict[str, int]
-    """variable -> item count, for variables under the minimum (the paper drops C_acol, C_agov, C_anet, C_apol)."""
+    """variable -> item count, for variables under the minimum (the paper drops C_acol, C_agov,
+    C_anet, C_apol)."""
 
 
 def split_by_variable(records: Sequence, n_train: int, n_test: int, seed: int,
                       min_count: int | None = None) -> VariableSplit:
-    """Paper §4.1: per variable a seeded sample of n_train train and n_test test items (200/100 in the paper);
-    variables with fewer than `min_count` items (default n_train + n_test) are excluded and listed."""
+    """Paper §4.1: per variable a seeded sample of n_train train and n_test test items (200/100 in
+    the paper); variables with fewer than `min_count` items (default n_train + n_test) are excluded
+    and listed."""
     if n_train < 0 or n_test < 0:
         raise ValueError(f"n_train and n_test must be >= 0, got {n_train}, {n_test}")
     min_count = n_train + n_test if min_count is None else min_count
@@ -290,7 +320,8 @@ def split_by_variable(records: Sequence, n_train: int, n_test: int, seed: int,
             excluded[variable] = len(items)
             continue
         order = list(range(len(items)))
-        random.Random(f"split:{seed}:{variable}").shuffle(order)  # str seeds hash with sha512: stable across runs
+        # str seeds hash with sha512: stable across runs
+        random.Random(f"split:{seed}:{variable}").shuffle(order)
         n_tr = min(n_train, len(items))
         train += [items[i] for i in sorted(order[:n_tr])]
         test += [items[i] for i in sorted(order[n_tr:n_tr + n_test])]
@@ -300,7 +331,8 @@ def split_by_variable(records: Sequence, n_train: int, n_test: int, seed: int,
 # ---------------------------------------------------------------- seeded, resumable order
 @dataclass
 class Cursor:
-    """Where a run is in its stream of examples: a fresh seeded permutation per epoch; saved in checkpoints."""
+    """Where a run is in its stream of examples: a fresh seeded permutation per epoch; saved in
+    checkpoints."""
 
     epoch: int = 0
     position: int = 0
@@ -313,8 +345,10 @@ def epoch_permutation(n: int, seed: int, epoch: int, shuffle: bool = True) -> li
     return order
 
 
-def next_indices(cursor: Cursor, n: int, count: int, seed: int, shuffle: bool = True) -> tuple[list[int], Cursor]:
-    """The next `count` example indices of a data set of size n (crossing epochs), and the advanced cursor."""
+def next_indices(cursor: Cursor, n: int, count: int, seed: int,
+                 shuffle: bool = True) -> tuple[list[int], Cursor]:
+    """The next `count` example indices of a data set of size n (crossing epochs), and the advanced
+    cursor."""
     if n <= 0:
         raise ValueError("cannot draw examples from an empty data set")
     indices, epoch, position = [], cursor.epoch, cursor.position

@@ -1,4 +1,5 @@
-"""Run logging: `metrics.jsonl` (one JSON object per step, flushed) and the fixed-format console line."""
+"""Run logging: `metrics.jsonl` (one JSON object per step, flushed) and the fixed-format console
+line."""
 
 from __future__ import annotations
 
@@ -32,7 +33,10 @@ class MetricsFile:
         self._f = self.path.open("a", encoding="utf-8")
 
     def write(self, row: dict) -> None:
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        clean = {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in row.items()
+        }
         self._f.write(json.dumps(clean) + "\n")
         self._f.flush()
 
@@ -41,7 +45,8 @@ class MetricsFile:
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """The rows of a metrics.jsonl; a line that is not a JSON object with an integer `step` names its line."""
+    """The rows of a metrics.jsonl; a line that is not a JSON object with an integer `step` names
+    its line."""
     return [row for _, row in read_jsonl(path, _metrics_row)]
 
 
@@ -53,7 +58,8 @@ def _metrics_row(row) -> dict:
 
 
 def step_line(row: dict, fields: list[tuple[str, str, str]]) -> str:
-    """`step 12/315 | loss 2.3456 | ...` from (label, key, format spec) triples; missing keys are skipped."""
+    """`step 12/315 | loss 2.3456 | ...` from (label, key, format spec) triples; missing keys are
+    skipped."""
     parts = [f"step {row['step']}/{row['steps']}"]
     for label, key, spec in fields:
         if row.get(key) is not None:
@@ -62,8 +68,9 @@ def step_line(row: dict, fields: list[tuple[str, str, str]]) -> str:
 
 
 def truncate_metrics(path: str | Path, last_step: int) -> int:
-    """Keep the rows up to `last_step` (a resumed run redoes the steps after its checkpoint); atomic rewrite.
-    A line that does not parse (the row a crash cut short) is dropped; returns how many were."""
+    """Keep the rows up to `last_step` (a resumed run redoes the steps after its checkpoint); atomic
+    rewrite. A line that does not parse (the row a crash cut short) is dropped; returns how many
+    were."""
     broken = []
     kept = [row for _, row in read_jsonl(path, bad=broken) if row["step"] <= last_step]
     write_text(path, "".join(json.dumps(row) + "\n" for row in kept))
@@ -71,8 +78,9 @@ def truncate_metrics(path: str | Path, last_step: int) -> int:
 
 
 class Laps:
-    """Wall seconds of each named phase of a step: `laps("sample")` closes the phase that ran since the last call (a
-    name closed twice adds up). On CUDA also the peak memory the trainer's allocator held in each phase."""
+    """Wall seconds of each named phase of a step: `laps("sample")` closes the phase that ran since
+    the last call (a name closed twice adds up). On CUDA also the peak memory the trainer's
+    allocator held in each phase."""
 
     def __init__(self, device: torch.device | None = None):
         self.start = self.last = time.perf_counter()
@@ -92,6 +100,11 @@ class Laps:
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def row(self) -> dict[str, float]:
-        """`time/<phase>` of each closed phase, `time/step` (the whole step so far), on CUDA `perf/peak_gib/<phase>`."""
-        return {**{f"time/{k}": v for k, v in self.seconds.items()}, "time/step": time.perf_counter() - self.start,
-                **{f"perf/peak_gib/{k}": v for k, v in self.peaks.items()}}
+        """`time/<phase>` of each closed phase, `time/step` (the whole step so far), on CUDA
+        `perf/peak_gib/<phase>`."""
+        return {
+            **{f"time/{k}": v
+               for k, v in self.seconds.items()}, "time/step": time.perf_counter() - self.start,
+            **{f"perf/peak_gib/{k}": v
+               for k, v in self.peaks.items()}
+        }

@@ -1,4 +1,5 @@
-"""Answer text: normalisation, extraction, token-set F1 and option matching (paper eq. 4-5, SPEC §2, §7).
+"""Answer text: normalisation, extraction, token-set F1 and option matching (paper eq. 4-5, SPEC §2,
+§7).
 
 One definition shared by the rewards (training) and the evaluation, so a model is scored the
 same way in both places.
@@ -48,7 +49,8 @@ def _without_think_blocks(text: str) -> str:
 
 
 def think_text(response: str) -> str | None:
-    """The content of the first `<think>...</think>` block, or None when there is no closed block."""
+    """The content of the first `<think>...</think>` block, or None when there is no closed
+    block."""
     start = response.find(THINK_OPEN)
     if start < 0:
         return None
@@ -82,15 +84,17 @@ def option_scores(pred: str, options) -> list[float]:
 
 
 def choice_of(scores) -> int | None:
-    """SPEC §7 F1-accuracy's choice from the option scores: the single best option; None (the paper's "E", not
-    applicable) when the top score is shared by several options (duplicate options included) or is 0."""
+    """SPEC §7 F1-accuracy's choice from the option scores: the single best option; None (the
+    paper's "E", not applicable) when the top score is shared by several options (duplicate options
+    included) or is 0."""
     scores = list(scores)
     top = max(scores)
     return None if top == 0.0 or scores.count(top) > 1 else scores.index(top)
 
 
 def best_option(pred: str, options) -> int | None:
-    """Index of the option with the highest F1 to `pred`, or None (E): `choice_of(option_scores(pred, options))`."""
+    """Index of the option with the highest F1 to `pred`, or None (E):
+    `choice_of(option_scores(pred, options))`."""
     if not options:
         raise ValueError("best_option needs at least one option")
     return choice_of(option_scores(pred, options))

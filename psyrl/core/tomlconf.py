@@ -22,11 +22,13 @@ import tomli
 
 
 class ConfigError(ValueError):
-    """A configuration a run cannot use; the message names where (file:line or --set) and the key."""
+    """A configuration a run cannot use; the message names where (file:line or --set) and the
+    key."""
 
 
 class FieldError(ValueError):
-    """A bad value for one key of a table, raised by a table's `__post_init__`; the loader adds file and line."""
+    """A bad value for one key of a table, raised by a table's `__post_init__`; the loader adds file
+    and line."""
 
     def __init__(self, key: str, message: str):
         super().__init__(f"{key}: {message}")
@@ -39,14 +41,16 @@ def require(ok: bool, key: str, message: str) -> None:
 
 
 def check_choices(table) -> None:
-    """Raise FieldError for a `Literal[...]` field of a dataclass holding a value outside its choices."""
+    """Raise FieldError for a `Literal[...]` field of a dataclass holding a value outside its
+    choices."""
     for name, hint in typing.get_type_hints(type(table)).items():
         if typing.get_origin(hint) is Literal and getattr(table, name) not in typing.get_args(hint):
             choices = [str(c) for c in typing.get_args(hint)]
             value = getattr(table, name)
             close = difflib.get_close_matches(str(value), choices, n=1)
             hint_text = f"; did you mean {close[0]!r}?" if close else ""
-            raise FieldError(name, f"expected one of {', '.join(map(repr, choices))}, got {value!r}{hint_text}")
+            raise FieldError(
+                name, f"expected one of {', '.join(map(repr, choices))}, got {value!r}{hint_text}")
 
 
 def table_classes(root: type) -> dict[str, type]:
@@ -72,7 +76,8 @@ def load(root: type, path: str | Path | None, overrides: Sequence[str] = ()):
         try:
             raw = tomli.loads(text)
         except tomli.TOMLDecodeError as e:
-            raise ConfigError(f"{source}:{e.lineno}: invalid TOML: {e.msg} (column {e.colno})") from None
+            raise ConfigError(
+                f"{source}:{e.lineno}: invalid TOML: {e.msg} (column {e.colno})") from None
     where = {}  # (table, key) -> "--set ..." for overridden values
 
     def locate(table: str, key: str | None) -> str:
@@ -96,7 +101,8 @@ def load(root: type, path: str | Path | None, overrides: Sequence[str] = ()):
     built = {}
     for table, values in raw.items():
         if table not in classes:
-            raise ConfigError(f"{locate(table, None)}: unknown table [{table}]{_suggest(table, classes)}")
+            raise ConfigError(
+                f"{locate(table, None)}: unknown table [{table}]{_suggest(table, classes)}")
         built[table] = _build_table(table, classes[table], values, locate)
     return root(**built)
 
@@ -114,7 +120,8 @@ def _parse_override(override: str) -> tuple[str, str, object]:
     name, sep, value = override.partition("=")
     table, dot, key = name.strip().partition(".")
     if not sep or not dot or not table or not key or "." in key:
-        raise ConfigError(f"--set {override}: expected table.key=value, e.g. --set reward.variant=base")
+        raise ConfigError(
+            f"--set {override}: expected table.key=value, e.g. --set reward.variant=base")
     try:  # a TOML value (1, 0.5, true, "text"); anything else is taken as a bare string
         parsed = tomli.loads(f"v = {value}")["v"]
     except tomli.TOMLDecodeError as e:
@@ -129,12 +136,14 @@ def _build_table(table: str, cls: type, values: dict, locate) -> object:
     kwargs = {}
     for key, value in values.items():
         if key not in hints:
-            raise ConfigError(f"{locate(table, key)}: unknown key '{key}' in [{table}]{_suggest(key, hints)}")
+            raise ConfigError(
+                f"{locate(table, key)}: unknown key '{key}' in [{table}]{_suggest(key, hints)}")
         try:
             kwargs[key] = _check_type(hints[key], value)
         except TypeError as e:
             where = locate(table, key)
-            tip = " (--set values are TOML: 0.5, true, '\"quoted text\"')" if where.startswith("--set") else ""
+            tip = " (--set values are TOML: 0.5, true, '\"quoted text\"')" if where.startswith(
+                "--set") else ""
             raise ConfigError(f"{where}: [{table}] {key}: {e}{tip}") from None
     try:
         return cls(**kwargs)
@@ -147,8 +156,12 @@ def _check_type(hint, value):
     Literal choices are checked by the table itself (`check_choices`)."""
     if typing.get_origin(hint) is Literal:
         choices = typing.get_args(hint)
-        if not isinstance(value, type(choices[0])) or isinstance(value, bool) != isinstance(choices[0], bool):
-            raise TypeError(f"expected one of {', '.join(map(repr, choices))}, got {_type_name(value)} {value!r}")
+        if not isinstance(value, type(choices[0])) or isinstance(value, bool) != isinstance(
+                choices[0], bool):
+            raise TypeError(
+                f"expected one of {', '.join(map(repr, choices))}, got {_type_name(value)} "
+                f"{value!r}"
+            )
         return value
     if isinstance(value, bool) != (hint is bool):  # bool is an int subclass: keep them apart
         raise TypeError(f"expected {hint.__name__}, got {_type_name(value)} {value!r}")
@@ -205,14 +218,19 @@ def dump(config) -> str:
     return "\n".join(out)
 
 
-_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r", "\b": "\\b", "\f": "\\f"}
+_ESCAPES = {
+    '"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r", "\b": "\\b", "\f": "\\f"
+}
 
 
 def _toml_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, str):  # a TOML basic string: control characters (DEL too) as \uXXXX escapes
-        return '"' + "".join(_ESCAPES.get(c, f"\\u{ord(c):04x}" if c < " " or c == "\x7f" else c) for c in value) + '"'
+    # a TOML basic string: control characters (DEL too) as \uXXXX escapes
+    if isinstance(value, str):
+        return '"' + "".join(
+            _ESCAPES.get(c, f"\\u{ord(c):04x}" if c < " " or c == "\x7f" else c)
+            for c in value) + '"'
     return repr(value)  # int, or a finite float: repr round-trips exactly
 
 
@@ -221,7 +239,8 @@ def field_docs(cls: type) -> dict[str, str]:
     body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
     docs = {}
     for node, after in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+        if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(
+                after.value, ast.Constant):
             docs[node.target.id] = " ".join(str(after.value.value).split())
     return docs
 
@@ -231,13 +250,19 @@ def reference(root: type) -> str:
     out = []
     for table, cls in table_classes(root).items():
         docs, hints, default = field_docs(cls), typing.get_type_hints(cls), cls()
-        out += [f"#### `[{table}]`", "", "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+        out += [
+            f"#### `[{table}]`", "", "| key | type | default | meaning |",
+            "| --- | --- | --- | --- |"
+        ]
         for f in dataclasses.fields(cls):
             hint = hints[f.name]
             if typing.get_origin(hint) is Literal:
                 kind = " \\| ".join(f'"{c}"' for c in typing.get_args(hint))
             else:
                 kind = hint.__name__
-            out.append(f"| `{f.name}` | {kind} | `{_toml_value(getattr(default, f.name))}` | {docs.get(f.name, '')} |")
+            out.append(
+                f"| `{f.name}` | {kind} | `{_toml_value(getattr(default, f.name))}` | "
+                f"{docs.get(f.name, '')} |"
+            )
         out.append("")
     return "\n".join(out)

@@ -1,13 +1,16 @@
-"""Evaluation on the OOD benchmarks (paper §4.1 "Metrics", appendix B, SPEC §7): which items are scored, how one
-response is scored, and the per-benchmark and per-task results.
+"""Evaluation on the OOD benchmarks (paper §4.1 "Metrics", appendix B, SPEC §7): which items are
+scored, how one response is scored, and the per-benchmark and per-task results.
 
-Pure functions of records and responses (no model here: `evaluate.py` generates). Scoring uses `psyrl.core.text` and the
+Pure functions of records and responses (no model here: `evaluate.py` generates). Scoring uses
+`psyrl.core.text` and the
 format check of `psyrl.rl.rewards`, the definitions training uses:
   F1           token-set F1 of the extracted answer to the gold answer text (eq. 4-5);
-  F1-accuracy  the option of highest F1 to the extracted answer is the choice; a tie at the top (all-zero and
+  F1-accuracy  the option of highest F1 to the extracted answer is the choice; a tie at the top
+  (all-zero and
                duplicate options included) is `E`, "not applicable", and counts wrong;
   format       eq. 6 (the exact tag layout of the prompt mode).
-StimuliQA-format files have no options: F1 and format only, grouped by `subdimension` (Table 2 layout).
+StimuliQA-format files have no options: F1 and format only, grouped by `subdimension` (Table 2
+layout).
 """
 
 from __future__ import annotations
@@ -21,15 +24,19 @@ from psyrl.core.records import BenchmarkRecord, DataError, StimuliRecord, load_r
 from psyrl.core.text import choice_of, extract_answer, option_scores, token_f1
 from psyrl.rl.rewards import format_reward
 
-PAPER_BENCHMARKS = ("tombench", "simpletom", "socialiqa", "cosmosqa", "bbh")  # Table 3, in its column order
+# Table 3, in its column order
+PAPER_BENCHMARKS = ("tombench", "simpletom", "socialiqa", "cosmosqa", "bbh")
 EXTRA_BENCHMARKS = ("emobench",)  # StimuliQA-like, not one of the paper's benchmarks
-DISPLAY_NAMES = {"tombench": "ToMbench", "simpletom": "SimpleToM", "socialiqa": "SocialIQa", "cosmosqa": "CosmosQA",
-                 "bbh": "BIG-Bench Hard", "emobench": "EmoBench"}
+DISPLAY_NAMES = {
+    "tombench": "ToMbench", "simpletom": "SimpleToM", "socialiqa": "SocialIQa",
+    "cosmosqa": "CosmosQA", "bbh": "BIG-Bench Hard", "emobench": "EmoBench"
+}
 HALVES = ("all", "selftrain", "eval")
 
 
 class EvalError(ValueError):
-    """Bad evaluation input: an unknown benchmark, a bad predictions file, settings that do not match a resume."""
+    """Bad evaluation input: an unknown benchmark, a bad predictions file, settings that do not
+    match a resume."""
 
 
 @dataclass(frozen=True)
@@ -37,29 +44,36 @@ class Source:
     """One evaluated file."""
 
     name: str
-    """The results' label: the benchmark name of a benchmark-schema file, `<folder>/<stem>` of a StimuliQA file."""
+    """The results' label: the benchmark name of a benchmark-schema file, `<folder>/<stem>` of a
+    StimuliQA file."""
     path: Path
     schema: str
-    """`benchmark` (multiple choice: F1 and F1-accuracy) or `stimuliqa` (F1 and format, by subdimension)."""
+    """`benchmark` (multiple choice: F1 and F1-accuracy) or `stimuliqa` (F1 and format, by
+    subdimension)."""
     records: tuple
 
 
 def resolve_sources(specs: Sequence[str], benchmark_dir: str | Path) -> list[Source]:
-    """Benchmark names (`tombench`, …, `emobench`: `<benchmark_dir>/<name>/*.jsonl`) or paths to JSONL files in the
-    benchmark or StimuliQA schema, every line validated; item ids must be unique over all of them."""
+    """Benchmark names (`tombench`, …, `emobench`: `<benchmark_dir>/<name>/*.jsonl`) or paths to
+    JSONL files in the benchmark or StimuliQA schema, every line validated; item ids must be unique
+    over all of them."""
     known = PAPER_BENCHMARKS + EXTRA_BENCHMARKS
     sources, first_source_of = [], {}
     for spec in dict.fromkeys(specs):  # a name given twice is evaluated once
         if spec in known:
             files = sorted((Path(benchmark_dir) / spec).glob("*.jsonl"))
             if len(files) != 1:
-                raise EvalError(f"{Path(benchmark_dir) / spec}: expected exactly one .jsonl file, found {len(files)}")
+                raise EvalError(
+                    f"{Path(benchmark_dir) / spec}: expected exactly one .jsonl file, found "
+                    f"{len(files)}"
+                )
             path = files[0]
         elif spec.endswith(".jsonl") or Path(spec).is_file():
             path = Path(spec)
         else:
-            raise EvalError(f"unknown benchmark {spec!r}: expected one of {', '.join(known)}, or the path of a "
-                            "JSONL file in the benchmark or StimuliQA schema")
+            raise EvalError(
+                f"unknown benchmark {spec!r}: expected one of {', '.join(known)}, or the path of a "
+                "JSONL file in the benchmark or StimuliQA schema")
         records = load_records(path)  # DataError: file:line of every bad line
         if isinstance(records[0], StimuliRecord):
             schema, name = "stimuliqa", f"{path.parent.name}/{path.stem}"
@@ -67,9 +81,11 @@ def resolve_sources(specs: Sequence[str], benchmark_dir: str | Path) -> list[Sou
             schema, name = "benchmark", records[0].benchmark
             others = sorted({r.benchmark for r in records} - {name})
             if others:
-                raise DataError(f"{path}: one benchmark per file expected; it holds {name!r} and {others}")
+                raise DataError(
+                    f"{path}: one benchmark per file expected; it holds {name!r} and {others}")
         if any(s.name == name for s in sources):
-            raise EvalError(f"{path}: a second source named {name!r} (rename the file or its benchmark field)")
+            raise EvalError(
+                f"{path}: a second source named {name!r} (rename the file or its benchmark field)")
         for r in records:
             if r.id in first_source_of:
                 raise EvalError(f"{path}: item id {r.id!r} is also in {first_source_of[r.id]}")
@@ -86,12 +102,14 @@ def _unit_hash(text: str) -> float:
 
 
 def half_of(item_id: str, seed: int) -> str:
-    """SPEC §8: `selftrain` or `eval`, by a seeded hash of the item id (an item's half never depends on the others)."""
+    """SPEC §8: `selftrain` or `eval`, by a seeded hash of the item id (an item's half never depends
+    on the others)."""
     return "selftrain" if _unit_hash(f"half:{seed}:{item_id}") < 0.5 else "eval"
 
 
 def item_seed(seed: int, item_id: str) -> int:
-    """The sampling seed of one item: its draws do not depend on the rank, batch, --limit or resume it runs in."""
+    """The sampling seed of one item: its draws do not depend on the rank, batch, --limit or resume
+    it runs in."""
     return int(hashlib.sha256(f"item:{seed}:{item_id}".encode()).hexdigest()[:15], 16)
 
 
@@ -101,8 +119,9 @@ def task_of(record: BenchmarkRecord | StimuliRecord) -> str:
 
 
 def select_items(records: Sequence, limit: int, half: str, seed: int) -> list:
-    """The items of one source that are evaluated, in file order: those of `half` (`all`, `selftrain`, `eval`),
-    then at most `limit` per task (0: no limit), picked by a seeded hash of the id (the same items for any order)."""
+    """The items of one source that are evaluated, in file order: those of `half` (`all`,
+    `selftrain`, `eval`), then at most `limit` per task (0: no limit), picked by a seeded hash of
+    the id (the same items for any order)."""
     if half not in HALVES:
         raise EvalError(f"unknown split {half!r}: expected one of {', '.join(HALVES)}")
     kept = [r for r in records if half == "all" or half_of(r.id, seed) == half]
@@ -116,16 +135,19 @@ def select_items(records: Sequence, limit: int, half: str, seed: int) -> list:
     return [r for r in kept if r.id in chosen]
 
 
-def score_response(record: BenchmarkRecord | StimuliRecord, source: str, response: str, tokens: int, finish: str,
-                   mean_logprob: float, mode: str) -> dict:
-    """One row of predictions.jsonl without the prompt: the extracted answer, F1 to the gold text, format (eq. 6),
-    and for multiple-choice records the per-option F1, the choice (0-based option index; null = E) and correctness."""
+def score_response(record: BenchmarkRecord | StimuliRecord, source: str, response: str, tokens: int,
+                   finish: str, mean_logprob: float, mode: str) -> dict:
+    """One row of predictions.jsonl without the prompt: the extracted answer, F1 to the gold text,
+    format (eq. 6), and for multiple-choice records the per-option F1, the choice (0-based option
+    index; null = E) and correctness."""
     extracted = extract_answer(response)
-    row = {"id": record.id, "benchmark": source, "task": task_of(record),
-           "index": record.meta.get("source_index") if isinstance(record, BenchmarkRecord) else None,
-           "response": response, "extracted": extracted, "f1": token_f1(extracted, record.answer),
-           "format": format_reward(response, mode), "tokens": tokens, "finish": finish, "mean_logprob": mean_logprob,
-           "option_f1": None, "choice": None, "correct": None}
+    row = {
+        "id": record.id, "benchmark": source, "task": task_of(record),
+        "index": record.meta.get("source_index") if isinstance(record, BenchmarkRecord) else None,
+        "response": response, "extracted": extracted, "f1": token_f1(extracted, record.answer),
+        "format": format_reward(response, mode), "tokens": tokens, "finish": finish,
+        "mean_logprob": mean_logprob, "option_f1": None, "choice": None, "correct": None
+    }
     if isinstance(record, BenchmarkRecord):
         row["option_f1"] = option_scores(extracted, record.options)
         row["choice"] = choice_of(row["option_f1"])
@@ -134,7 +156,8 @@ def score_response(record: BenchmarkRecord | StimuliRecord, source: str, respons
 
 
 def summarize(rows: Sequence[dict]) -> dict:
-    """F1 ×100, accuracy % (None without options), count, E choices, format-compliance %, mean response tokens."""
+    """F1 ×100, accuracy % (None without options), count, E choices, format-compliance %, mean
+    response tokens."""
     n = len(rows)
     multiple_choice = all(r["correct"] is not None for r in rows)
     return {
@@ -148,7 +171,8 @@ def summarize(rows: Sequence[dict]) -> dict:
 
 
 def aggregate(rows: Sequence[dict]) -> dict:
-    """{benchmark: {**summary, "tasks": {task: summary}}}, benchmarks and tasks in first-seen order."""
+    """{benchmark: {**summary, "tasks": {task: summary}}}, benchmarks and tasks in first-seen
+    order."""
     grouped: dict[str, dict[str, list]] = {}
     for r in rows:
         grouped.setdefault(r["benchmark"], {}).setdefault(r["task"], []).append(r)
@@ -158,8 +182,9 @@ def aggregate(rows: Sequence[dict]) -> dict:
 
 
 def read_predictions(path: str | Path, tolerate_torn_end: bool = False) -> tuple[list[dict], int]:
-    """(rows, dropped) of a predictions.jsonl. A bad line is an EvalError with file:line, except, when
-    `tolerate_torn_end`, a last line cut short by a crash (no newline at its end): it is dropped and counted."""
+    """(rows, dropped) of a predictions.jsonl. A bad line is an EvalError with file:line, except,
+    when `tolerate_torn_end`, a last line cut short by a crash (no newline at its end): it is
+    dropped and counted."""
     path = Path(path)
     if not path.is_file():
         raise EvalError(f"{path}: no such predictions file")

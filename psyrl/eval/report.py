@@ -1,6 +1,6 @@
-"""The evaluation's Markdown tables: Table 3's layout (F1 and accuracy per benchmark), a per-task table, Table 2's
-layout for StimuliQA-format files (F1 by subdimension, and the format rate), and the comparison of several runs
-with deltas against the first (`evaluate.py compare`)."""
+"""The evaluation's Markdown tables: Table 3's layout (F1 and accuracy per benchmark), a per-task
+table, Table 2's layout for StimuliQA-format files (F1 by subdimension, and the format rate), and
+the comparison of several runs with deltas against the first (`evaluate.py compare`)."""
 
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ def _is_multiple_choice(summary: dict) -> bool:
 
 
 def main_table(labels: Sequence[str], results: Sequence[dict]) -> str:
-    """Table 3's layout: one row per run, F1 (×100) and Acc (%) per multiple-choice benchmark; deltas against the
-    first run when there are several. Empty when no run holds a multiple-choice benchmark."""
+    """Table 3's layout: one row per run, F1 (×100) and Acc (%) per multiple-choice benchmark;
+    deltas against the first run when there are several. Empty when no run holds a multiple-choice
+    benchmark."""
     names = list(dict.fromkeys(b for r in results for b, s in r.items() if _is_multiple_choice(s)))
     if not names:
         return ""
@@ -52,46 +53,67 @@ def main_table(labels: Sequence[str], results: Sequence[dict]) -> str:
 
 
 def stimuliqa_table(labels: Sequence[str], results: Sequence[dict]) -> str:
-    """Table 2's layout for each StimuliQA-format source: one row per run, F1 (×100) per subdimension, overall F1
-    and the format-compliance rate (%); deltas against the first run. Empty when there is none."""
-    names = list(dict.fromkeys(b for r in results for b, s in r.items() if not _is_multiple_choice(s)))
+    """Table 2's layout for each StimuliQA-format source: one row per run, F1 (×100) per
+    subdimension, overall F1 and the format-compliance rate (%); deltas against the first run. Empty
+    when there is none."""
+    names = list(
+        dict.fromkeys(b for r in results for b, s in r.items() if not _is_multiple_choice(s)))
     parts = []
     for b in names:
         tasks = list(dict.fromkeys(t for r in results for t in r.get(b, {}).get("tasks", {})))
-        header = ["run"] + [t or "(no subdimension)" for t in tasks] + ["overall F1", "format %", "n"]
+        header = ["run"] + [t or "(no subdimension)"
+                            for t in tasks] + ["overall F1", "format %", "n"]
         rows = []
         for k, (label, result) in enumerate(zip(labels, results)):
             mine, first = result.get(b, {}), results[0].get(b, {}) if k else {}
-            row = [label] + [_cell(mine.get("tasks", {}).get(t, {}).get("f1"),
-                                   first.get("tasks", {}).get(t, {}).get("f1") if k else None) for t in tasks]
-            row += [_cell(mine.get("f1"), first.get("f1") if k else None),
-                    _cell(mine.get("format"), first.get("format") if k else None), str(mine.get("count", "-"))]
+            row = [label] + [
+                _cell(
+                    mine.get("tasks", {}).get(t, {}).get("f1"),
+                    first.get("tasks", {}).get(t, {}).get("f1") if k else None) for t in tasks
+            ]
+            row += [
+                _cell(mine.get("f1"),
+                      first.get("f1") if k else None),
+                _cell(mine.get("format"),
+                      first.get("format") if k else None),
+                str(mine.get("count", "-"))
+            ]
             rows.append(row)
         parts.append(f"**{b}** (StimuliQA format: F1 by subdimension)\n\n" + _table(header, rows))
     return "\n\n".join(parts)
 
 
 def task_table(result: dict) -> str:
-    """Every benchmark and task of one run: count, F1, accuracy, E choices, format rate, mean response tokens."""
+    """Every benchmark and task of one run: count, F1, accuracy, E choices, format rate, mean
+    response tokens."""
     header = ["benchmark", "task", "n", "F1", "Acc %", "E", "format %", "length"]
     rows = []
     for b, summary in result.items():
         for task, s in [("(all)", summary)] + list(summary["tasks"].items()):
-            rows.append([_name(b), task or "-", str(s["count"]), _cell(s["f1"]), _cell(s["accuracy"]),
-                         "-" if s["not_applicable"] is None else str(s["not_applicable"]), _cell(s["format"], digits=1),
-                         _cell(s["length"], digits=1)])
+            rows.append([
+                _name(b), task or "-",
+                str(s["count"]),
+                _cell(s["f1"]),
+                _cell(s["accuracy"]),
+                "-" if s["not_applicable"] is None else str(s["not_applicable"]),
+                _cell(s["format"], digits=1),
+                _cell(s["length"], digits=1)
+            ])
     return _table(header, rows, right_from=2)
 
 
 def results_markdown(label: str, result: dict, settings: dict) -> str:
-    """results.md: what was evaluated, then the Table 3 (and Table 2) layout, then the per-task table."""
-    head = (f"# Evaluation of `{settings['model']}`\n\n"
-            f"engine `{settings.get('engine', 'torch')}`, prompt `{settings['prompt']}`, temperature "
-            f"{settings['temperature']}, top-p {settings['top_p']}, seed "
-            f"{settings['seed']}, at most {settings['max_new_tokens']} new tokens; split `{settings['split']}`"
-            f"{'' if settings['split'] == 'all' else ' (split seed ' + str(settings['split_seed']) + ')'}, "
-            f"limit {settings['limit'] or 'none'} per task. F1 ×100; Acc = F1-accuracy in % (a tie at the top is E "
-            "and counts wrong); length in response tokens.\n")
+    """results.md: what was evaluated, then the Table 3 (and Table 2) layout, then the per-task
+    table."""
+    split_seed = "" if settings["split"] == "all" else f" (split seed {settings['split_seed']})"
+    head = (
+        f"# Evaluation of `{settings['model']}`\n\n"
+        f"engine `{settings.get('engine', 'torch')}`, prompt `{settings['prompt']}`, temperature "
+        f"{settings['temperature']}, top-p {settings['top_p']}, seed "
+        f"{settings['seed']}, at most {settings['max_new_tokens']} new tokens; split "
+        f"`{settings['split']}`{split_seed}, "
+        f"limit {settings['limit'] or 'none'} per task. F1 ×100; Acc = F1-accuracy in % (a tie at "
+        "the top is E and counts wrong); length in response tokens.\n")
     parts = [head]
     for table in (main_table([label], [result]), stimuliqa_table([label], [result])):
         if table:
@@ -104,7 +126,10 @@ def load_results(run_dir: str | Path) -> dict:
     """The `results` object of an evaluation directory's results.json."""
     path = Path(run_dir) / "results.json" if Path(run_dir).is_dir() else Path(run_dir)
     if not path.is_file():
-        raise EvalError(f"{path}: no results.json (is {run_dir} an evaluate.py --out directory, and did it finish?)")
+        raise EvalError(
+            f"{path}: no results.json (is {run_dir} an evaluate.py --out directory, and did it "
+            "finish?)"
+        )
     try:
         return json.loads(path.read_text(encoding="utf-8"))["results"]
     except (ValueError, KeyError) as e:

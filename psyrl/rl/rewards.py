@@ -40,7 +40,8 @@ def format_reward(response: str, mode: str) -> float:
         blocks = [(ANSWER_OPEN, ANSWER_CLOSE)]
     else:
         raise ValueError(f"unknown prompt mode {mode!r}: expected 'cot' or 'direct'")
-    if any(response.count(tag) != 1 for block in blocks for tag in block):  # two <answer> blocks: a known hack
+    # two <answer> blocks: a known hack
+    if any(response.count(tag) != 1 for block in blocks for tag in block):
         return 0.0
     rest = response
     for open_tag, close_tag in blocks:
@@ -63,8 +64,10 @@ def repetition_penalty(think: str | None, cap: float, eps: float = RewardConfig.
     return min(cap, (total - unique) / (total + eps))
 
 
-def answer_components(responses: Sequence[str], golds: Sequence[str], mode: str, cfg: RewardConfig) -> Components:
-    """Per-sample r_F1 (eq. 4-5), r_fmt (eq. 6) and p_rep (eq. 9): everything that needs no cache."""
+def answer_components(responses: Sequence[str], golds: Sequence[str], mode: str,
+                      cfg: RewardConfig) -> Components:
+    """Per-sample r_F1 (eq. 4-5), r_fmt (eq. 6) and p_rep (eq. 9): everything that needs no
+    cache."""
     if len(responses) != len(golds):
         raise ValueError(f"{len(responses)} responses but {len(golds)} gold answers")
     gold_sets: dict[str, set[str]] = {}  # a prompt's G responses share one gold answer
@@ -97,12 +100,14 @@ def _f1_gain(f1: torch.Tensor, mean_f1: float, cfg: RewardConfig) -> torch.Tenso
     return torch.log1p(f1 / (mean_f1 + cfg.eps))  # log(1 + r_F1 / r-bar_F1), eq. 13-14
 
 
-def length_reward(f1: torch.Tensor, ratio: torch.Tensor, mean_f1: float, cfg: RewardConfig) -> torch.Tensor:
+def length_reward(f1: torch.Tensor, ratio: torch.Tensor, mean_f1: float,
+                  cfg: RewardConfig) -> torch.Tensor:
     """Eq. 13: log(1 + r_F1/r-bar_F1) * L/L-bar where L/L-bar <= L_+, else 0."""
     return torch.where(ratio <= cfg.l_plus, _f1_gain(f1, mean_f1, cfg) * ratio, 0.0)
 
 
-def short_reward(f1: torch.Tensor, ratio: torch.Tensor, mean_f1: float, cfg: RewardConfig) -> torch.Tensor:
+def short_reward(f1: torch.Tensor, ratio: torch.Tensor, mean_f1: float,
+                 cfg: RewardConfig) -> torch.Tensor:
     """Eq. 14 where L/L-bar >= S_-, else 0. Eq. 14 repeats eq. 13's L/L-bar, which favours long
     answers; SPEC §2 uses L-bar/L (`short_reward_literal = true` gives the printed form)."""
     keep = ratio >= cfg.s_minus  # s_minus > 0 (config), so ratio > 0 wherever it is used
@@ -151,16 +156,27 @@ def score_batch(
 ) -> tuple[torch.Tensor, Components]:
     """Score N responses against their gold answers given token lengths and cache statistics:
     returns (final rewards [N], every component [N])."""
-    return final_rewards(answer_components(responses, golds, mode, cfg), lengths, mean_length, mean_f1, cfg)
+    return final_rewards(answer_components(responses, golds, mode, cfg), lengths, mean_length,
+                         mean_f1, cfg)
 
 
 def reward_metrics(components: Components) -> dict[str, float]:
-    """Step means of every component, and the fraction of samples given delta on each side (SPEC §2)."""
+    """Step means of every component, and the fraction of samples given delta on each side (SPEC
+    §2)."""
     names = {
-        "f1": "reward/f1", "fmt": "reward/format", "rep": "reward/repetition_penalty", "br": "reward/br",
-        "len": "reward/length", "short": "reward/short", "final": "reward/final", "length": "response/length",
+        "f1": "reward/f1",
+        "fmt": "reward/format",
+        "rep": "reward/repetition_penalty",
+        "br": "reward/br",
+        "len": "reward/length",
+        "short": "reward/short",
+        "final": "reward/final",
+        "length": "response/length",
     }  # fmt: skip
-    metrics = {label: components[key].mean().item() for key, label in names.items() if key in components}
+    metrics = {
+        label: components[key].mean().item()
+        for key, label in names.items() if key in components
+    }
     for side in ("short", "long"):
         if f"br_{side}" in components:
             metrics[f"reward/br_{side}_fraction"] = components[f"br_{side}"].double().mean().item()

@@ -12,7 +12,8 @@ import torch
 
 from psyrl.core.config import AdvantageConfig, LossConfig
 
-SCOPES = typing.get_args(typing.get_type_hints(AdvantageConfig)["scope"])  # one list: the config's choices
+# one list: the config's choices
+SCOPES = typing.get_args(typing.get_type_hints(AdvantageConfig)["scope"])
 
 
 def advantages(
@@ -33,7 +34,10 @@ def advantages(
     rewards = _as_float(rewards)  # [N]
     if scope == "group":
         if group_size < 2:
-            raise ValueError("advantage scope 'group' needs G >= 2 samples per prompt (std of one sample is undefined)")
+            raise ValueError(
+                "advantage scope 'group' needs G >= 2 samples per prompt (std of one sample is "
+                "undefined)"
+            )
         if rewards.numel() % group_size:
             raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
         groups = rewards.reshape(-1, group_size)  # [B, G]
@@ -67,14 +71,16 @@ def low_var_kl(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of x over the positions where mask is set (0 when there are none)."""
     mask = mask.bool()
-    return torch.where(mask, x, 0.0).sum() / mask.sum().clamp(min=1)  # where, not x*mask: -inf pads stay out
+    # where, not x*mask: -inf pads stay out
+    return torch.where(mask, x, 0.0).sum() / mask.sum().clamp(min=1)
 
 
 def seq_mean_token_mean(x: torch.Tensor, mask: torch.Tensor, normalizer: float) -> torch.Tensor:
     """Eq. 1's aggregation: (1/|o_i|) sum over each response's tokens, summed over responses and
-    divided by `normalizer`, the response count of the whole mini-batch on all ranks (SPEC §3), fixed
-    before the micro-batch loop: micro-batch gradients accumulate and `psyrl.runtime.distributed.shard` sums
-    gradients over ranks, so the gradient is that of the mean over all responses whatever the split."""
+    divided by `normalizer`, the response count of the whole mini-batch on all ranks (SPEC §3),
+    fixed before the micro-batch loop: micro-batch gradients accumulate and
+    `psyrl.runtime.distributed.shard` sums gradients over ranks, so the gradient is that of the mean
+    over all responses whatever the split."""
     mask = mask.bool()
     per_sequence = torch.where(mask, x, 0.0).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)  # [N]
     return per_sequence.sum() / normalizer
@@ -108,7 +114,8 @@ def tgrpo_loss(
     clipped_ratio = ratio.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high)  # [N, T]
     pg = -torch.minimum(ratio * adv, clipped_ratio * adv)  # [N, T]
     dual = torch.zeros_like(pg, dtype=torch.bool)
-    if cfg.dual_clip > 0:  # cap -A * r at -c * A when A < 0 (a stale ratio must not explode the loss)
+    # cap -A * r at -c * A when A < 0 (a stale ratio must not explode the loss)
+    if cfg.dual_clip > 0:
         cap = -cfg.dual_clip * adv  # [N, 1]
         dual = (adv < 0) & (pg > cap)  # [N, T]
         pg = torch.where(dual, cap, pg)
@@ -119,8 +126,10 @@ def tgrpo_loss(
         metrics = {
             "pg_loss": seq_mean_token_mean(pg, mask, len(mask)),
             "kl": seq_mean_token_mean(kl, mask, len(mask)),
-            "clip_frac_high": masked_mean(((adv > 0) & (ratio > 1.0 + cfg.eps_high)).float(), mask),  # upper bound
-            "clip_frac_low": masked_mean(((adv < 0) & (ratio < 1.0 - cfg.eps_low)).float(), mask),  # lower bound
+            # upper bound
+            "clip_frac_high": masked_mean(((adv > 0) & (ratio > 1.0 + cfg.eps_high)).float(), mask),
+            # lower bound
+            "clip_frac_low": masked_mean(((adv < 0) & (ratio < 1.0 - cfg.eps_low)).float(), mask),
             "dual_clip_frac": masked_mean(dual.float(), mask),
             "ratio_mean": masked_mean(ratio, mask),
             "ppo_kl": masked_mean(-log_ratio, mask),  # mean of logp_old - logp

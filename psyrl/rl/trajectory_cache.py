@@ -29,12 +29,14 @@ class TrajectoryCache:
         return len(self._steps)
 
     def push_answers(self, f1, lengths) -> None:
-        """Phase 1: open a new step with its samples' r_F1 and lengths; the oldest step drops out."""
+        """Phase 1: open a new step with its samples' r_F1 and lengths; the oldest step drops
+        out."""
         f1 = torch.as_tensor(f1, dtype=torch.float64).flatten()  # [N]
         lengths = torch.as_tensor(lengths, dtype=torch.float64).flatten()  # [N]
         if f1.numel() != lengths.numel() or f1.numel() == 0:
             raise ValueError(
-                f"a step needs as many F1 values as lengths, at least one: {f1.numel()} vs {lengths.numel()}"
+                f"a step needs as many F1 values as lengths, at least one: {f1.numel()} vs "
+                f"{lengths.numel()}"
             )
         if self._steps and self._steps[-1]["reward"] is None:
             raise RuntimeError("push_rewards was not called for the previous step")
@@ -54,7 +56,10 @@ class TrajectoryCache:
             raise RuntimeError("push_rewards must follow push_answers, once per step")
         final = torch.as_tensor(final, dtype=torch.float64).flatten()  # [N]
         if final.numel() != self._steps[-1]["f1"].numel():
-            raise ValueError(f"{final.numel()} final rewards for a step of {self._steps[-1]['f1'].numel()} samples")
+            raise ValueError(
+                f"{final.numel()} final rewards for a step of {self._steps[-1]['f1'].numel()} "
+                "samples"
+            )
         self._steps[-1]["reward"] = final
 
     def rewards(self) -> torch.Tensor:
@@ -65,12 +70,17 @@ class TrajectoryCache:
 
     def state_dict(self) -> dict:
         """JSON-serialisable state (floats round-trip exactly through JSON), for checkpoints."""
-        steps = [{k: (None if v is None else v.tolist()) for k, v in s.items()} for s in self._steps]
+        steps = [{k: (None if v is None else v.tolist())
+                  for k, v in s.items()} for s in self._steps]
         return {"size": self.size, "steps": steps}
 
     def load_state_dict(self, state: dict) -> None:
         if state["size"] != self.size:
-            raise ValueError(f"checkpoint cache size {state['size']} differs from the configured {self.size}")
+            raise ValueError(
+                f"checkpoint cache size {state['size']} differs from the configured {self.size}")
         self._steps.clear()
         for s in state["steps"]:
-            self._steps.append({k: (None if v is None else torch.tensor(v, dtype=torch.float64)) for k, v in s.items()})
+            self._steps.append({
+                k: (None if v is None else torch.tensor(v, dtype=torch.float64))
+                for k, v in s.items()
+            })

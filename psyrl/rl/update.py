@@ -1,11 +1,13 @@
-"""The policy update of a T-GRPO step (eq. 1, SPEC §3): gradient-free log-probs of the reference and the
-sampling-time policy, and one optimiser step per mini-batch over micro-batches with the global divisor.
+"""The policy update of a T-GRPO step (eq. 1, SPEC §3): gradient-free log-probs of the reference and
+the sampling-time policy, and one optimiser step per mini-batch over micro-batches with the global
+divisor.
 
-Micro-batches are `optim.micro_batch` sequences (the update) or `optim.logprob_micro_batch` (log-probs) in
-order, or, with `optim.micro_batch_tokens`, packed by a token budget: a rank's sequences sorted by length and
-grouped while rows x longest row stays within the budget, so a batch of short responses is not padded to the
-longest one. Under FSDP every rank must run as many forwards as the others (each one all-gathers the shards):
-a rank with fewer micro-batches runs filler forwards whose loss is multiplied by 0.
+Micro-batches are `optim.micro_batch` sequences (the update) or `optim.logprob_micro_batch`
+(log-probs) in order, or, with `optim.micro_batch_tokens`, packed by a token budget: a rank's
+sequences sorted by length and grouped while rows x longest row stays within the budget, so a batch
+of short responses is not padded to the longest one. Under FSDP every rank must run as many forwards
+as the others (each one all-gathers the shards): a rank with fewer micro-batches runs filler
+forwards whose loss is multiplied by 0.
 """
 
 from __future__ import annotations
@@ -20,16 +22,20 @@ from psyrl.runtime.distributed import Dist, all_reduce
 from psyrl.runtime.model import collate
 from psyrl.runtime.optim import clipped_step
 
-TOKEN_METRICS = ("clip_frac_high", "clip_frac_low", "dual_clip_frac", "ratio_mean", "ppo_kl", "entropy")
+TOKEN_METRICS = ("clip_frac_high", "clip_frac_low", "dual_clip_frac", "ratio_mean", "ppo_kl",
+                 "entropy")
 SEQUENCE_METRICS = ("pg_loss", "kl")
 
 
 def micro_batches(lengths: list[int], size: int, budget: int) -> list[list[int]]:
-    """Indices of each micro-batch. budget 0: `size` sequences at a time, in order. budget > 0: the sequences by
-    decreasing length, each micro-batch growing while (rows + 1) x its first (longest) row <= budget; a sequence
-    longer than the budget goes alone."""
+    """Indices of each micro-batch. budget 0: `size` sequences at a time, in order. budget > 0: the
+    sequences by decreasing length, each micro-batch growing while (rows + 1) x its first (longest)
+    row <= budget; a sequence longer than the budget goes alone."""
     if budget <= 0:
-        return [list(range(start, min(start + size, len(lengths)))) for start in range(0, len(lengths), size)]
+        return [
+            list(range(start, min(start + size, len(lengths))))
+            for start in range(0, len(lengths), size)
+        ]
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     batches: list[list[int]] = []
     for i in order:
@@ -41,12 +47,15 @@ def micro_batches(lengths: list[int], size: int, budget: int) -> list[list[int]]
 
 
 def agreed_count(count: int, dist: Dist) -> int:
-    """The largest micro-batch count of any rank: every rank runs that many forwards (fillers after its own)."""
-    return int(all_reduce(torch.tensor(float(count)), dist, "max").item()) if dist.sharded else count
+    """The largest micro-batch count of any rank: every rank runs that many forwards (fillers after
+    its own)."""
+    return int(all_reduce(torch.tensor(float(count)), dist,
+                          "max").item()) if dist.sharded else count
 
 
 def collated(batch: RolloutBatch, pad_id: int, device: torch.device):
-    """input_ids, attention_mask [b, T] and response mask [b, T-1] of the batch's sequences, on `device`."""
+    """input_ids, attention_mask [b, T] and response mask [b, T-1] of the batch's sequences, on
+    `device`."""
     return (t.to(device) for t in collate(batch.token_ids, batch.prompt_lengths, pad_id))
 
 
@@ -55,17 +64,19 @@ def shortest(batch: RolloutBatch) -> list[int]:
     return [min(range(len(batch)), key=lambda i: len(batch.token_ids[i]))]
 
 
-def sequence_logprobs(model, batch: RolloutBatch, pad_id: int, cfg, dist: Dist, amp) -> list[torch.Tensor]:
-    """Per sequence, the log-probs of its response tokens under `model` at rollout.temperature (no gradient), in
-    the batch's order; optim.logprob_micro_batch sequences a forward, or micro-batches of
-    optim.logprob_micro_batch_tokens (module doc)."""
+def sequence_logprobs(model, batch: RolloutBatch, pad_id: int, cfg, dist: Dist,
+                      amp) -> list[torch.Tensor]:
+    """Per sequence, the log-probs of its response tokens under `model` at rollout.temperature (no
+    gradient), in the batch's order; optim.logprob_micro_batch sequences a forward, or micro-batches
+    of optim.logprob_micro_batch_tokens (module doc)."""
     out: list = [None] * len(batch)
     batches = micro_batches([len(ids) for ids in batch.token_ids], cfg.optim.logprob_micro_batch,
                             cfg.optim.logprob_micro_batch_tokens)
     with torch.no_grad():
         for k in range(agreed_count(len(batches), dist)):
             chunk = batches[k] if k < len(batches) else []
-            input_ids, attention_mask, mask = collated(batch.select(chunk or shortest(batch)), pad_id, dist.device)
+            input_ids, attention_mask, mask = collated(batch.select(chunk or shortest(batch)),
+                                                       pad_id, dist.device)
             with amp:
                 logp = model(input_ids, attention_mask, cfg.rollout.temperature, mask)  # [b, T-1]
             for i, row, m in zip(chunk, logp, mask):
@@ -80,18 +91,20 @@ def as_padded(values: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
 
 
 def update(policy, optimizer, batch: RolloutBatch, pad_id: int, cfg, dist: Dist, amp):
-    """One optimiser step on this rank's share of a mini-batch (eq. 1), gradients accumulated over micro-batches
-    and divided by the mini-batch's sequence count over all ranks (optim.global_batch x rollout.samples).
-    `fsdp.defer_grad_sync`: the gradient reduce-scatter runs at the last micro-batch only. Returns (grad norm,
-    applied, sums): sums holds the loss metrics' token- and sequence-weighted sums (float64 tensors, read once
-    per step by `reduce_sums`: .item() per micro-batch would sync a GPU each time)."""
+    """One optimiser step on this rank's share of a mini-batch (eq. 1), gradients accumulated over
+    micro-batches and divided by the mini-batch's sequence count over all ranks (optim.global_batch
+    x rollout.samples). `fsdp.defer_grad_sync`: the gradient reduce-scatter runs at the last
+    micro-batch only. Returns (grad norm, applied, sums): sums holds the loss metrics' token- and
+    sequence-weighted sums (float64 tensors, read once per step by `reduce_sums`: .item() per
+    micro-batch would sync a GPU each time)."""
     T, normalizer = cfg.rollout.temperature, cfg.optim.global_batch * cfg.rollout.samples
     sums = defaultdict(float)
     batches = micro_batches([len(ids) for ids in batch.token_ids], cfg.optim.micro_batch,
                             cfg.optim.micro_batch_tokens)
     count = agreed_count(len(batches), dist)
     for k in range(count):
-        weight = 1.0 if k < len(batches) else 0.0  # a filler runs the rank's shortest sequence, weight 0
+        # a filler runs the rank's shortest sequence, weight 0
+        weight = 1.0 if k < len(batches) else 0.0
         chunk = batch.select(batches[k] if weight else shortest(batch))
         if dist.sharded and cfg.fsdp.defer_grad_sync:
             policy.set_requires_gradient_sync(k == count - 1)
@@ -113,7 +126,8 @@ def update(policy, optimizer, batch: RolloutBatch, pad_id: int, cfg, dist: Dist,
         sums["tokens"] += tokens
         sums["sequences"] += sequences
         sampler_logp = as_padded([torch.tensor(lp) for lp in chunk.sampler_logprobs], mask)
-        sums["gap"] += ((sampler_logp - logp_old.float()).abs() * mask).sum().double()  # the sampler/trainer gap
+        # the sampler/trainer gap
+        sums["gap"] += ((sampler_logp - logp_old.float()).abs() * mask).sum().double()
     if dist.sharded and cfg.fsdp.defer_grad_sync:
         policy.set_requires_gradient_sync(True)
     grad_norm, applied = clipped_step(policy, optimizer, cfg.optim.grad_clip)
@@ -121,10 +135,13 @@ def update(policy, optimizer, batch: RolloutBatch, pad_id: int, cfg, dist: Dist,
 
 
 def reduce_sums(sums: list[dict], dist: Dist) -> dict:
-    """Loss metrics of a step's updates (each one's `sums`) over all ranks: token- and sequence-weighted means."""
+    """Loss metrics of a step's updates (each one's `sums`) over all ranks: token- and
+    sequence-weighted means."""
     keys = sorted(sums[0])
-    total = all_reduce(torch.stack([sum(torch.as_tensor(s[k], dtype=torch.float64).cpu() for s in sums)
-                                    for k in keys]), dist)
+    total = all_reduce(
+        torch.stack(
+            [sum(torch.as_tensor(s[k], dtype=torch.float64).cpu() for s in sums) for k in keys]),
+        dist)
     s = dict(zip(keys, total.tolist()))
     out = {f"actor/{k}": s[k] / max(s["tokens"], 1) for k in TOKEN_METRICS}
     out.update({f"actor/{k}": s[k] / max(s["sequences"], 1) for k in SEQUENCE_METRICS})

@@ -1,9 +1,11 @@
-"""Processes, device mesh, FSDP2 sharding and the moves of sharded state (SPEC §1: torchrun, FSDP2 with CPU offload,
-mixed precision): A.3's phase offload, the bucketed weight gather for the sampler, and the rank-0 gather for exports.
+"""Processes, device mesh, FSDP2 sharding and the moves of sharded state (SPEC §1: torchrun, FSDP2
+with CPU offload, mixed precision): A.3's phase offload, the bucketed weight gather for the sampler,
+and the rank-0 gather for exports.
 
-Under `torchrun` every rank runs the same entry script; without it (no WORLD_SIZE, or WORLD_SIZE = 1) psyrl
-runs in one process on a plain model, and every helper here degrades to a no-op or the identity.
-The `Dist` value returned by `init_distributed` is passed around explicitly: no module-level state.
+Under `torchrun` every rank runs the same entry script; without it (no WORLD_SIZE, or WORLD_SIZE =
+1) psyrl runs in one process on a plain model, and every helper here degrades to a no-op or the
+identity. The `Dist` value returned by `init_distributed` is passed around explicitly: no
+module-level state.
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ import torch.distributed as tdist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
@@ -61,23 +68,26 @@ def _device(choice: str, local_rank: int) -> torch.device:
 
 
 def backend(device: torch.device, host_shards: bool) -> str:
-    """gloo on CPU; nccl on GPU; both when some shards live on the host (any offload, the reference model's included):
-    the broadcast of rank 0's weights and the float32 gather of an export then run on CPU tensors."""
+    """gloo on CPU; nccl on GPU; both when some shards live on the host (any offload, the reference
+    model's included): the broadcast of rank 0's weights and the float32 gather of an export then
+    run on CPU tensors."""
     if device.type != "cuda":
         return "gloo"
     return "cuda:nccl,cpu:gloo" if host_shards else "nccl"
 
 
 def set_threads(local_world: int) -> None:
-    """Split this machine's cores between its ranks (torchrun's default OMP_NUM_THREADS=1 leaves cores idle, and
-    the CPU-offloaded optimiser step runs on them)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """Split this machine's cores between its ranks (torchrun's default OMP_NUM_THREADS=1 leaves
+    cores idle, and the CPU-offloaded optimiser step runs on them)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count()
+                                                                                   or 1)
     torch.set_num_threads(max(1, cores // local_world))
 
 
-def init_distributed(device_choice: str = "auto", host_shards: bool = False, timeout_minutes: int = 60) -> Dist:
-    """Join the torchrun process group (when WORLD_SIZE > 1) and build the explicit device mesh: the default
-    mesh can pick CUDA on a GPU machine and then fail with gloo."""
+def init_distributed(device_choice: str = "auto", host_shards: bool = False,
+                     timeout_minutes: int = 60) -> Dist:
+    """Join the torchrun process group (when WORLD_SIZE > 1) and build the explicit device mesh: the
+    default mesh can pick CUDA on a GPU machine and then fail with gloo."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
@@ -87,15 +97,17 @@ def init_distributed(device_choice: str = "auto", host_shards: bool = False, tim
         return Dist(device=device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    tdist.init_process_group(backend(device, host_shards), timeout=datetime.timedelta(minutes=timeout_minutes),
-                            device_id=device if device.type == "cuda" else None)
+    tdist.init_process_group(backend(device, host_shards),
+                             timeout=datetime.timedelta(minutes=timeout_minutes),
+                             device_id=device if device.type == "cuda" else None)
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("fsdp",))
     return Dist(rank, world, local_rank, local_world, device, mesh)
 
 
 def resolve_dtype(choice: str, device: torch.device) -> str:
-    """A generating tool's `--dtype auto`: bfloat16 on CUDA (float32 would double the weights' memory and halve the
-    speed of a GPU), float32 on a CPU (where this project measured bf16 autocast 20x slower)."""
+    """A generating tool's `--dtype auto`: bfloat16 on CUDA (float32 would double the weights'
+    memory and halve the speed of a GPU), float32 on a CPU (where this project measured bf16
+    autocast 20x slower)."""
     if choice != "auto":
         return choice
     return "bfloat16" if device.type == "cuda" else "float32"
@@ -107,7 +119,8 @@ def cleanup(dist: Dist) -> None:
 
 
 def print0(line: str, dist: Dist) -> None:
-    """One console line, on rank 0 only, that does not break a tqdm bar; flushed (logs are read while a run goes)."""
+    """One console line, on rank 0 only, that does not break a tqdm bar; flushed (logs are read
+    while a run goes)."""
     if dist.is_main:
         tqdm.write(line, file=sys.stdout)
         sys.stdout.flush()
@@ -115,66 +128,80 @@ def print0(line: str, dist: Dist) -> None:
 
 def shard(policy: nn.Module, dist: Dist, dtype: str = "float32", offload: bool = False,
           reshard_after_forward: bool = True) -> nn.Module:
-    """FSDP2: `fully_shard` each decoder layer, then the root (embedding, final norm, LM head). bf16 keeps float32
-    master weights and reduces gradients in float32. CPU offload pins memory only when a GPU exists (pinning
-    without one raises)."""
-    mp = MixedPrecisionPolicy(param_dtype=DTYPES[dtype], reduce_dtype=torch.float32) if dtype != "float32" \
-        else MixedPrecisionPolicy()
+    """FSDP2: `fully_shard` each decoder layer, then the root (embedding, final norm, LM head). bf16
+    keeps float32 master weights and reduces gradients in float32. CPU offload pins memory only when
+    a GPU exists (pinning without one raises)."""
+    mp = MixedPrecisionPolicy()
+    if dtype != "float32":
+        mp = MixedPrecisionPolicy(param_dtype=DTYPES[dtype], reduce_dtype=torch.float32)
     off = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy()
-    kwargs = {"mesh": dist.mesh, "mp_policy": mp, "offload_policy": off, "reshard_after_forward": reshard_after_forward}
+    kwargs = {
+        "mesh": dist.mesh, "mp_policy": mp, "offload_policy": off,
+        "reshard_after_forward": reshard_after_forward
+    }
     units = [*policy.lm.get_decoder().layers, policy]
     for unit in units:
         fully_shard(unit, **kwargs)
-    for unit in units:  # each rank's loss is already divided by the global normaliser: sum gradients, not average
+    # each rank's loss is already divided by the global normaliser: sum gradients, not average
+    for unit in units:
         unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM
     return policy
 
 
 def cast_parameters(model: nn.Module, dtype: str) -> None:
-    """Parameters to `dtype` in place; buffers untouched: rotary inv_freq must stay float32 (bf16 shifts long
-    positions)."""
+    """Parameters to `dtype` in place; buffers untouched: rotary inv_freq must stay float32 (bf16
+    shifts long positions)."""
     for param in model.parameters():
         param.data = param.data.to(DTYPES[dtype])
 
 
-def load_sharded(build: Callable[[bool], nn.Module], dist: Dist, dtype: str = "float32", offload: bool = False,
-                 reshard_after_forward: bool = True, storage_dtype: str = "float32") -> nn.Module:
-    """A sharded `Policy` whose weights are read on rank 0 only and broadcast: `build(empty)` returns the Policy,
-    with real weights when empty is False (rank 0) or on the meta device (other ranks). `storage_dtype`: the dtype
-    the shards are kept in (float32 master weights for a policy that trains; the compute dtype for a frozen
-    reference, as verl and EasyR1 load theirs)."""
+def load_sharded(build: Callable[[bool], nn.Module], dist: Dist, dtype: str = "float32",
+                 offload: bool = False, reshard_after_forward: bool = True,
+                 storage_dtype: str = "float32") -> nn.Module:
+    """A sharded `Policy` whose weights are read on rank 0 only and broadcast: `build(empty)`
+    returns the Policy, with real weights when empty is False (rank 0) or on the meta device (other
+    ranks). `storage_dtype`: the dtype the shards are kept in (float32 master weights for a policy
+    that trains; the compute dtype for a frozen reference, as verl and EasyR1 load theirs)."""
     error = None
     try:
         policy = build(not dist.is_main)
-    except (OSError, ValueError) as e:  # e.g. unreadable weights on rank 0: stop every rank, not only rank 0
+    # e.g. unreadable weights on rank 0: stop every rank, not only rank 0
+    except (OSError, ValueError) as e:
         error = e
     if not agree(error is None, dist):
-        raise error or RuntimeError(f"rank {dist.rank}: rank 0 could not load the model (see its error)")
+        raise error or RuntimeError(
+            f"rank {dist.rank}: rank 0 could not load the model (see its error)")
     cast_parameters(policy, storage_dtype)
     full = {k: v.detach().cpu() for k, v in policy.state_dict().items()} if dist.is_main else {}
-    buffers = {name: b.detach().clone() for name, b in policy.named_buffers()} if dist.is_main else {}
+    buffers = {name: b.detach().clone()
+               for name, b in policy.named_buffers()} if dist.is_main else {}
     shard(policy, dist, dtype, offload, reshard_after_forward)
     if not dist.is_main:
         policy.to_empty(device="cpu" if offload else dist.device)
-    set_model_state_dict(policy, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    set_model_state_dict(policy, full, options=StateDictOptions(full_state_dict=True,
+                                                                broadcast_from_rank0=True))
     _broadcast_buffers(policy, buffers, dist)
     return policy
 
 
-def _broadcast_buffers(model: nn.Module, rank0_buffers: dict[str, torch.Tensor], dist: Dist) -> None:
-    """Rank 0's buffers to every rank. Non-persistent buffers such as rotary `inv_freq` are not in the state dict,
-    and `to_empty` left them uninitialised (measured: logits off by 0.006 when skipped)."""
+def _broadcast_buffers(model: nn.Module, rank0_buffers: dict[str, torch.Tensor],
+                       dist: Dist) -> None:
+    """Rank 0's buffers to every rank. Non-persistent buffers such as rotary `inv_freq` are not in
+    the state dict, and `to_empty` left them uninitialised (measured: logits off by 0.006 when
+    skipped)."""
     for name, buf in list(model.named_buffers()):
         owner, _, attr = name.rpartition(".")
         module = model.get_submodule(owner)
-        value = rank0_buffers[name].to(dist.device) if dist.is_main else torch.empty_like(buf, device=dist.device)
+        value = rank0_buffers[name].to(dist.device) if dist.is_main else torch.empty_like(
+            buf, device=dist.device)
         tdist.broadcast(value, src=0)
         setattr(module, attr, value)
 
 
 def _unique_state(model: nn.Module, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of the state dict; tied parameters once, under their first name; `prefix` stripped."""
+    """(name, tensor) of the state dict; tied parameters once, under their first name; `prefix`
+    stripped."""
     seen: set[int] = set()
     for name, tensor in model.state_dict(keep_vars=True).items():
         if id(tensor) not in seen:
@@ -184,46 +211,53 @@ def _unique_state(model: nn.Module, prefix: str) -> Iterator[tuple[str, torch.Te
 
 def gather_full_state_dict(model: nn.Module, device: str | torch.device = "cpu",
                            prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) one at a time, on every rank, in the parameters' own dtype: each sharded parameter is
-    all-gathered when its turn comes, so at most one full tensor exists beyond the shards. Tied parameters appear
-    once, under their first name; `prefix` is stripped from names (e.g. "lm." for a Policy). Collective: every rank
-    must iterate to the end. In one process: the model's own tensors, detached."""
+    """(name, full tensor) one at a time, on every rank, in the parameters' own dtype: each sharded
+    parameter is all-gathered when its turn comes, so at most one full tensor exists beyond the
+    shards. Tied parameters appear once, under their first name; `prefix` is stripped from names
+    (e.g. "lm." for a Policy). Collective: every rank must iterate to the end. In one process: the
+    model's own tensors, detached."""
     for name, tensor in _unique_state(model, prefix):
         full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
         yield name, full.detach().to(device)
 
 
-def gather_to_rank0(model: nn.Module, prefix: str = "") -> Iterator[tuple[str, torch.Tensor | None]]:
-    """(name, full float32-or-own-dtype tensor on the CPU) on rank 0, (name, None) on the others: what an export
-    needs, where only the rank that writes should hold the whole model (an all-gather would give it to every
-    rank). Each shard goes to rank 0 by `gather`, on the CPU when the shards live there (gloo), else on the device.
-    Collective: every rank must iterate to the end."""
+def gather_to_rank0(model: nn.Module,
+                    prefix: str = "") -> Iterator[tuple[str, torch.Tensor | None]]:
+    """(name, full float32-or-own-dtype tensor on the CPU) on rank 0, (name, None) on the others:
+    what an export needs, where only the rank that writes should hold the whole model (an all-gather
+    would give it to every rank). Each shard goes to rank 0 by `gather`, on the CPU when the shards
+    live there (gloo), else on the device. Collective: every rank must iterate to the end."""
     for name, tensor in _unique_state(model, prefix):
         if not isinstance(tensor, DTensor):
             yield name, tensor.detach().cpu()
             continue
         local, world = tensor.to_local().detach(), tensor.device_mesh.size()
-        rows = math.ceil(tensor.shape[0] / world)  # FSDP2 shards dim 0 in chunks of ceil(rows / world)
+        # FSDP2 shards dim 0 in chunks of ceil(rows / world)
+        rows = math.ceil(tensor.shape[0] / world)
         padded = local.new_zeros((rows, *tensor.shape[1:]))
         padded[:local.shape[0]].copy_(local)
         parts = [torch.empty_like(padded) for _ in range(world)] if tdist.get_rank() == 0 else None
         tdist.gather(padded, parts, dst=0)
-        # each part to the host before the concatenation: one full tensor on the GPU at most, not two
-        yield name, torch.cat([p.cpu() for p in parts])[:tensor.shape[0]] if parts is not None else None
+        # each part to the host before the concatenation: one full tensor on the GPU at most, not
+        # two
+        yield name, torch.cat([p.cpu()
+                               for p in parts])[:tensor.shape[0]] if parts is not None else None
 
 
 def sync_buckets(model: nn.Module, device: torch.device, dtype: torch.dtype, bucket_bytes: int,
                  prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
-    """The weight sync's stream: (name, full tensor in `dtype` on `device`), every rank, in state-dict order.
-    Parameters are grouped into buckets of about `bucket_bytes` of full tensors; for each bucket every rank moves
-    its local shards to `device` (non-blocking from pinned memory), casts them to `dtype` there, packs them into
-    one flat buffer, and one all-gather (NCCL on GPUs) assembles the bucket, whose tensors are yielded before the
-    next bucket is gathered. Cast-then-gather equals gather-then-cast bit for bit (a cast is elementwise), so the
-    sampler receives what the one-at-a-time float32 gather followed by a cast gave. Collective."""
+    """The weight sync's stream: (name, full tensor in `dtype` on `device`), every rank, in
+    state-dict order. Parameters are grouped into buckets of about `bucket_bytes` of full tensors;
+    for each bucket every rank moves its local shards to `device` (non-blocking from pinned memory),
+    casts them to `dtype` there, packs them into one flat buffer, and one all-gather (NCCL on GPUs)
+    assembles the bucket, whose tensors are yielded before the next bucket is gathered.
+    Cast-then-gather equals gather-then-cast bit for bit (a cast is elementwise), so the sampler
+    receives what the one-at-a-time float32 gather followed by a cast gave. Collective."""
     bucket: list[tuple[str, DTensor]] = []
     size = 0
     for name, tensor in _unique_state(model, prefix):
-        if not isinstance(tensor, DTensor):  # one process, or a tensor every rank holds whole: nothing to gather
+        # one process, or a tensor every rank holds whole: nothing to gather
+        if not isinstance(tensor, DTensor):
             yield name, tensor.detach().to(device=device, dtype=dtype)
             continue
         bucket.append((name, tensor))
@@ -236,9 +270,11 @@ def sync_buckets(model: nn.Module, device: torch.device, dtype: torch.dtype, buc
 
 
 def _gather_bucket(bucket, device, dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """One all-gather of a bucket's shards (each padded to FSDP2's ceil(rows / world) rows), unpacked per tensor."""
+    """One all-gather of a bucket's shards (each padded to FSDP2's ceil(rows / world) rows),
+    unpacked per tensor."""
     world = bucket[0][1].device_mesh.size()
-    layout, offset = [], 0  # (name, tensor, elements of one rank's padded shard, offset in the flat buffer)
+    # (name, tensor, elements of one rank's padded shard, offset in the flat buffer)
+    layout, offset = [], 0
     for name, tensor in bucket:
         rest = math.prod(tensor.shape[1:])
         per_rank = math.ceil(tensor.shape[0] / world) * rest
@@ -247,20 +283,25 @@ def _gather_bucket(bucket, device, dtype) -> Iterator[tuple[str, torch.Tensor]]:
     flat = torch.zeros(offset, dtype=dtype, device=device)  # this rank's share, padding included
     for _, tensor, _, start in layout:
         local = tensor.to_local().detach()
-        flat[start:start + local.numel()].copy_(local.reshape(-1).to(device, non_blocking=True))  # casts on device
+        # casts on device
+        flat[start:start + local.numel()].copy_(local.reshape(-1).to(device, non_blocking=True))
     gathered = torch.empty(world * offset, dtype=dtype, device=device)  # [world, offset]
     tdist.all_gather_single(gathered, flat)
     gathered = gathered.view(world, offset)
     for name, tensor, per_rank, start in layout:
-        rows = gathered[:, start:start + per_rank].reshape(-1, *tensor.shape[1:])  # [world * padded rows, ...]
+        # [world * padded rows, ...]
+        rows = gathered[:, start:start + per_rank].reshape(-1, *tensor.shape[1:])
         yield name, rows[:tensor.shape[0]].contiguous()
 
 
-def unsharded_copy(policy: nn.Module, empty_lm: nn.Module, dist: Dist, dtype: str = "float32") -> nn.Module:
-    """A full, unsharded copy of `policy.lm` on this rank (what a colocated sampler holds): `empty_lm` is the same
-    architecture on the meta device, filled one tensor at a time from the shards. Collective."""
+def unsharded_copy(policy: nn.Module, empty_lm: nn.Module, dist: Dist,
+                   dtype: str = "float32") -> nn.Module:
+    """A full, unsharded copy of `policy.lm` on this rank (what a colocated sampler holds):
+    `empty_lm` is the same architecture on the meta device, filled one tensor at a time from the
+    shards. Collective."""
     lm = empty_lm.to_empty(device=dist.device)
-    lm.tie_weights()  # to_empty made new Parameters: a tied LM head would otherwise stay uninitialised memory
+    # to_empty made new Parameters: a tied LM head would otherwise stay uninitialised memory
+    lm.tie_weights()
     cast_parameters(lm, dtype)
     load_weights(lm, gather_full_state_dict(policy, dist.device, prefix="lm."))
     with torch.no_grad():
@@ -270,15 +311,17 @@ def unsharded_copy(policy: nn.Module, empty_lm: nn.Module, dist: Dist, dtype: st
 
 
 class PhaseOffload:
-    """`fsdp.offload = "phase"` (A.3's "parameters and optimizer offloaded to CPU", as EasyR1's offload_params /
-    offload_optimizer do it): the actor's parameter shards and AdamW state move to pinned host memory while the
-    sampler has the device (rollout, weight sync, validation generation) and back before the next forward.
-    Idempotent; disabled (every call a no-op) for the other modes. FSDP2 re-registers a parameter's padded shard
-    after `nn.Module._apply` (`FSDPModule._apply` -> `FSDPParam.reset_sharded_param`, torch 2.13
-    distributed/fsdp/_fully_shard/_fully_shard.py), so the move goes through `_apply` and the Parameter objects,
-    which the optimiser's state is keyed by, stay the same."""
+    """`fsdp.offload = "phase"` (A.3's "parameters and optimizer offloaded to CPU", as EasyR1's
+    offload_params / offload_optimizer do it): the actor's parameter shards and AdamW state move to
+    pinned host memory while the sampler has the device (rollout, weight sync, validation
+    generation) and back before the next forward. Idempotent; disabled (every call a no-op) for the
+    other modes. FSDP2 re-registers a parameter's padded shard after `nn.Module._apply`
+    (`FSDPModule._apply` -> `FSDPParam.reset_sharded_param`, torch 2.13
+    distributed/fsdp/_fully_shard/_fully_shard.py), so the move goes through `_apply` and the
+    Parameter objects, which the optimiser's state is keyed by, stay the same."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device, enabled: bool):
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
+                 enabled: bool):
         self.model, self.optimizer, self.device, self.enabled = model, optimizer, device, enabled
         self.pin = device.type == "cuda"  # pinning needs a GPU (it raises without one)
         self.on_host = False
@@ -295,7 +338,8 @@ class PhaseOffload:
 
     @contextlib.contextmanager
     def on_device(self):
-        """The actor on the device for the block (a loss pass between two generations), then back where it was."""
+        """The actor on the device for the block (a loss pass between two generations), then back
+        where it was."""
         was_on_host = self.on_host
         self.to_device()
         try:
@@ -309,35 +353,42 @@ class PhaseOffload:
         done: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
         def copy(t: torch.Tensor) -> torch.Tensor:
-            # `_apply` visits a tied parameter once per module that holds it (embedding and LM head): one copy
+            # `_apply` visits a tied parameter once per module that holds it (embedding and LM
+            # head): one copy
             if id(t) not in done:
-                done[id(t)] = (t, _moved(t, device, self.pin))  # t kept alive: its id cannot be reused meanwhile
+                # t kept alive: its id cannot be reused meanwhile
+                done[id(t)] = (t, _moved(t, device, self.pin))
             return done[id(t)][1]
 
         self.model._apply(copy)
         for state in self.optimizer.state.values():
             for key, value in state.items():
-                if isinstance(value, torch.Tensor) and value.dim() > 0:  # AdamW's `step` stays a CPU scalar
+                # AdamW's `step` stays a CPU scalar
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
                     state[key] = copy(value)
         if device.type == "cpu" and self.device.type == "cuda":
-            torch.cuda.empty_cache()  # the shards' device memory goes back before vLLM measures what is free
+            # the shards' device memory goes back before vLLM measures what is free
+            torch.cuda.empty_cache()
 
 
 def _moved(t: torch.Tensor, device: torch.device, pin: bool) -> torch.Tensor:
-    """A copy of `t` on `device` (a DTensor keeps its mesh and placements); to the host in pinned memory when `pin`.
-    Device -> host copies block: FSDP2 reads a shard on the CPU right after `_apply` (it re-pads an uneven one,
-    `FSDPParam.reset_sharded_param`), so it must be complete; host -> device copies are ordered on the stream.
-    Always a new allocation, on the CPU too, so that the test of this move on a CPU exercises FSDP2's re-registration
-    of the shards."""
+    """A copy of `t` on `device` (a DTensor keeps its mesh and placements); to the host in pinned
+    memory when `pin`. Device -> host copies block: FSDP2 reads a shard on the CPU right after
+    `_apply` (it re-pads an uneven one, `FSDPParam.reset_sharded_param`), so it must be complete;
+    host -> device copies are ordered on the stream. Always a new allocation, on the CPU too, so
+    that the test of this move on a CPU exercises FSDP2's re-registration of the shards."""
     if isinstance(t, DTensor):
         local = _moved(t.to_local(), device, pin)
-        return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
-    out = torch.empty(t.shape, dtype=t.dtype, device=device, pin_memory=pin and device.type == "cpu")
+        return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False,
+                                  shape=t.shape, stride=t.stride())
+    out = torch.empty(t.shape, dtype=t.dtype, device=device, pin_memory=pin
+                      and device.type == "cpu")
     return out.copy_(t, non_blocking=device.type != "cpu")
 
 
 def broadcast_object(obj, dist: Dist):
-    """Rank 0's value of a small Python object, on every rank (so that all ranks act on one decision)."""
+    """Rank 0's value of a small Python object, on every rank (so that all ranks act on one
+    decision)."""
     if not dist.sharded:
         return obj
     box = [obj]
@@ -346,17 +397,20 @@ def broadcast_object(obj, dist: Dist):
 
 
 def all_reduce(value: torch.Tensor, dist: Dist, op: str = "sum") -> torch.Tensor:
-    """Sum, max or min over ranks (identity in one process), in float64 so the reduction itself adds no error."""
+    """Sum, max or min over ranks (identity in one process), in float64 so the reduction itself adds
+    no error."""
     if not dist.sharded:
         return value
     out = value.detach().to(dist.device, torch.float64)
-    tdist.all_reduce(out, op={"sum": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN}[op])
+    tdist.all_reduce(
+        out, op={"sum": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX,
+                 "min": tdist.ReduceOp.MIN}[op])
     return out
 
 
 def agree(ok: bool, dist: Dist) -> bool:
-    """True on every rank iff `ok` on every rank: a rank that failed (a write error) stops all of them together
-    instead of leaving the others waiting in the next collective."""
+    """True on every rank iff `ok` on every rank: a rank that failed (a write error) stops all of
+    them together instead of leaving the others waiting in the next collective."""
     return bool(all_reduce(torch.tensor(float(ok)), dist, "min").item())
 
 
@@ -366,14 +420,16 @@ def barrier(dist: Dist) -> None:
 
 
 def rank_share(items: Sequence, dist: Dist) -> list:
-    """This rank's contiguous slice of `items` (sizes differ by at most one; rank order = item order)."""
+    """This rank's contiguous slice of `items` (sizes differ by at most one; rank order = item
+    order)."""
     base, extra = divmod(len(items), dist.world)
     start = dist.rank * base + min(dist.rank, extra)
     return list(items[start:start + base + (1 if dist.rank < extra else 0)])
 
 
 def all_gather_lists(local: list, dist: Dist) -> list:
-    """Concatenate every rank's list in rank order (inverse of `rank_share`); small Python objects only."""
+    """Concatenate every rank's list in rank order (inverse of `rank_share`); small Python objects
+    only."""
     if not dist.sharded:
         return list(local)
     parts: list = [None] * dist.world

@@ -1,4 +1,5 @@
-"""Models and tokenizers: a local Hugging Face causal LM or a tiny seeded Qwen2, and memory-bounded log-probs.
+"""Models and tokenizers: a local Hugging Face causal LM or a tiny seeded Qwen2, and memory-bounded
+log-probs.
 
 `token_logprobs` is the one place a policy's token log-probabilities are computed (SFT loss,
 T-GRPO's logp_old / logp_ref / logp_theta): the LM head and log-softmax run in chunks of rows and
@@ -17,7 +18,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from psyrl.core.config import ModelConfig
 
@@ -28,23 +35,25 @@ LOGPROB_CHUNK = 256  # rows per chunk: [256, 151936] fp32 logits are 156 MB
 def shipped_tokenizer_dir(name: str) -> Path:
     """Directory of a tokenizer that ships inside the package (`tiny` or `qwen2.5`)."""
     if name not in SHIPPED_TOKENIZERS:
-        raise ValueError(f"unknown shipped tokenizer {name!r}; expected one of {', '.join(SHIPPED_TOKENIZERS)}")
+        raise ValueError(
+            f"unknown shipped tokenizer {name!r}; expected one of {', '.join(SHIPPED_TOKENIZERS)}")
     return Path(str(resources.files("psyrl") / "assets" / "tokenizers" / name))
 
 
 def _model_dir(path: str) -> Path:
     p = Path(path).expanduser()
     if not p.is_dir():
-        raise FileNotFoundError(f"no such model directory: {p} (model.path must be a local Hugging Face "
-                                "model directory; psyrl never downloads from the hub)")
+        raise FileNotFoundError(
+            f"no such model directory: {p} (model.path must be a local Hugging Face "
+            "model directory; psyrl never downloads from the hub)")
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"{p} is not a Hugging Face model directory: it has no config.json")
     return p
 
 
 def model_fingerprint(model_dir: Path) -> str:
-    """config.json, and each weight file's name, size and first and last MiB: a changed checkpoint is noticed on
-    resume (evaluate.py, psyrl build) without reading gigabytes."""
+    """config.json, and each weight file's name, size and first and last MiB: a changed checkpoint
+    is noticed on resume (evaluate.py, psyrl build) without reading gigabytes."""
     h = hashlib.sha256((model_dir / "config.json").read_bytes())
     for f in sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("*.bin")):
         size = f.stat().st_size
@@ -57,7 +66,8 @@ def model_fingerprint(model_dir: Path) -> str:
 
 
 def load_tokenizer(cfg: ModelConfig):
-    """The tokenizer `model.tokenizer` names (see its docstring); padding on the left for generation."""
+    """The tokenizer `model.tokenizer` names (see its docstring); padding on the left for
+    generation."""
     name = cfg.tokenizer or ("tiny" if not cfg.path else "")
     if name in SHIPPED_TOKENIZERS:
         directory = shipped_tokenizer_dir(name)
@@ -65,23 +75,27 @@ def load_tokenizer(cfg: ModelConfig):
         directory = Path(name).expanduser()
     else:
         directory = _model_dir(cfg.path)
-    if not directory.is_dir():  # else transformers would try the hub and report a confusing repo-id error
+    # else transformers would try the hub and report a confusing repo-id error
+    if not directory.is_dir():
         raise FileNotFoundError(f"no such tokenizer directory: {directory} (model.tokenizer is "
                                 f"{', '.join(SHIPPED_TOKENIZERS)}, a directory, or empty)")
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
-    if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None or tokenizer.chat_template is None:
-        raise ValueError(f"tokenizer in {directory} needs a pad token, an eos token and a chat template")
+    if None in (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.chat_template):
+        raise ValueError(
+            f"tokenizer in {directory} needs a pad token, an eos token and a chat template")
     tokenizer.padding_side = "left"
     return tokenizer
 
 
 def stop_token_ids(tokenizer) -> list[int]:
-    """Tokens that end a response: end-of-turn, and end-of-text as Qwen2.5-Instruct's generation config lists."""
+    """Tokens that end a response: end-of-turn, and end-of-text as Qwen2.5-Instruct's generation
+    config lists."""
     return list(dict.fromkeys([tokenizer.eos_token_id, tokenizer.pad_token_id]))
 
 
 def tiny_config(cfg: ModelConfig, tokenizer) -> Qwen2Config:
-    """A Qwen2 architecture of the configured size; vocabulary padded to a multiple of 64 as Qwen2.5 pads."""
+    """A Qwen2 architecture of the configured size; vocabulary padded to a multiple of 64 as Qwen2.5
+    pads."""
     return Qwen2Config(
         vocab_size=-(-len(tokenizer) // 64) * 64,
         hidden_size=cfg.hidden_size,
@@ -98,33 +112,37 @@ def tiny_config(cfg: ModelConfig, tokenizer) -> Qwen2Config:
 
 
 def model_config(cfg: ModelConfig, tokenizer):
-    """The architecture `load_model` builds: `model.path`'s config.json, or the tiny Qwen2 of the model table."""
+    """The architecture `load_model` builds: `model.path`'s config.json, or the tiny Qwen2 of the
+    model table."""
     if cfg.path:
         return AutoConfig.from_pretrained(str(_model_dir(cfg.path)))
     return tiny_config(cfg, tokenizer)
 
 
-def load_model(cfg: ModelConfig, tokenizer, seed: int = 0, device: str | torch.device = "cpu", empty: bool = False):
-    """Float32 master weights: from `model.path`, or a tiny Qwen2 whose random init depends only on `seed`.
-    empty=True builds the same architecture on the meta device without reading any weight (the ranks that
-    receive rank 0's weights by broadcast, `psyrl.runtime.distributed.load_sharded`)."""
+def load_model(cfg: ModelConfig, tokenizer, seed: int = 0, device: str | torch.device = "cpu",
+               empty: bool = False):
+    """Float32 master weights: from `model.path`, or a tiny Qwen2 whose random init depends only on
+    `seed`. empty=True builds the same architecture on the meta device without reading any weight
+    (the ranks that receive rank 0's weights by broadcast,
+    `psyrl.runtime.distributed.load_sharded`)."""
     if empty:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(model_config(cfg, tokenizer), dtype=torch.float32,
+            model = AutoModelForCausalLM.from_config(model_config(cfg,
+                                                                  tokenizer), dtype=torch.float32,
                                                      attn_implementation=cfg.attn_implementation)
     elif cfg.path:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(_model_dir(cfg.path)), dtype=torch.float32, attn_implementation=cfg.attn_implementation
-        )
+        model = AutoModelForCausalLM.from_pretrained(str(_model_dir(cfg.path)), dtype=torch.float32,
+                                                     attn_implementation=cfg.attn_implementation)
     else:
-        with torch.random.fork_rng(devices=[]):  # seeded init that leaves the caller's RNG untouched
+        # seeded init that leaves the caller's RNG untouched
+        with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = Qwen2ForCausalLM._from_config(
-                tiny_config(cfg, tokenizer), dtype=torch.float32, attn_implementation=cfg.attn_implementation
-            )
+            model = Qwen2ForCausalLM._from_config(tiny_config(cfg, tokenizer), dtype=torch.float32,
+                                                  attn_implementation=cfg.attn_implementation)
     if model.get_output_embeddings().weight.shape[0] < len(tokenizer):
-        raise ValueError(f"the model's vocabulary ({model.get_output_embeddings().weight.shape[0]}) is smaller "
-                         f"than the tokenizer's ({len(tokenizer)})")
+        raise ValueError(
+            f"the model's vocabulary ({model.get_output_embeddings().weight.shape[0]}) is smaller "
+            f"than the tokenizer's ({len(tokenizer)})")
     model.generation_config.eos_token_id = stop_token_ids(tokenizer)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     if cfg.gradient_checkpointing:
@@ -140,10 +158,11 @@ def autocast(cfg: ModelConfig, device: torch.device):
 
 
 class ChunkLogprobs(torch.autograd.Function):
-    """log softmax(hidden @ W^T + b) / T at each row's target, for one chunk of rows. Saves only its inputs and
-    the log-normaliser: backward recomputes the chunk's logits once and turns them into the gradient in place
-    (softmax, times -g, plus g at the target), so a chunk costs one [rows, V] buffer and about six passes over
-    it, where plain autograd with recomputation made about fifteen (profiled: bench/step_vs_trl.py)."""
+    """log softmax(hidden @ W^T + b) / T at each row's target, for one chunk of rows. Saves only its
+    inputs and the log-normaliser: backward recomputes the chunk's logits once and turns them into
+    the gradient in place (softmax, times -g, plus g at the target), so a chunk costs one [rows, V]
+    buffer and about six passes over it, where plain autograd with recomputation made about fifteen
+    (profiled: bench/step_vs_trl.py)."""
 
     @staticmethod
     def forward(dist, hidden, weight, bias, targets, temperature: float):
@@ -165,24 +184,28 @@ class ChunkLogprobs(torch.autograd.Function):
         logits = F.linear(hidden.to(dtype), w, None if bias is None else bias.to(dtype)).float()
         if T != 1.0:
             logits.div_(T)
-        grad = logits.sub_(lse[:, None]).exp_().mul_(-g[:, None])  # d out / d z = onehot - softmax, times g
+        # d out / d z = onehot - softmax, times g
+        grad = logits.sub_(lse[:, None]).exp_().mul_(-g[:, None])
         grad.scatter_add_(-1, targets[:, None], g[:, None].float())
         if T != 1.0:
             grad.div_(T)
         grad = grad.to(dtype)
         grad_hidden = (grad @ w).to(hidden.dtype) if dist.needs_input_grad[0] else None
-        grad_weight = (grad.t() @ hidden.to(dtype)).to(weight.dtype) if dist.needs_input_grad[1] else None
-        grad_bias = grad.sum(0).to(bias.dtype) if bias is not None and dist.needs_input_grad[2] else None
+        grad_weight = (grad.t() @ hidden.to(dtype)).to(
+            weight.dtype) if dist.needs_input_grad[1] else None
+        grad_bias = grad.sum(0).to(
+            bias.dtype) if bias is not None and dist.needs_input_grad[2] else None
         return grad_hidden, grad_weight, grad_bias, None, None
 
 
 def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, positions=None,
                    chunk: int = LOGPROB_CHUNK):
-    """log softmax(logits / T) over the full vocabulary: out[b, t] = log p(ids[b, t+1] | ids[b, :t+1]).
+    """log softmax(logits / T) over the full vocabulary: out[b, t] = log p(ids[b, t+1] | ids[b,
+    :t+1]).
 
-    input_ids, attention_mask: [B, T]; positions: [B, T-1] bool, the targets to score (default: every
-    non-padding target); returns float32 [B, T-1], 0 where positions is False.
-    Calls the decoder and the LM head directly, not `model.forward`: under FSDP2 call it through `Policy`,
+    input_ids, attention_mask: [B, T]; positions: [B, T-1] bool, the targets to score (default:
+    every non-padding target); returns float32 [B, T-1], 0 where positions is False. Calls the
+    decoder and the LM head directly, not `model.forward`: under FSDP2 call it through `Policy`,
     whose forward gathers the embedding, final norm and LM head and reduces their gradients.
     """
     if temperature <= 0:
@@ -190,19 +213,27 @@ def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, p
     if positions is None:
         positions = attention_mask[:, 1:].bool()  # [B, T-1]
     decoder = model.get_decoder()
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state  # [B,T,H]
+    # [B,T,H]
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
+                     use_cache=False).last_hidden_state
     rows = hidden[:, :-1][positions]  # [N, H]
     targets = input_ids[:, 1:][positions]  # [N]
     head = model.get_output_embeddings()
-    pieces = [ChunkLogprobs.apply(rows[start:start + chunk], head.weight, head.bias, targets[start:start + chunk],
-                                  temperature) for start in range(0, rows.shape[0], chunk)]
+    pieces = [
+        ChunkLogprobs.apply(rows[start:start + chunk], head.weight, head.bias,
+                            targets[start:start + chunk], temperature)
+        for start in range(0, rows.shape[0], chunk)
+    ]
     values = torch.cat(pieces) if pieces else rows.new_zeros(0, dtype=torch.float32)  # [N]
-    return torch.zeros(positions.shape, dtype=torch.float32, device=values.device).masked_scatter(positions, values)
+    return torch.zeros(positions.shape, dtype=torch.float32,
+                       device=values.device).masked_scatter(positions, values)
 
 
 def collate(token_ids: Sequence[Sequence[int]], prompt_lengths: Sequence[int], pad_id: int):
-    """Right-padded input_ids, attention_mask [B, T] and the response mask [B, T-1] (True where token t+1 is
-    response: position t predicts it) of sequences whose first prompt_lengths[i] tokens are the prompt."""
+    """Right-padded input_ids, attention_mask [B, T] and the response mask [B, T-1] (True where
+    token t+1 is
+    response: position t predicts it) of sequences whose first prompt_lengths[i] tokens are the
+    prompt."""
     width = max(len(ids) for ids in token_ids)
     input_ids = torch.full((len(token_ids), width), pad_id, dtype=torch.long)  # [B, T]
     attention_mask = torch.zeros((len(token_ids), width), dtype=torch.long)  # [B, T]
@@ -216,11 +247,12 @@ def collate(token_ids: Sequence[Sequence[int]], prompt_lengths: Sequence[int], p
 
 
 class Policy(nn.Module):
-    """A causal LM whose forward is `token_logprobs`: the one call SFT and T-GRPO make on pi_theta and pi_ref.
+    """A causal LM whose forward is `token_logprobs`: the one call SFT and T-GRPO make on pi_theta
+    and pi_ref.
 
-    FSDP2 gathers a module's parameters around its forward only, so the module that owns the embedding, final
-    norm and LM head (the FSDP root) must be the one whose forward computes the chunked log-probs. `lm` stays
-    a plain transformers model for generation and export."""
+    FSDP2 gathers a module's parameters around its forward only, so the module that owns the
+    embedding, final norm and LM head (the FSDP root) must be the one whose forward computes the
+    chunked log-probs. `lm` stays a plain transformers model for generation and export."""
 
     def __init__(self, lm: nn.Module):
         super().__init__()
@@ -232,9 +264,10 @@ class Policy(nn.Module):
 
 @torch.no_grad()
 def load_weights(model: nn.Module, named_tensors) -> None:
-    """Copy (name, tensor) pairs into `model`'s parameters and buffers in place, one pair at a time: the weight
-    sync of an unsharded copy from a sharded trainer (`psyrl.runtime.distributed.gather_full_state_dict`). Tied
-    parameters arrive once and fill every name that shares them; a parameter left unfilled is an error."""
+    """Copy (name, tensor) pairs into `model`'s parameters and buffers in place, one pair at a time:
+    the weight sync of an unsharded copy from a sharded trainer
+    (`psyrl.runtime.distributed.gather_full_state_dict`). Tied parameters arrive once and fill every
+    name that shares them; a parameter left unfilled is an error."""
     filled = set()
     for name, tensor in named_tensors:
         try:
@@ -245,4 +278,5 @@ def load_weights(model: nn.Module, named_tensors) -> None:
         filled.add(id(target))
     missing = [name for name, p in model.named_parameters() if id(p) not in filled]
     if missing:
-        raise ValueError(f"load_weights: no tensor for {', '.join(missing[:5])} ({len(missing)} parameters)")
+        raise ValueError(
+            f"load_weights: no tensor for {', '.join(missing[:5])} ({len(missing)} parameters)")

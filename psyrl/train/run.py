@@ -1,6 +1,6 @@
-"""What both trainers (`train_sft.py`, `train_tgrpo.py`) do around their loop: the click entry that fails once on
-rank 0, and the `Run`, which owns the run directory: its checks, the resume, metrics.jsonl and the progress bar,
-the checkpoints and the final export."""
+"""What both trainers (`train_sft.py`, `train_tgrpo.py`) do around their loop: the click entry that
+fails once on rank 0, and the `Run`, which owns the run directory: its checks, the resume,
+metrics.jsonl and the progress bar, the checkpoints and the final export."""
 
 from __future__ import annotations
 
@@ -28,25 +28,39 @@ from psyrl.runtime.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from psyrl.runtime.distributed import Dist, barrier, broadcast_object, cleanup, init_distributed, print0
+from psyrl.runtime.distributed import (
+    Dist,
+    barrier,
+    broadcast_object,
+    cleanup,
+    init_distributed,
+    print0,
+)
 from psyrl.runtime.memory_plan import load_architecture, plan
-from psyrl.runtime.vllm_sampler import VLLMUnavailable, check_tensor_parallel, import_vllm  # imports no vLLM
+from psyrl.runtime.vllm_sampler import (  # imports no vLLM
+    VLLMUnavailable,
+    check_tensor_parallel,
+    import_vllm,
+)
 
-RESUME_FREE = ("run.name", "run.output_dir", "log", "checkpoint", "fsdp")  # may change on --resume: same numbers
+# may change on --resume: same numbers
+RESUME_FREE = ("run.name", "run.output_dir", "log", "checkpoint", "fsdp")
 
 
 def entry_command(example_config: str, state: str):
-    """The click command of an entry script with the options both take: --config, --set, --overwrite, --resume
-    (`state`: what a checkpoint restores, for --resume's help)."""
+    """The click command of an entry script with the options both take: --config, --set,
+    --overwrite, --resume (`state`: what a checkpoint restores, for --resume's help)."""
     options = [
         click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True,
                      help=f"TOML run config, e.g. {example_config}."),
         click.option("--set", "overrides", multiple=True, metavar="TABLE.KEY=VALUE",
                      help="Override one key; repeatable."),
-        click.option("--overwrite", is_flag=True, help="Delete an existing runs/<name>/ and start over."),
-        click.option("--resume", is_flag=True, help=f"Continue runs/<name>/ from its newest complete "
-                     f"checkpoint ({state}); the config may differ only in run.name, run.output_dir and "
-                     "the log, checkpoint and fsdp tables."),
+        click.option("--overwrite", is_flag=True,
+                     help="Delete an existing runs/<name>/ and start over."),
+        click.option(
+            "--resume", is_flag=True, help=f"Continue runs/<name>/ from its newest complete "
+            f"checkpoint ({state}); the config may differ only in run.name, run.output_dir and "
+            "the log, checkpoint and fsdp tables."),
     ]
 
     def decorate(main: Callable) -> click.Command:
@@ -58,15 +72,18 @@ def entry_command(example_config: str, state: str):
 
 
 def run_entry(train: Callable, config_path, overrides, overwrite: bool, resume: bool) -> None:
-    """Load the config, join the process group, call train(cfg, dist, overwrite, resume); every error is one
-    click message, said once by rank 0 (the other ranks fail the same way and exit quietly)."""
+    """Load the config, join the process group, call train(cfg, dist, overwrite, resume); every
+    error is one click message, said once by rank 0 (the other ranks fail the same way and exit
+    quietly)."""
     try:
-        transformers.utils.logging.disable_progress_bar()  # no per-save bars inside psyrl's own progress bar
+        # no per-save bars inside psyrl's own progress bar
+        transformers.utils.logging.disable_progress_bar()
         if overwrite and resume:
             raise click.ClickException("--overwrite and --resume exclude each other")
         try:
             cfg = load_config(config_path, overrides)
-            host_shards = cfg.fsdp.offload != "none" or cfg.fsdp.ref_offload  # CPU tensors: gloo beside nccl
+            # CPU tensors: gloo beside nccl
+            host_shards = cfg.fsdp.offload != "none" or cfg.fsdp.ref_offload
             if cfg.sampler.engine == "vllm":
                 import_vllm()  # before anything starts: a torch run never imports it
             dist = init_distributed(cfg.run.device, host_shards, cfg.fsdp.timeout_minutes)
@@ -76,9 +93,12 @@ def run_entry(train: Callable, config_path, overrides, overwrite: bool, resume: 
             raise click.ClickException(str(e)) from None
         try:
             train(cfg, dist, overwrite, resume)
-        except OSError as e:  # e.g. a full disk while logging: which file, not a traceback (checkpoints are atomic)
+        # e.g. a full disk while logging: which file, not a traceback (checkpoints are atomic)
+        except OSError as e:
             raise click.ClickException(f"file error: {e}") from None
-        cleanup(dist)  # on a normal exit only: after an error, NCCL work may be in flight and the process just ends
+        # on a normal exit only: after an error, NCCL work may be in flight and the process just
+        # ends
+        cleanup(dist)
     except click.ClickException as e:
         if int(os.environ.get("RANK", "0")) != 0:
             raise SystemExit(e.exit_code) from None
@@ -86,41 +106,50 @@ def run_entry(train: Callable, config_path, overrides, overwrite: bool, resume: 
 
 
 def check_memory_plan(cfg, dist: Dist, trainer: str) -> None:
-    """On CUDA: print `psyrl plan`'s verdict for this config on these GPUs (their memory read from the device,
-    the node's RAM from the OS), and refuse a config it predicts will not fit, unless run.memory_check is
-    false."""
+    """On CUDA: print `psyrl plan`'s verdict for this config on these GPUs (their memory read from
+    the device, the node's RAM from the OS), and refuse a config it predicts will not fit, unless
+    run.memory_check is false."""
     if dist.device.type != "cuda":
         return
     try:
         architecture, _ = load_architecture(cfg.model)
         gpu_gib = torch.cuda.get_device_properties(dist.device).total_memory / 2**30
-        one_node = dist.world == dist.local_world  # the host figures are per node, with every rank on it
-        host_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 if one_node else None
+        # the host figures are per node, with every rank on it
+        one_node = dist.world == dist.local_world
+        host_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf(
+            "SC_PHYS_PAGES") / 2**30 if one_node else None
         memory = plan(cfg, architecture, dist.world, gpu_gib, host_gib, trainer)
     except ValueError as e:  # e.g. an architecture the planner does not model
         print0(f"memory plan: not available ({e})", dist)
         return
-    print0(memory.verdict() + ("" if memory.fits else " (`psyrl plan --config ...` prints the whole table)"),
-           dist)
-    gpus_fit = all(p.fits for p in memory.phases) and (memory.pool is None or memory.pool.sequences >= 1)
-    if not gpus_fit and cfg.run.memory_check:  # host RAM rests on a per-rank assumption: a warning only
-        raise click.ClickException(f"{memory.verdict()}; set run.memory_check = false to start anyway")
+    print0(
+        memory.verdict() +
+        ("" if memory.fits else " (`psyrl plan --config ...` prints the whole table)"), dist)
+    gpus_fit = all(p.fits
+                   for p in memory.phases) and (memory.pool is None or memory.pool.sequences >= 1)
+    # host RAM rests on a per-rank assumption: a warning only
+    if not gpus_fit and cfg.run.memory_check:
+        raise click.ClickException(
+            f"{memory.verdict()}; set run.memory_check = false to start anyway")
 
 
 class Run:
-    """One training run's directory, `runs/<name>/`, from the checks before the first write to the final export
-    (torchtitan's checkpointer, picotron's CheckpointManager). Used in this order: `Run(...)` refuses to clobber
-    a run or to resume nothing and finds the checkpoint to resume; `check_data` ties the checkpoint to its data;
-    `start` writes the resolved config; `resume` restores the model, optimiser and metrics; inside `with run:`,
-    `log` / `should_save` / `save` / `advance` each step; `finish` exports the final model."""
+    """One training run's directory, `runs/<name>/`, from the checks before the first write to the
+    final export (torchtitan's checkpointer, picotron's CheckpointManager). Used in this order:
+    `Run(...)` refuses to clobber a run or to resume nothing and finds the checkpoint to resume;
+    `check_data` ties the checkpoint to its data; `start` writes the resolved config; `resume`
+    restores the model, optimiser and metrics; inside `with run:`, `log` / `should_save` / `save` /
+    `advance` each step; `finish` exports the final model."""
 
-    def __init__(self, cfg, dist: Dist, name: str, line_fields: list, overwrite: bool, resume: bool):
+    def __init__(self, cfg, dist: Dist, name: str, line_fields: list, overwrite: bool,
+                 resume: bool):
         self.cfg, self.dist, self.name, self.line_fields = cfg, dist, name, line_fields
         self.dir = Path(cfg.run.output_dir) / cfg.run.name
         exists = (self.dir / "metrics.jsonl").exists()
         if exists and not (overwrite or resume):
-            raise click.ClickException(f"{self.dir} already holds a run; pass --resume to continue it or "
-                                       "--overwrite to start over")
+            raise click.ClickException(
+                f"{self.dir} already holds a run; pass --resume to continue it or "
+                "--overwrite to start over")
         if resume and not exists:
             raise click.ClickException(f"--resume: {self.dir} holds no run")
         self.wipe = overwrite and exists
@@ -133,47 +162,57 @@ class Run:
         self.bar = None
 
     def _resumable(self) -> Path:
-        """The checkpoint to resume from, after checking the run's config has not changed in a way that matters."""
+        """The checkpoint to resume from, after checking the run's config has not changed in a way
+        that matters."""
         dist = self.dist
         found = find_resumable(self.dir, lambda line: print0(line, dist)) if dist.is_main else None
-        checkpoint = broadcast_object(found, dist)  # rank 0 decides: nodes may see a shared filesystem differently
+        # rank 0 decides: nodes may see a shared filesystem differently
+        checkpoint = broadcast_object(found, dist)
         if checkpoint is None:
-            raise click.ClickException(f"--resume: {self.dir} holds no complete checkpoint with a training state "
-                                       "(checkpoint.every = 0 saves none; checkpoint.keep_state prunes older ones)")
+            raise click.ClickException(
+                f"--resume: {self.dir} holds no complete checkpoint with a training state "
+                "(checkpoint.every = 0 saves none; checkpoint.keep_state prunes older ones)")
         try:
             saved = load_config(checkpoint / "config.resolved.toml")
         except ConfigError as e:
-            raise click.ClickException(f"--resume: cannot read the config the run was started with ({e}); a run "
-                                       "started by an older psyrl may use keys this version no longer has") from None
+            raise click.ClickException(
+                f"--resume: cannot read the config the run was started with ({e}); a run "
+                "started by an older psyrl may use keys this version no longer has") from None
         changed = [k for k in config_changes(saved, self.cfg)
                    if k not in RESUME_FREE and k.split(".")[0] not in RESUME_FREE]
         if changed:
-            raise click.ClickException(f"--resume: the config differs from {checkpoint / 'config.resolved.toml'} "
-                                       f"in {', '.join(changed)}; resuming would not continue the same run")
+            raise click.ClickException(
+                f"--resume: the config differs from {checkpoint / 'config.resolved.toml'} "
+                f"in {', '.join(changed)}; resuming would not continue the same run")
         return checkpoint
 
     def check_data(self, data_path: str, count: int) -> None:
-        """Fingerprint the training data; resuming on other data at the same path is refused: the saved data
-        position would point into a different list."""
-        self.data = {"sha256": hashlib.sha256(Path(data_path).read_bytes()).hexdigest(), "examples": count}
+        """Fingerprint the training data; resuming on other data at the same path is refused: the
+        saved data position would point into a different list."""
+        self.data = {
+            "sha256": hashlib.sha256(Path(data_path).read_bytes()).hexdigest(), "examples": count
+        }
         if self.checkpoint:
             self.state = json.loads((self.checkpoint / "trainer.json").read_text(encoding="utf-8"))
             if self.state.get("data") != self.data:
-                raise click.ClickException(f"--resume: {data_path} is not the data {self.checkpoint} was trained "
-                                           f"on ({self.state.get('data')}, now {self.data}): its data position is "
-                                           "void")
+                raise click.ClickException(
+                    f"--resume: {data_path} is not the data {self.checkpoint} was trained "
+                    f"on ({self.state.get('data')}, now {self.data}): its data position is "
+                    "void")
 
     def start(self, train_records, valid_records) -> None:
-        """Warn about legal but suspicious inputs, then create the run directory (emptied first on --overwrite of
-        an existing run) with its resolved config: the first write."""
+        """Warn about legal but suspicious inputs, then create the run directory (emptied first on
+        --overwrite of an existing run) with its resolved config: the first write."""
         cfg, dist = self.cfg, self.dist
         if cfg.fsdp.offload == "always" and not dist.sharded:
-            print0("note: fsdp.offload = 'always' applies under torchrun with 2 or more ranks; one process keeps "
-                   "the model in place", dist)
+            print0(
+                "note: fsdp.offload = 'always' applies under torchrun with 2 or more ranks; one "
+                "process keeps the model in place", dist)
         shared = {r.id for r in train_records} & {r.id for r in valid_records}
         if shared:
-            print0(f"warning: {len(shared)} validation id(s) are also training ids (e.g. {min(shared)}): not held "
-                   "out", dist)
+            print0(
+                f"warning: {len(shared)} validation id(s) are also training ids (e.g. "
+                f"{min(shared)}): not held out", dist)
         self.resolved = dump_config(cfg)
         if dist.is_main:
             if self.wipe:  # only ever delete what a run wrote
@@ -184,8 +223,8 @@ class Run:
         barrier(dist)
 
     def resume(self, policy, optimizer) -> dict:
-        """Load the checkpoint's model and optimiser state and drop the metrics rows after its step (they are
-        redone); returns its trainer.json ({} when starting afresh)."""
+        """Load the checkpoint's model and optimiser state and drop the metrics rows after its step
+        (they are redone); returns its trainer.json ({} when starting afresh)."""
         if self.checkpoint is None:
             return {}
         dist = self.dist
@@ -195,21 +234,27 @@ class Run:
         if dist.is_main:
             broken = truncate_metrics(self.dir / "metrics.jsonl", self.state["step"])
             if broken:
-                print0(f"warning: dropped {broken} unreadable line(s) of metrics.jsonl (cut short by the crash)",
-                       dist)
+                print0(
+                    f"warning: dropped {broken} unreadable line(s) of metrics.jsonl (cut short by "
+                    "the crash)",
+                    dist)
         return self.state
 
     def banner(self, text: str) -> None:
         """The start-up line: `text`, then the run directory and where a resume starts."""
-        resuming = f"; resuming after step {self.first - 1} from {self.checkpoint}" if self.checkpoint else ""
+        resuming = ""
+        if self.checkpoint:
+            resuming = f"; resuming after step {self.first - 1} from {self.checkpoint}"
         print0(f"{self.name}: {text}; run directory {self.dir}{resuming}", self.dist)
 
     def __enter__(self) -> Run:
-        """Open metrics.jsonl (rank 0, appended and flushed per row) and the progress bar of the run's steps."""
+        """Open metrics.jsonl (rank 0, appended and flushed per row) and the progress bar of the
+        run's steps."""
         if self.dist.is_main:
             self.metrics = MetricsFile(self.dir / "metrics.jsonl")
-        self.bar = tqdm(total=self.cfg.run.steps, initial=self.first - 1, desc=self.name, unit="step",
-                        file=sys.stdout, disable=not (self.cfg.log.progress and self.dist.is_main))
+        self.bar = tqdm(total=self.cfg.run.steps, initial=self.first - 1, desc=self.name,
+                        unit="step", file=sys.stdout,
+                        disable=not (self.cfg.log.progress and self.dist.is_main))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -231,17 +276,20 @@ class Run:
 
     def save(self, step: int, policy, optimizer, tokenizer, state: dict, files: dict[str, str],
              validation=None) -> None:
-        """`checkpoints/step-N/`: model, optimiser and RNG (`psyrl.runtime.checkpoint`), the resolved config,
-        trainer.json (step, data fingerprint, `state`), `files`, and validation.json / validation.jsonl when
-        `validation` is (records, metrics, outputs); a failed write is one message."""
+        """`checkpoints/step-N/`: model, optimiser and RNG (`psyrl.runtime.checkpoint`), the
+        resolved config, trainer.json (step, data fingerprint, `state`), `files`, and
+        validation.json / validation.jsonl when `validation` is (records, metrics, outputs); a
+        failed write is one message."""
         files = {"config.resolved.toml": self.resolved,
                  "trainer.json": json_text({"step": step, "data": self.data, **state}), **files}
         if validation is not None:
             records, metrics, outputs = validation
             files["validation.json"] = json_text({"step": step, **metrics})
             files["validation.jsonl"] = "".join(
-                json.dumps({"id": r.id, "answer": r.answer, "response": s.text, "tokens": len(s.token_ids),
-                            "finish_reason": s.finish_reason}) + "\n" for r, s in zip(records, outputs))
+                json.dumps({
+                    "id": r.id, "answer": r.answer, "response": s.text, "tokens": len(s.token_ids),
+                    "finish_reason": s.finish_reason
+                }) + "\n" for r, s in zip(records, outputs))
         try:
             save_checkpoint(self.dir, step, policy, optimizer, tokenizer, files, self.dist,
                             self.cfg.checkpoint.keep_state, self.cfg.checkpoint.export_dtype)
@@ -249,7 +297,8 @@ class Run:
             raise click.ClickException(str(e)) from None
 
     def advance(self, step: int, row: dict) -> None:
-        """The step is done: move the bar, and print its line every log.every steps and at the last."""
+        """The step is done: move the bar, and print its line every log.every steps and at the
+        last."""
         self.bar.update(1)
         if step % self.cfg.log.every == 0 or step == self.cfg.run.steps:
             print0(step_line(row, self.line_fields), self.dist)
@@ -257,7 +306,8 @@ class Run:
     def finish(self, policy, tokenizer) -> None:
         """The final HF export `runs/<name>/hf/`, in checkpoint.export_dtype."""
         try:
-            export_hf(policy, tokenizer, self.dir / "hf", self.dist, self.cfg.checkpoint.export_dtype)
+            export_hf(policy, tokenizer, self.dir / "hf", self.dist,
+                      self.cfg.checkpoint.export_dtype)
         except CheckpointError as e:
             raise click.ClickException(str(e)) from None
         print0(f"{self.name}: done; final model in {self.dir / 'hf'}", self.dist)

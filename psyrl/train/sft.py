@@ -28,8 +28,8 @@ class SFTExample:
 
 
 def build_examples(records: Sequence[StimuliRecord], tokenizer, cfg: PromptConfig, max_length: int):
-    """(examples, counts): records without reasoning in `cot` mode and examples over max_length are skipped
-    and counted (counts keys: kept, no_reasoning, too_long)."""
+    """(examples, counts): records without reasoning in `cot` mode and examples over max_length are
+    skipped and counted (counts keys: kept, no_reasoning, too_long)."""
     examples, counts = [], Counter(kept=0, no_reasoning=0, too_long=0)
     for r in records:
         target = sft_target(r, cfg.mode)
@@ -37,7 +37,8 @@ def build_examples(records: Sequence[StimuliRecord], tokenizer, cfg: PromptConfi
             counts["no_reasoning"] += 1
             continue
         prompt = prompts.prompt_ids(tokenizer, r, cfg)
-        response = tokenizer(target, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        response = tokenizer(target,
+                             add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         if len(prompt) + len(response) > max_length:
             counts["too_long"] += 1
             continue
@@ -51,21 +52,27 @@ def response_tokens(examples: Sequence[SFTExample]) -> int:
 
 
 def sft_loss(logp: torch.Tensor, loss_mask: torch.Tensor, normalizer: float) -> torch.Tensor:
-    """Summed negative log-likelihood of the response tokens over `normalizer`, the response-token count of the
-    whole optimiser step (all micro-batches, all ranks): the gradient does not depend on how the step is split."""
+    """Summed negative log-likelihood of the response tokens over `normalizer`, the response-token
+    count of the whole optimiser step (all micro-batches, all ranks): the gradient does not depend
+    on how the step is split."""
     return -(logp * loss_mask).sum() / normalizer  # logp, loss_mask: [B, T-1]
 
 
-def micro_batch_losses(policy, examples: Sequence[SFTExample], size: int, pad_id: int, normalizer: float,
-                       device: torch.device, amp, batches: int = 0, filler: SFTExample | None = None):
-    """Each micro-batch's share of the step's SFT loss, in order; their sum is the loss of all `examples`.
-    Training calls backward on each, validation sums them under no_grad. `policy` is a `psyrl.runtime.model.Policy`.
-    batches > the micro-batches `examples` fill: the rest run `filler` with weight 0, so that every FSDP rank
-    takes part in the same number of forward passes (their all-gathers) even when its share is smaller."""
+def micro_batch_losses(policy, examples: Sequence[SFTExample], size: int, pad_id: int,
+                       normalizer: float, device: torch.device, amp, batches: int = 0,
+                       filler: SFTExample | None = None):
+    """Each micro-batch's share of the step's SFT loss, in order; their sum is the loss of all
+    `examples`. Training calls backward on each, validation sums them under no_grad. `policy` is a
+    `psyrl.runtime.model.Policy`. batches > the micro-batches `examples` fill: the rest run `filler`
+    with weight 0, so that every FSDP rank takes part in the same number of forward passes (their
+    all-gathers) even when its share is smaller."""
     starts = range(0, len(examples), size)
     for k in range(max(len(starts), batches)):
-        chunk, weight = (examples[starts[k]:starts[k] + size], 1.0) if k < len(starts) else ([filler], 0.0)
-        input_ids, attention_mask, loss_mask = (t.to(device) for t in collate([e.input_ids for e in chunk], [e.prompt_len for e in chunk], pad_id))
+        chunk, weight = (examples[starts[k]:starts[k] + size],
+                         1.0) if k < len(starts) else ([filler], 0.0)
+        input_ids, attention_mask, loss_mask = (
+            t.to(device)
+            for t in collate([e.input_ids for e in chunk], [e.prompt_len for e in chunk], pad_id))
         with amp:
             logp = policy(input_ids, attention_mask, 1.0, loss_mask)  # [b, T-1]
         yield sft_loss(logp, loss_mask, normalizer) * weight

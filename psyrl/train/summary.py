@@ -1,5 +1,6 @@
-"""`psyrl summary`: where a T-GRPO run started and where it ended, as a Markdown table (what `make demo` prints
-at its end). Per-step rewards are noisy, so the start and the end are means over a window of steps."""
+"""`psyrl summary`: where a T-GRPO run started and where it ended, as a Markdown table (what `make
+demo` prints at its end). Per-step rewards are noisy, so the start and the end are means over a
+window of steps."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import tomli
 
 from psyrl.train.plot import load_runs, series
 
-COLUMNS = [("reward/final", "final reward"), ("reward/f1", "train F1"), ("response/length", "length")]
+COLUMNS = [("reward/final", "final reward"), ("reward/f1", "train F1"),
+           ("response/length", "length")]
 
 
 def window_means(rows: list[dict], metric: str, window: int) -> tuple[float, float] | None:
-    """Mean of `metric` over the first and over the last `window` steps that logged it (steps >= 1)."""
+    """Mean of `metric` over the first and over the last `window` steps that logged it (steps >=
+    1)."""
     _, values = series([r for r in rows if r["step"] >= 1], metric)
     if not values:
         return None
@@ -30,9 +33,10 @@ def reward_variant(run_dir: Path) -> str:
 
 
 def summary_table(run_dirs: list[str | Path], window: int = 5) -> str:
-    """One row per run: reward variant, steps, held-out F1 and held-out final reward at the first and the last
-    validation (the same items each time), and the mean of each per-step training metric over the first and the
-    last `window` steps (different prompts each step), each as `start → end (change)`."""
+    """One row per run: reward variant, steps, held-out F1 and held-out final reward at the first
+    and the last validation (the same items each time), and the mean of each per-step training
+    metric over the first and the last `window` steps (different prompts each step), each as `start
+    → end (change)`."""
     head = ["run", "reward", "steps", "held-out F1", "held-out final reward"]
     head += [f"{label} (mean of {window} steps)" for _, label in COLUMNS]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(" --- " for _ in head) + "|"]
@@ -44,7 +48,8 @@ def summary_table(run_dirs: list[str | Path], window: int = 5) -> str:
                  change(reward[0], reward[-1]) if reward else "-"]
         for metric, _ in COLUMNS:
             means = window_means(rows, metric, window)
-            cells.append(change(*means, digits=1 if metric == "response/length" else 3) if means else "-")
+            cells.append(
+                change(*means, digits=1 if metric == "response/length" else 3) if means else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

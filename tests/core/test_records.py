@@ -19,20 +19,26 @@ from psyrl.core.records import (
     write_jsonl,
 )
 
-GOOD = {"id": "a/1", "stimuli": "My dog ran away.", "question": "How did I feel?", "answer": "sad",
-        "variable": "B_sad", "dimension": "emotional reactions", "subdimension": "specific emotions",
-        "reasoning": "Losing a pet hurts."}
-MC = {"id": "m/1", "benchmark": "socialiqa", "task": "", "context": "Kai smiled.", "question": "Why?",
-      "options": ["happy", "sad", "bored"], "answer_index": 0, "answer": "happy"}
+GOOD = {
+    "id": "a/1", "stimuli": "My dog ran away.", "question": "How did I feel?", "answer": "sad",
+    "variable": "B_sad", "dimension": "emotional reactions", "subdimension": "specific emotions",
+    "reasoning": "Losing a pet hurts."
+}
+MC = {
+    "id": "m/1", "benchmark": "socialiqa", "task": "", "context": "Kai smiled.", "question": "Why?",
+    "options": ["happy", "sad", "bored"], "answer_index": 0, "answer": "happy"
+}
 
 
 def write_lines(path: Path, lines) -> Path:
-    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    path.write_text("".join(
+        (line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
     return path
 
 
 def test_load_good_files(tmp_path):
-    records = load_stimuliqa(write_lines(tmp_path / "s.jsonl", [GOOD, {**GOOD, "id": "a/2", "reasoning": None}]))
+    records = load_stimuliqa(
+        write_lines(tmp_path / "s.jsonl", [GOOD, {**GOOD, "id": "a/2", "reasoning": None}]))
     assert records[0] == StimuliRecord(**GOOD) and records[1].reasoning is None
     (mc,) = load_benchmark(write_lines(tmp_path / "b.jsonl", [MC]))
     assert mc.options == ("happy", "sad", "bored") and mc.meta == {}
@@ -51,7 +57,8 @@ def test_bad_stimuli_line_names_file_and_line(tmp_path, line, expected):
     path = write_lines(tmp_path / "s.jsonl", [GOOD, line])
     with pytest.raises(DataError) as e:
         load_stimuliqa(path)
-    assert f"{path}:2: " in str(e.value) and expected in str(e.value) and "nothing loaded" in str(e.value)
+    assert f"{path}:2: " in str(e.value) and expected in str(e.value) and "nothing loaded" in str(
+        e.value)
 
 
 @pytest.mark.parametrize("change, expected", [
@@ -64,12 +71,14 @@ def test_bad_stimuli_line_names_file_and_line(tmp_path, line, expected):
 ])
 def test_bad_benchmark_line(tmp_path, change, expected):
     path = write_lines(tmp_path / "b.jsonl", [{**MC, **change}])
-    with pytest.raises(DataError, match=r"b\.jsonl:1: .*" + expected.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(DataError,
+                       match=r"b\.jsonl:1: .*" + expected.replace("[", r"\[").replace("]", r"\]")):
         load_benchmark(path)
 
 
 def test_every_bad_line_is_reported_and_duplicates_caught(tmp_path):
-    path = write_lines(tmp_path / "s.jsonl", [GOOD, "{", GOOD, "", {**GOOD, "id": "a/3", "question": 1}])
+    path = write_lines(tmp_path / "s.jsonl",
+                       [GOOD, "{", GOOD, "", {**GOOD, "id": "a/3", "question": 1}])
     message = str(pytest.raises(DataError, load_stimuliqa, path).value)
     assert "3 bad line(s)" in message
     assert f"{path}:2: invalid JSON" in message
@@ -79,16 +88,18 @@ def test_every_bad_line_is_reported_and_duplicates_caught(tmp_path):
 
 def test_bad_encoding_is_a_line_error_and_a_bom_is_fine(tmp_path):
     path = tmp_path / "s.jsonl"
-    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(GOOD).encode() + b"\n" + json.dumps({**GOOD, "id": "a/2"}).encode()
-                     .replace(b"sad", b"s\xe9d") + b"\n")
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(GOOD).encode() + b"\n" +
+                     json.dumps({**GOOD, "id": "a/2"}).encode().replace(b"sad", b"s\xe9d") + b"\n")
     with pytest.raises(DataError, match=r"s\.jsonl:2: not valid UTF-8 \(byte \d+ of the line\)"):
         load_stimuliqa(path)
 
 
 def test_read_jsonl_names_lines_and_drops_a_torn_end_only_when_asked(tmp_path):
     path = tmp_path / "r.jsonl"
-    path.write_bytes(b'{"a": 1}\n\n[2]\n{"a": 3')  # line 2 blank; line 4 cut short by a crash (no newline)
-    with pytest.raises(DataError, match=r"r\.jsonl:4: invalid JSON \(Expecting ',' delimiter at column 8\)$"):
+    # line 2 blank; line 4 cut short by a crash (no newline)
+    path.write_bytes(b'{"a": 1}\n\n[2]\n{"a": 3')
+    with pytest.raises(DataError,
+                       match=r"r\.jsonl:4: invalid JSON \(Expecting ',' delimiter at column 8\)$"):
         read_jsonl(path)
     torn = []
     assert read_jsonl(path, torn=torn) == [(1, {"a": 1}), (3, [2])]
@@ -98,7 +109,8 @@ def test_read_jsonl_names_lines_and_drops_a_torn_end_only_when_asked(tmp_path):
     with pytest.raises(DataError, match=r"r\.jsonl:2: invalid JSON"):
         read_jsonl(path, torn=[])
     bad = []
-    assert read_jsonl(path, bad=bad) == [(1, {"a": 1}), (3, {"a": 3})] and [n for n, _ in bad] == [2]
+    assert read_jsonl(path, bad=bad) == [(1, {"a": 1}),
+                                         (3, {"a": 3})] and [n for n, _ in bad] == [2]
     # bad UTF-8 is named by its line and byte; a byte-order mark is no content
     path.write_bytes(b'\xef\xbb\xbf{"a": 1}\n{"a": "caf\xe9"}\n')
     with pytest.raises(DataError, match=r"r\.jsonl:2: not valid UTF-8 \(byte 11 of the line\)"):
@@ -130,10 +142,15 @@ def test_empty_and_missing_files(tmp_path):
 
 
 def test_shipped_benchmarks_load():
-    counts = {p.parent.name: len(load_benchmark(p)) for p in sorted(Path("data/benchmarks").glob("*/*.jsonl"))}
+    counts = {
+        p.parent.name: len(load_benchmark(p))
+        for p in sorted(Path("data/benchmarks").glob("*/*.jsonl"))
+    }
     # data/benchmarks/README.md's table
-    assert counts == {"bbh": 550, "cosmosqa": 2388, "emobench": 600, "simpletom": 2754, "socialiqa": 1563,
-                      "tombench": 2289}
+    assert counts == {
+        "bbh": 550, "cosmosqa": 2388, "emobench": 600, "simpletom": 2754, "socialiqa": 1563,
+        "tombench": 2289
+    }
 
 
 def test_write_jsonl_round_trips(tmp_path):
@@ -168,11 +185,13 @@ def test_split_rule():
 def test_order_is_seeded_and_resumable():
     drawn, cursor = next_indices(Cursor(), 5, 12, seed=3)
     assert cursor == Cursor(epoch=2, position=2)
-    assert sorted(drawn[:5]) == list(range(5)) and sorted(drawn[5:10]) == list(range(5))  # each epoch a permutation
+    # each epoch a permutation
+    assert sorted(drawn[:5]) == list(range(5)) and sorted(drawn[5:10]) == list(range(5))
     pieces, c = [], Cursor()
     for count in (4, 1, 7):  # drawing in pieces (as a resumed run does) gives the same stream
         got, c = next_indices(c, 5, count, seed=3)
         pieces += got
     assert pieces == drawn and c == cursor
     assert next_indices(Cursor(), 5, 5, seed=3, shuffle=False)[0] == [0, 1, 2, 3, 4]
-    assert next_indices(Cursor(), 50, 50, seed=4)[0] != next_indices(Cursor(), 50, 50, seed=3)[0]  # seed matters
+    # seed matters
+    assert next_indices(Cursor(), 50, 50, seed=4)[0] != next_indices(Cursor(), 50, 50, seed=3)[0]

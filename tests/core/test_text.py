@@ -1,4 +1,5 @@
-"""psyrl.core.text: eq. 4-5 normalisation and token-set F1, answer extraction, option matching (SPEC §2, §7)."""
+"""psyrl.core.text: eq. 4-5 normalisation and token-set F1, answer extraction, option matching (SPEC
+§2, §7)."""
 
 import sys
 import unicodedata
@@ -17,7 +18,8 @@ from psyrl.core.text import best_option, extract_answer, normalize, set_f1, thin
         ("well-being", ["well", "being"]),
         ("  tabs\tand\nnewlines  ", ["tabs", "and", "newlines"]),
         ("$100 + 5% = ¥7", ["100", "5", "7"]),  # $ ¥ (Sc), + = (Sm), % (Po)
-        ("Café — naïve “quoted” «x»", ["café", "naïve", "quoted", "x"]),  # em dash Pd, curly quotes Pi/Pf
+        # em dash Pd, curly quotes Pi/Pf
+        ("Café — naïve “quoted” «x»", ["café", "naïve", "quoted", "x"]),
         ("ÉMOTION", ["émotion"]),
         ("", []),
         ("!!! ...", []),
@@ -48,7 +50,8 @@ def test_normalize_matches_unicodedata_on_every_assigned_code_point():
     [
         ("<think>x</think> <answer> Joy </answer>", "Joy"),
         ("<answer>first</answer><answer>second</answer>", "second"),  # the last block wins
-        ("<answer>a<answer>b</answer>", "b"),  # last block = last <answer> before the last </answer>
+        # last block = last <answer> before the last </answer>
+        ("<answer>a<answer>b</answer>", "b"),
         ("<think>hidden</think>visible", "visible"),  # no answer block: think blocks removed
         ("<think>a</think>x<think>b</think>y", "xy"),
         ("<think>never closed", "never closed"),  # no block to remove; the tag text goes
@@ -104,7 +107,8 @@ def test_best_option():
 
 
 def test_best_option_detects_equal_rationals_as_ties():
-    # pred has 5 tokens. Option 0 {a}: 1 shared, F1 = 2*1/(5+1) = 1/3. Option 1 {a, b, v, w, x, y, z}:
+    # pred has 5 tokens. Option 0 {a}: 1 shared, F1 = 2*1/(5+1) = 1/3. Option 1 {a, b, v, w, x, y,
+    # z}:
     # 2 shared, F1 = 2*2/(5+7) = 1/3. A tie -> E. Computed as 2PR/(P+R) in floats the two differ
     # (0.33333333333333337 vs 0.3333333333333333) and option 0 would wrongly win.
     assert set_f1({"a", "b", "c", "d", "e"}, {"a"}) == set_f1(
@@ -114,8 +118,8 @@ def test_best_option_detects_equal_rationals_as_ties():
 
 
 words = st.lists(
-    st.sampled_from(["joy", "sad", "fear", "the", "a", "Anger", "don't", "naïve", "😀", "x-y"]), max_size=8
-)
+    st.sampled_from(["joy", "sad", "fear", "the", "a", "Anger", "don't", "naïve", "😀", "x-y"]),
+    max_size=8)
 
 
 @given(words, words)
@@ -130,9 +134,8 @@ def test_f1_of_text_with_itself_is_one(x):
     assert token_f1(x, x) == 1.0  # non-empty: F1 = 1; empty: the both-empty rule gives 1 too
 
 
-@given(
-    st.lists(st.frozensets(st.sampled_from("abcdef")), min_size=1, max_size=5), st.frozensets(st.sampled_from("abcdef"))
-)
+@given(st.lists(st.frozensets(st.sampled_from("abcdef")), min_size=1, max_size=5),
+       st.frozensets(st.sampled_from("abcdef")))
 def test_best_option_is_a_strict_maximum(options, pred):
     texts = [" ".join(sorted(o)) for o in options]
     choice = best_option(" ".join(sorted(pred)), texts)
@@ -140,4 +143,5 @@ def test_best_option_is_a_strict_maximum(options, pred):
     if choice is None:
         assert max(scores) == 0.0 or scores.count(max(scores)) > 1
     else:
-        assert scores[choice] > 0 and all(s < scores[choice] for i, s in enumerate(scores) if i != choice)
+        assert scores[choice] > 0 and all(s < scores[choice]
+                                          for i, s in enumerate(scores) if i != choice)

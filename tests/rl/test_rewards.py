@@ -23,7 +23,8 @@ from psyrl.rl.rewards import (
     short_reward,
 )
 
-CFG = RewardConfig()  # SPEC §2 defaults: w 0.5/0.5, delta 0.1, tau 0.75/1.25, L+ 2, S- 0.5, tau_rep 0.5, eps 1e-6
+# SPEC §2 defaults: w 0.5/0.5, delta 0.1, tau 0.75/1.25, L+ 2, S- 0.5, tau_rep 0.5, eps 1e-6
+CFG = RewardConfig()
 T = lambda *values: torch.tensor(values, dtype=torch.float64)  # noqa: E731
 
 
@@ -34,7 +35,8 @@ T = lambda *values: torch.tensor(values, dtype=torch.float64)  # noqa: E731
     "response, expected",
     [
         ("<think>because</think><answer>joy</answer>", 1.0),
-        ("  \n<think> because </think>\n\n<answer> joy </answer>\n ", 1.0),  # whitespace around and between
+        # whitespace around and between
+        ("  \n<think> because </think>\n\n<answer> joy </answer>\n ", 1.0),
         ("<think>ünïcödé 思考 😀</think><answer>喜び</answer>", 1.0),
         ("<think>a</think><answer>b</answer><answer>c</answer>", 0.0),  # two answer blocks
         ("<think>a</think><answer></answer>", 0.0),  # empty answer
@@ -95,11 +97,14 @@ def test_format_reward_unknown_mode():
 
 
 def test_repetition_penalty_hand_values():
-    # words a b c d a b c d: total4 = 8 - 3 = 5 four-grams abcd bcda cdab dabc abcd, unique 4, repeated 1
+    # words a b c d a b c d: total4 = 8 - 3 = 5 four-grams abcd bcda cdab dabc abcd, unique 4,
+    # repeated 1
     # p = min(0.5, 1 / (5 + 1e-6)) = 0.19999996
-    assert repetition_penalty("a b c d a b c d", 0.5, 1e-6) == pytest.approx(1 / (5 + 1e-6), abs=1e-15)
+    assert repetition_penalty("a b c d a b c d", 0.5,
+                              1e-6) == pytest.approx(1 / (5 + 1e-6), abs=1e-15)
     # normalisation first (eq. 5): the same words behind punctuation and case
-    assert repetition_penalty("A, b. c! d; a B c D", 0.5, 1e-6) == pytest.approx(1 / (5 + 1e-6), abs=1e-15)
+    assert repetition_penalty("A, b. c! d; a B c D", 0.5,
+                              1e-6) == pytest.approx(1 / (5 + 1e-6), abs=1e-15)
     # a a a a a a: total4 = 3, unique 1, repeated 2: 2/3 capped at tau_rep = 0.5
     assert repetition_penalty("a a a a a a", 0.5, 1e-6) == 0.5
     assert repetition_penalty("a a a a a a", 0.9, 1e-6) == pytest.approx(2 / (3 + 1e-6), abs=1e-15)
@@ -115,7 +120,7 @@ def test_repetition_penalty_in_zero_cap(tokens, cap):
     assert 0.0 <= p <= cap
 
 
-# ---------------------------------------------------------------- eq. 7-8, 13-14: length-dependent terms
+# ----------------------------------------------------------- eq. 7-8, 13-14: length-dependent terms
 
 
 def test_length_ratio_guards_zero_mean():
@@ -128,7 +133,8 @@ def test_bilateral_bonus_eq8():
     f1 = T(0.8, 0.8, 0.8, 0.4, 0.5, 0.8, 0.8)
     ratio = length_ratio(T(50, 150, 100, 50, 50, 75, 125), 100.0)
     br, short, long = bilateral_bonus(f1, ratio, 0.5, CFG)
-    # short & better, long & better, mid length, not better, equal F1 (strict >), exactly tau_-, exactly tau_+
+    # short & better, long & better, mid length, not better, equal F1 (strict >), exactly tau_-,
+    # exactly tau_+
     assert br.tolist() == [0.1, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0]
     assert short.tolist() == [True, False, False, False, False, False, False]
     assert long.tolist() == [False, True, False, False, False, False, False]
@@ -138,16 +144,19 @@ def test_length_reward_eq13():
     # r_F1 = 0.5, r-bar_F1 = 0.5: log(1 + 0.5/0.500001) = log(1.999996) = 0.6931452; times L/L-bar
     gain = math.log(1 + 0.5 / (0.5 + 1e-6))
     out = length_reward(T(0.5, 0.5, 0.5, 0.0), T(1.5, 2.0, 2.5, 1.0), 0.5, CFG)
-    assert out.tolist() == pytest.approx([gain * 1.5, gain * 2.0, 0.0, 0.0], abs=1e-12)  # L+ = 2 inclusive
+    # L+ = 2 inclusive
+    assert out.tolist() == pytest.approx([gain * 1.5, gain * 2.0, 0.0, 0.0], abs=1e-12)
 
 
 def test_short_reward_eq14_spec_reading_and_literal():
     gain = math.log(1 + 0.5 / (0.5 + 1e-6))
     ratio = T(0.5, 0.4, 2.0)
     # SPEC §2: times L-bar/L where L/L-bar >= S- = 0.5: 0.5 -> x2, 0.4 -> 0, 2.0 -> x0.5
-    assert short_reward(T(0.5, 0.5, 0.5), ratio, 0.5, CFG).tolist() == pytest.approx([2 * gain, 0.0, 0.5 * gain])
+    assert short_reward(T(0.5, 0.5, 0.5), ratio, 0.5,
+                        CFG).tolist() == pytest.approx([2 * gain, 0.0, 0.5 * gain])
     literal = RewardConfig(short_reward_literal=True)  # eq. 14 as printed: times L/L-bar
-    assert short_reward(T(0.5, 0.5, 0.5), ratio, 0.5, literal).tolist() == pytest.approx([0.5 * gain, 0.0, 2 * gain])
+    assert short_reward(T(0.5, 0.5, 0.5), ratio, 0.5,
+                        literal).tolist() == pytest.approx([0.5 * gain, 0.0, 2 * gain])
 
 
 # ---------------------------------------------------------------- eq. 3, 11, 12, 15: final rewards
@@ -161,7 +170,8 @@ def test_final_rewards_every_variant_by_hand():
     # Two samples, L-bar = 100, r-bar_F1 = 0.5.
     # s0: f1 1.0, fmt 1, rep 0.2, L 50  -> ratio 0.5: short & better -> br 0.1
     #     len = log(1 + 1/0.500001) * 0.5 ; short = log(1 + 1/0.500001) * 2
-    # s1: f1 0.0, fmt 0, rep 0.0, L 150 -> ratio 1.5: not better -> br 0; len = short = log(1) * . = 0
+    # s1: f1 0.0, fmt 0, rep 0.0, L 150 -> ratio 1.5: not better -> br 0; len = short = log(1) * . =
+    # 0
     comps = {"f1": T(1.0, 0.0), "fmt": T(1.0, 0.0), "rep": T(0.2, 0.0)}
     gain = math.log(1 + 1.0 / (0.5 + 1e-6))
     base0 = 0.5 * 1.0 + 0.5 * 1.0  # eq. 11 = 1.0
@@ -183,19 +193,24 @@ def test_score_batch_under_reward_hacking_outputs():
     gold = "joy"
     responses = [
         "<think>she smiled</think><answer>joy</answer>",  # honest: f1 1, fmt 1
-        "<think>x</think><answer>sad</answer><answer>joy</answer>",  # two blocks: last one scores, format 0
+        # two blocks: last one scores, format 0
+        "<think>x</think><answer>sad</answer><answer>joy</answer>",
         "<think>x</think><answer></answer>",  # empty answer
-        "<think>joy joy joy",  # think never closed: the tag text goes, "joy joy joy" -> {joy}, format 0
+        # think never closed: the tag text goes, "joy joy joy" -> {joy}, format 0
+        "<think>joy joy joy",
         "<think>x</think><answer><think>joy</think></answer>",  # tags inside the answer
         "<answer>ＪＯＹ！</answer>",  # fullwidth letters stay a different word
         "<think>" + "the same words again " * 50_000 + "</think><answer>joy</answer>",  # ~1 MB
         "",
-        "<think>" * 150_000 + "joy",  # ~1 MB of unclosed think tags (a lazy regex is quadratic here)
+        # ~1 MB of unclosed think tags (a lazy regex is quadratic here)
+        "<think>" * 150_000 + "joy",
     ]
-    final, c = score_batch(responses, [gold] * len(responses), [10] * len(responses), 10.0, 0.5, CFG)
+    final, c = score_batch(responses, [gold] * len(responses), [10] * len(responses), 10.0, 0.5,
+                           CFG)
     assert c["f1"].tolist() == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0]
     assert c["fmt"].tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0]
-    # 1 MB think: 200,000 words repeating a 4-word cycle: 4 unique 4-grams of 199,997 -> capped at 0.5
+    # 1 MB think: 200,000 words repeating a 4-word cycle: 4 unique 4-grams of 199,997 -> capped at
+    # 0.5
     assert c["rep"].tolist() == [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5, 0.0, 0.0]
     # all lengths equal L-bar: no BR; bilateral = 0.5 f1 + 0.5 fmt - rep
     assert final.tolist() == pytest.approx([1.0, 0.5, 0.0, 0.5, 0.5, 0.0, 0.5, 0.0, 0.5])
@@ -204,7 +219,8 @@ def test_score_batch_under_reward_hacking_outputs():
 def test_answer_components_direct_mode():
     c = answer_components(["<answer>a a a a a a</answer>"], ["a"], "direct", CFG)
     assert c["fmt"].tolist() == [1.0] and c["rep"].tolist() == [0.0] and c["f1"].tolist() == [1.0]
-    # a think block in direct mode: format 0, and its repetition is penalised like anywhere else (SPEC §2)
+    # a think block in direct mode: format 0, and its repetition is penalised like anywhere else
+    # (SPEC §2)
     c = answer_components(["<think>a a a a a a</think><answer>a</answer>"], ["a"], "direct", CFG)
     assert c["fmt"].tolist() == [0.0] and c["rep"].tolist() == [0.5]
 

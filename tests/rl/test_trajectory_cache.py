@@ -1,4 +1,5 @@
-"""psyrl.rl.trajectory_cache: the last C steps' records, statistics in two phases (§3.2, eq. 7; SPEC §3)."""
+"""psyrl.rl.trajectory_cache: the last C steps' records, statistics in two phases (§3.2, eq. 7; SPEC
+§3)."""
 
 import json
 
@@ -16,7 +17,8 @@ def test_two_phases_include_the_current_step():
     cache.push_rewards([0.9, 0.1])
     assert cache.rewards().tolist() == [0.9, 0.1]
     cache.push_answers([0.5, 0.5], [20, 20])
-    # phase 1 of step 2: L-bar = (10 + 30 + 20 + 20) / 4 = 20, r-bar_F1 = (1 + 0 + 0.5 + 0.5) / 4 = 0.5
+    # phase 1 of step 2: L-bar = (10 + 30 + 20 + 20) / 4 = 20, r-bar_F1 = (1 + 0 + 0.5 + 0.5) / 4 =
+    # 0.5
     assert cache.answer_stats() == (20.0, 0.5)
     cache.push_rewards([0.4, 0.6])
     # older steps keep their rewards; the pool is oldest first
@@ -34,7 +36,8 @@ def test_oldest_step_drops_out_with_c2_over_three_steps():
         cache.push_answers(f1, lengths)
         cache.push_rewards(rewards)
     assert len(cache) == 2
-    # step 1 is gone: L-bar = (20 + 40 + 30 + 30) / 4 = 30, r-bar_F1 = (0 + 0.5 + 0.25 + 0.25) / 4 = 0.25
+    # step 1 is gone: L-bar = (20 + 40 + 30 + 30) / 4 = 30, r-bar_F1 = (0 + 0.5 + 0.25 + 0.25) / 4 =
+    # 0.25
     assert cache.answer_stats() == (30.0, 0.25)
     assert cache.rewards().tolist() == [0.0, 0.5, 0.2, 0.3]
 
@@ -74,9 +77,8 @@ def test_state_dict_round_trips_exactly_through_json():
     cache = TrajectoryCache(size=3)
     generator = torch.Generator().manual_seed(0)
     for _ in range(4):
-        cache.push_answers(
-            torch.rand(5, generator=generator, dtype=torch.float64), torch.randint(1, 99, (5,), generator=generator)
-        )
+        cache.push_answers(torch.rand(5, generator=generator, dtype=torch.float64),
+                           torch.randint(1, 99, (5, ), generator=generator))
         cache.push_rewards(torch.randn(5, generator=generator, dtype=torch.float64))
     cache.push_answers([0.1 + 0.2], [7])  # a step caught between its two phases
     state = json.loads(json.dumps(cache.state_dict()))

@@ -1,6 +1,6 @@
-"""`train_sft.py` under torchrun (2 gloo ranks, tiny model): FSDP2 equals one process, with CPU offload and bf16;
-exports load back identically; resume is bitwise; cut-short checkpoints are skipped; write errors and bad
-input stop every rank with a clear message."""
+"""`train_sft.py` under torchrun (2 gloo ranks, tiny model): FSDP2 equals one process, with CPU
+offload and bf16; exports load back identically; resume is bitwise; cut-short checkpoints are
+skipped; write errors and bad input stop every rank with a clear message."""
 
 import json
 import os
@@ -23,23 +23,43 @@ from psyrl.runtime.model import Policy
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 SMALL = [  # 6 steps of 8 sequences: 4 per rank in 2 micro-batches of 2 (gradient accumulation)
-    "model.hidden_size=64", "model.num_layers=2", "model.intermediate_size=128", "data.max_length=384",
-    'data.valid_file=""', "run.steps=6", "optim.lr=3e-3", "optim.global_batch=8", "optim.micro_batch=2",
-    "checkpoint.every=2", "checkpoint.keep_state=0", "log.progress=false",
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.intermediate_size=128",
+    "data.max_length=384",
+    'data.valid_file=""',
+    "run.steps=6",
+    "optim.lr=3e-3",
+    "optim.global_batch=8",
+    "optim.micro_batch=2",
+    "checkpoint.every=2",
+    "checkpoint.keep_state=0",
+    "log.progress=false",
 ]
-VALID = ['data.valid_file="data/demo/test.jsonl"', "data.valid_items=6", "rollout.max_new_tokens=12",
-         "sampler.batch=6", "optim.logprob_micro_batch=2"]  # 6 items: 3 per rank, 2 micro-batches each
+VALID = [
+    'data.valid_file="data/demo/test.jsonl"',
+    "data.valid_items=6",
+    "rollout.max_new_tokens=12",
+    # 6 items: 3 per rank, 2 micro-batches each
+    "sampler.batch=6",
+    "optim.logprob_micro_batch=2"
+]
 
 
-def sft(output_dir: Path, *extra: str, ranks: int = 2, resume: bool = False, limit_file_bytes: int = 0):
+def sft(output_dir: Path, *extra: str, ranks: int = 2, resume: bool = False,
+        limit_file_bytes: int = 0):
     sets = [f"run.output_dir={json.dumps(str(output_dir))}", *SMALL, *extra]
     launcher = TORCHRUN if ranks == 2 else [sys.executable]
-    args = [*launcher, "train_sft.py", "--config", "configs/sft/tiny.toml"] + [a for s in sets for a in ("--set", s)]
+    args = [*launcher, "train_sft.py", "--config", "configs/sft/tiny.toml"
+            ] + [a for s in sets for a in ("--set", s)]
     args += ["--resume"] if resume else []
-    limit = (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_bytes, limit_file_bytes))) \
-        if limit_file_bytes else None  # writes past the limit fail with EFBIG (Python ignores SIGXFSZ)
+    limit = None  # writes past the limit fail with EFBIG (Python ignores SIGXFSZ)
+    if limit_file_bytes:
+        size = (limit_file_bytes, limit_file_bytes)
+        limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, size)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    name = next((s.split("=", 1)[1] for s in reversed(sets) if s.startswith("run.name=")), "tiny-sft")
+    name = next((s.split("=", 1)[1] for s in reversed(sets) if s.startswith("run.name=")),
+                "tiny-sft")
     retry_dir = output_dir / name if ranks == 2 and not resume and not limit_file_bytes else None
     return launch.run(args, retry_dir, timeout=600, preexec_fn=limit, env=env)
 
@@ -54,16 +74,19 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """One process (float32, bf16 autocast) and 2 ranks (plain FSDP2, + CPU offload, + bf16), same data."""
+    """One process (float32, bf16 autocast) and 2 ranks (plain FSDP2, + CPU offload, + bf16), same
+    data."""
     out = tmp_path_factory.mktemp("runs")
     bf16, offload = "model.dtype=bfloat16", "fsdp.offload=always"
     valid = VALID
-    variants = {"one": (valid, 1), "one-bf16": ([bf16], 1), "fsdp": (valid, 2), "offload": ([offload], 2),
-                "fsdp-bf16": ([bf16], 2), "offload-bf16": ([offload, bf16], 2)}
+    variants = {
+        "one": (valid, 1), "one-bf16": ([bf16], 1), "fsdp": (valid, 2), "offload": ([offload], 2),
+        "fsdp-bf16": ([bf16], 2), "offload-bf16": ([offload, bf16], 2)
+    }
     for name, (extra, ranks) in variants.items():
         result = sft(out, f"run.name={name}", *extra, ranks=ranks)
-        assert result.returncode == 0, f"{name}:\n{result.stdout[-1500:]}\n{result.stderr[:2000]}\n...\n" \
-            f"{result.stderr[-2000:]}"
+        assert result.returncode == 0, (f"{name}:\n{result.stdout[-1500:]}\n{result.stderr[:2000]}"
+                                        f"\n...\n{result.stderr[-2000:]}")
     return out
 
 
@@ -76,7 +99,8 @@ def test_fsdp_losses_equal_one_process(runs):
         reference = weights(runs / "one")
         for key, value in weights(runs / name).items():
             torch.testing.assert_close(value, reference[key], rtol=0, atol=1e-5)
-    # float32 above: measured here 6e-8 relative. bf16: FSDP2 computes with bf16 parameters, one process with bf16
+    # float32 above: measured here 6e-8 relative. bf16: FSDP2 computes with bf16 parameters, one
+    # process with bf16
     # autocast (fp32 parameters); measured here 2.2e-4 relative between them, 2.4e-4 from float32
     for name in ("fsdp-bf16", "offload-bf16"):
         assert losses(runs / name) == pytest.approx(losses(runs / "one-bf16"), rel=2e-3), name
@@ -88,14 +112,16 @@ def test_fsdp_losses_equal_one_process(runs):
 
 @pytest.mark.slow
 def test_fsdp_validation_equals_one_process(runs):
-    """Validation under FSDP: items split over ranks, generation from each rank's unsharded copy, loss on shards."""
-    one, fsdp = read_metrics(runs / "one" / "metrics.jsonl"), read_metrics(runs / "fsdp" / "metrics.jsonl")
+    """Validation under FSDP: items split over ranks, generation from each rank's unsharded copy,
+    loss on shards."""
+    one, fsdp = read_metrics(runs / "one" / "metrics.jsonl"), read_metrics(runs / "fsdp" /
+                                                                           "metrics.jsonl")
     assert [r["step"] for r in fsdp if "valid/loss" in r] == [0, 2, 4, 6]
     for a, b in zip((r for r in one if "valid/loss" in r), (r for r in fsdp if "valid/loss" in r)):
         assert b["valid/loss"] == pytest.approx(a["valid/loss"], rel=1e-6) and b["valid/items"] == 6
     for step in (2, 6):  # greedy answers, written by 2 ranks, in record order
-        one_text, fsdp_text = ((runs / name / "checkpoints" / f"step-{step}" / "validation.jsonl").read_text()
-                               for name in ("one", "fsdp"))
+        one_text, fsdp_text = ((runs / name / "checkpoints" / f"step-{step}" /
+                                "validation.jsonl").read_text() for name in ("one", "fsdp"))
         assert one_text == fsdp_text
 
 
@@ -103,10 +129,12 @@ def test_fsdp_validation_equals_one_process(runs):
 def test_resume_is_bitwise_and_skips_a_cut_short_checkpoint(runs, tmp_path):
     shutil.copytree(runs / "fsdp", tmp_path / "fsdp")
     run = tmp_path / "fsdp"
-    shutil.rmtree(run / "checkpoints" / "step-6")  # the crash came after step 5: step-4 was the last save ...
+    # the crash came after step 5: step-4 was the last save ...
+    shutil.rmtree(run / "checkpoints" / "step-6")
     shutil.rmtree(run / "hf")
     shard = next((run / "checkpoints" / "step-4" / "state").glob("*.distcp"))
-    shard.write_bytes(shard.read_bytes()[:100])  # ... and it was cut short: resume must fall back to step-2
+    # ... and it was cut short: resume must fall back to step-2
+    shard.write_bytes(shard.read_bytes()[:100])
     result = sft(tmp_path, "run.name=fsdp", *VALID, resume=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "skipping" in result.stdout and "step-4: incomplete checkpoint" in result.stdout
@@ -114,7 +142,8 @@ def test_resume_is_bitwise_and_skips_a_cut_short_checkpoint(runs, tmp_path):
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5, 6]
     assert losses(run) == losses(runs / "fsdp")
     expected = weights(runs / "fsdp")
-    assert all(torch.equal(value, expected[key]) for key, value in weights(run).items())  # bitwise (CPU, float32)
+    # bitwise (CPU, float32)
+    assert all(torch.equal(value, expected[key]) for key, value in weights(run).items())
 
 
 @pytest.mark.slow
@@ -122,7 +151,8 @@ def test_a_two_rank_checkpoint_resumes_in_one_process(runs, tmp_path):
     shutil.copytree(runs / "fsdp", tmp_path / "fsdp")
     for later in ("checkpoints/step-4", "checkpoints/step-6", "hf"):
         shutil.rmtree(tmp_path / "fsdp" / later)
-    result = sft(tmp_path, "run.name=fsdp", *VALID, ranks=1, resume=True)  # DCP reshards 2 ranks' shards into 1
+    # DCP reshards 2 ranks' shards into 1
+    result = sft(tmp_path, "run.name=fsdp", *VALID, ranks=1, resume=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert losses(tmp_path / "fsdp") == pytest.approx(losses(runs / "fsdp"), rel=1e-6)
     expected = weights(runs / "fsdp")
@@ -135,10 +165,13 @@ def test_write_error_stops_every_rank_and_keeps_the_previous_checkpoint(runs, tm
     shutil.copytree(runs / "fsdp", tmp_path / "fsdp")
     for later in ("checkpoints/step-4", "checkpoints/step-6", "hf"):  # stopped after step 2
         shutil.rmtree(tmp_path / "fsdp" / later)
-    # the tiny model's weights file is 1.2 MB: with 200 kB per file the next save fails as on a full disk
+    # the tiny model's weights file is 1.2 MB: with 200 kB per file the next save fails as on a full
+    # disk
     result = sft(tmp_path, "run.name=fsdp", *VALID, resume=True, limit_file_bytes=200_000)
     assert result.returncode != 0
-    assert "could not write" in result.stderr and "step-4" in result.stderr and "File too large" in result.stderr
+    assert "could not write" in result.stderr
+    assert "step-4" in result.stderr
+    assert "File too large" in result.stderr
     assert "earlier checkpoints are intact" in result.stderr and "[rank" not in result.stderr
     checkpoints = tmp_path / "fsdp" / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-2"]  # no step-4, no temporary
@@ -155,24 +188,29 @@ def test_bad_input_stops_every_rank_with_one_message(tmp_path, extra, expected):
     result = sft(tmp_path, *extra)
     assert result.returncode != 0
     assert result.stderr.count(expected) == 1, result.stderr[-3000:]
-    assert "[rank" not in result.stderr and not (tmp_path / "tiny-sft").exists()  # no Python traceback of a rank
+    # no Python traceback of a rank
+    assert "[rank" not in result.stderr and not (tmp_path / "tiny-sft").exists()
 
 
 @pytest.mark.slow
 def test_export_from_shards_loads_back_identically(tmp_path):
-    result = subprocess.run([*TORCHRUN, "tests/sharded_logits.py", str(tmp_path)], capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [*TORCHRUN, "tests/sharded_logits.py", str(tmp_path)], capture_output=True, text=True,
+        timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     reference = Policy(AutoModelForCausalLM.from_pretrained(tmp_path / "hf"))
     for rank in (0, 1):
         got = load_file(tmp_path / f"rank-{rank}.safetensors")
         with torch.no_grad():
             expected = reference(got["ids"], got["mask"])
-        for key in ("before", "copy", "after"):  # sharded; the unsharded copy a rank samples from; reloaded
+        # sharded; the unsharded copy a rank samples from; reloaded
+        for key in ("before", "copy", "after"):
             assert torch.equal(got[key], expected), (rank, key)
-        # a bf16 sampling copy: bf16 weights, but the rotary frequencies stay float32 as transformers keeps them
+        # a bf16 sampling copy: bf16 weights, but the rotary frequencies stay float32 as
+        # transformers keeps them
         assert torch.equal(got["bf16_inv_freq"], reference.lm.model.rotary_emb.inv_freq)
-        assert torch.equal(got["bf16_norm"], reference.lm.model.norm.weight.detach().bfloat16().float())
+        assert torch.equal(got["bf16_norm"],
+                           reference.lm.model.norm.weight.detach().bfloat16().float())
 
 
 def test_rank_share_splits_in_order():

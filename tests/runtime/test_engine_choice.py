@@ -1,5 +1,6 @@
-"""`sampler.engine`: a CPU install never imports vLLM, and asking for it without it installed is one clear message
-before anything starts; the tied LM head's alias in the weight stream (tests/test_vllm_*.py run a real engine)."""
+"""`sampler.engine`: a CPU install never imports vLLM, and asking for it without it installed is one
+clear message before anything starts; the tied LM head's alias in the weight stream
+(tests/test_vllm_*.py run a real engine)."""
 
 import importlib.util
 import json
@@ -16,8 +17,10 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 def test_no_entry_point_imports_vllm():
-    code = ("import sys, train_tgrpo, train_sft, evaluate, psyrl.cli, psyrl.train.run, psyrl.runtime.vllm_sampler; "
-            "print('vllm' in sys.modules or any(m.startswith('vllm.') for m in sys.modules))")
+    code = (
+        "import sys, train_tgrpo, train_sft, evaluate, psyrl.cli, psyrl.train.run, "
+        "psyrl.runtime.vllm_sampler; print('vllm' in sys.modules or any(m.startswith('vllm.') for "
+        "m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
@@ -37,15 +40,21 @@ def test_the_vllm_engine_without_vllm_is_one_message_and_writes_nothing(script, 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
 def test_evaluate_engine_vllm_without_vllm_is_one_message(tmp_path):
-    args = [sys.executable, "evaluate.py", "--model", "psyrl/assets/tokenizers/tiny", "--engine", "vllm", "--out",
-            str(tmp_path / "eval")]
+    args = [
+        sys.executable, "evaluate.py", "--model", "psyrl/assets/tokenizers/tiny", "--engine",
+        "vllm", "--out",
+        str(tmp_path / "eval")
+    ]
     out = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1 and "needs vLLM 0.32.0" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 1
+    assert "needs vLLM 0.32.0" in out.stderr
+    assert "Traceback" not in out.stderr
     assert not (tmp_path / "eval").exists()
 
 
 def test_tensor_parallel_is_a_vllm_setting_the_torch_engine_ignores(tmp_path):
-    # the Qwen configs carry A.3's tensor_parallel = 2 for vLLM; with the torch engine one process must still run
+    # the Qwen configs carry A.3's tensor_parallel = 2 for vLLM; with the torch engine one process
+    # must still run
     args = [sys.executable, "train_tgrpo.py", "--config", "configs/tgrpo/qwen2.5-0.5b.toml",
             "--set", "sampler.engine=torch", "--set", "model.path=/nonexistent",
             "--set", "data.train_file=data/demo/train.jsonl", "--set", 'data.valid_file=""',
@@ -69,6 +78,7 @@ def test_a_tied_head_is_sent_under_its_own_name_right_after_the_embedding():
     emb, norm = torch.ones(2), torch.zeros(2)
     stream = [("model.embed_tokens.weight", emb), ("model.norm.weight", norm)]
     sent = list(_with_tied_head(iter(stream), tied=True))
-    assert [n for n, _ in sent] == ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"]
+    assert [n for n, _ in sent
+            ] == ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"]
     assert sent[1][1] is emb  # the same tensor, no copy
     assert list(_with_tied_head(iter(stream), tied=False)) == stream

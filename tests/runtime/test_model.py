@@ -27,7 +27,8 @@ def model(qwen_tokenizer):
 
 def naive_logprobs(model, ids, mask, temperature):
     logits = model(input_ids=ids, attention_mask=mask).logits.float() / temperature  # [B, T, V]
-    return torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)  # [B, T-1]
+    # [B, T-1]
+    return torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
 
 
 def batch(vocab: int):
@@ -71,14 +72,16 @@ def test_tiny_model_is_seeded_and_leaves_the_global_rng_alone(qwen_tokenizer):
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
     c = load_model(TINY, qwen_tokenizer, seed=6)
     assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
-    assert a.config.vocab_size == 151680 and a.config.eos_token_id == 151645 and a.config.pad_token_id == 151643
+    assert a.config.vocab_size == 151680
+    assert a.config.eos_token_id == 151645
+    assert a.config.pad_token_id == 151643
 
 
 def test_qwen_tokenizer_ids(qwen_tokenizer):
     assert len(qwen_tokenizer) == 151665
     assert (qwen_tokenizer.eos_token, qwen_tokenizer.pad_token) == ("<|im_end|>", "<|endoftext|>")
-    assert qwen_tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == \
-        [151643, 151644, 151645]
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    assert qwen_tokenizer.convert_tokens_to_ids(special) == [151643, 151644, 151645]
 
 
 def test_missing_model_directory_is_named(tmp_path):
@@ -97,7 +100,9 @@ def test_local_directory_loads_like_the_original(model, qwen_tokenizer, tmp_path
     reloaded = load_model(cfg, load_tokenizer(cfg))
     ids, mask = batch(1000)
     with torch.no_grad():
-        assert torch.equal(model(ids, attention_mask=mask).logits, reloaded(ids, attention_mask=mask).logits)
+        assert torch.equal(
+            model(ids, attention_mask=mask).logits,
+            reloaded(ids, attention_mask=mask).logits)
 
 
 @pytest.mark.slow
@@ -122,7 +127,8 @@ def test_bf16_autocast_stays_close_to_float32(model):
     for amp in (torch.autocast("cpu", dtype=torch.bfloat16), contextlib.nullcontext()):
         model.zero_grad()
         with amp:
-            token_logprobs(model, ids, mask, 0.7, chunk=6).sum().backward()  # backward recomputes in bf16
+            # backward recomputes in bf16
+            token_logprobs(model, ids, mask, 0.7, chunk=6).sum().backward()
         grads.append(model.lm_head.weight.grad.clone())
     assert grads[0].dtype == torch.float32
     cosine = torch.nn.functional.cosine_similarity(grads[0].flatten(), grads[1].flatten(), dim=0)
@@ -132,9 +138,12 @@ def test_bf16_autocast_stays_close_to_float32(model):
 def test_load_weights_fills_every_parameter_or_names_the_missing_one(model, qwen_tokenizer):
     copy = load_model(TINY, qwen_tokenizer, seed=5)
     state = model.state_dict()
-    load_weights(copy, ((n, t) for n, t in state.items() if n != "lm_head.weight"))  # tied to the embedding
+    # tied to the embedding
+    load_weights(copy, ((n, t) for n, t in state.items() if n != "lm_head.weight"))
     ids, mask = batch(model.config.vocab_size)
     with torch.no_grad():
-        assert torch.equal(copy(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)
+        assert torch.equal(
+            copy(ids, attention_mask=mask).logits,
+            model(ids, attention_mask=mask).logits)
     with pytest.raises(ValueError, match=r"no tensor for model.norm.weight \(1 parameters\)"):
         load_weights(copy, ((n, t) for n, t in state.items() if n != "model.norm.weight"))

@@ -26,8 +26,8 @@ def test_paper_sft_warmup_is_31_of_315_steps():
 @pytest.mark.parametrize("total, ratio", [(315, 0.1), (20, 0.0), (7, 0.3)])
 def test_cosine_matches_transformers(total, ratio):
     cfg = OptimConfig(warmup_ratio=ratio, schedule="cosine")
-    want = reference_factors(get_cosine_schedule_with_warmup, total, num_warmup_steps=warmup_steps(cfg, total),
-                             num_training_steps=total)
+    want = reference_factors(get_cosine_schedule_with_warmup, total,
+                             num_warmup_steps=warmup_steps(cfg, total), num_training_steps=total)
     assert [lr_factor(s, cfg, total) for s in range(total)] == pytest.approx(want, abs=1e-12)
 
 
