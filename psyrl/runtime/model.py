@@ -165,21 +165,21 @@ class ChunkLogprobs(torch.autograd.Function):
     (profiled: bench/step_vs_trl.py)."""
 
     @staticmethod
-    def forward(dist, hidden, weight, bias, targets, temperature: float):
+    def forward(ctx, hidden, weight, bias, targets, temperature: float):
         logits = F.linear(hidden, weight, bias)  # [rows, V], bf16 under autocast
-        dist.dtype = logits.dtype  # backward recomputes and multiplies in the forward's precision
+        ctx.dtype = logits.dtype  # backward recomputes and multiplies in the forward's precision
         logits = logits.float()
         if temperature != 1.0:
             logits.div_(temperature)
         lse = torch.logsumexp(logits, dim=-1)  # [rows]
-        dist.save_for_backward(hidden, weight, bias, targets, lse)
-        dist.temperature = temperature
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.temperature = temperature
         return logits.gather(-1, targets[:, None]).squeeze(-1) - lse
 
     @staticmethod
-    def backward(dist, g):
-        hidden, weight, bias, targets, lse = dist.saved_tensors
-        T, dtype = dist.temperature, dist.dtype
+    def backward(ctx, g):
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        T, dtype = ctx.temperature, ctx.dtype
         w = weight.to(dtype)
         logits = F.linear(hidden.to(dtype), w, None if bias is None else bias.to(dtype)).float()
         if T != 1.0:
@@ -190,11 +190,11 @@ class ChunkLogprobs(torch.autograd.Function):
         if T != 1.0:
             grad.div_(T)
         grad = grad.to(dtype)
-        grad_hidden = (grad @ w).to(hidden.dtype) if dist.needs_input_grad[0] else None
+        grad_hidden = (grad @ w).to(hidden.dtype) if ctx.needs_input_grad[0] else None
         grad_weight = (grad.t() @ hidden.to(dtype)).to(
-            weight.dtype) if dist.needs_input_grad[1] else None
+            weight.dtype) if ctx.needs_input_grad[1] else None
         grad_bias = grad.sum(0).to(
-            bias.dtype) if bias is not None and dist.needs_input_grad[2] else None
+            bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
         return grad_hidden, grad_weight, grad_bias, None, None
 
 
