@@ -8,7 +8,7 @@ quality control and the §4.1 split.
     split
 
 The other commands: psyrl.build.topics (`topics`), psyrl.build.reasoning (`reasoning`); what they
-share: psyrl.build.build_run.
+share: psyrl.build.run.
 """
 
 from __future__ import annotations
@@ -18,7 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from psyrl.build import prompts
-from psyrl.build.build_run import (
+from psyrl.build.catalogue import Variable, load_catalogue
+from psyrl.build.generation_log import Job, prompt_sha
+from psyrl.build.labelled import load_labelled
+from psyrl.build.qa_pairs import Rejected, parse_qa, topic_key
+from psyrl.build.quality_control import NEAR_DUPLICATE, duplicate_reasons, leak_reason
+from psyrl.build.run import (
     BuildError,
     BuildRun,
     Tally,
@@ -26,11 +31,6 @@ from psyrl.build.build_run import (
     write_nonempty,
     write_report,
 )
-from psyrl.build.catalogue import Variable, load_catalogue
-from psyrl.build.generation_log import Job, prompt_sha
-from psyrl.build.labelled import load_labelled
-from psyrl.build.qa_pairs import Rejected, parse_qa, topic_key
-from psyrl.build.quality_control import NEAR_DUPLICATE, duplicate_reasons, leak_reason
 from psyrl.core.records import (
     DataError,
     StimuliRecord,

@@ -1,5 +1,5 @@
 """`psyrl build`: the StimuliQA builder's command line (the pipeline: psyrl.build.builder,
-psyrl.build.topics, psyrl.build.reasoning, psyrl.build.build_run).
+psyrl.build.topics, psyrl.build.reasoning, psyrl.build.run).
 
     psyrl build qa --catalogue C --table T --model DIR --out DIR          (one process; HF/torch
     sampler on CPU)
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import click
 
-from psyrl.build.build_run import GENERATION_KEYS, BuildError, BuildRun
 from psyrl.build.builder import build_comparison, build_qa
 from psyrl.build.generation_log import Sampling
 from psyrl.build.quality_control import NEAR_DUPLICATE
 from psyrl.build.reasoning import PAPER_REASONING, SHORT_WORDS, build_reasoning
+from psyrl.build.run import GENERATION_KEYS, BuildError, BuildRun
 from psyrl.build.topics import PAPER_TOPICS, build_topics
 from psyrl.core.records import DataError
 from psyrl.runtime.distributed import cleanup

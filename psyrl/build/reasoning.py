@@ -11,7 +11,10 @@ import random
 from tqdm import tqdm
 
 from psyrl.build import prompts
-from psyrl.build.build_run import (
+from psyrl.build.catalogue import Variable
+from psyrl.build.generation_log import Job
+from psyrl.build.qa_pairs import Rejected, parse_reasoning
+from psyrl.build.run import (
     BuildError,
     BuildRun,
     Tally,
@@ -19,9 +22,6 @@ from psyrl.build.build_run import (
     write_nonempty,
     write_report,
 )
-from psyrl.build.catalogue import Variable
-from psyrl.build.generation_log import Job
-from psyrl.build.qa_pairs import Rejected, parse_reasoning
 from psyrl.core.records import load_stimuliqa
 
 PAPER_REASONING = 500  # appendix B: "500 short and 500 long reasoning samples"

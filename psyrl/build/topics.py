@@ -5,7 +5,10 @@ comparison`."""
 from __future__ import annotations
 
 from psyrl.build import prompts
-from psyrl.build.build_run import (
+from psyrl.build.catalogue import load_catalogue
+from psyrl.build.generation_log import Job
+from psyrl.build.qa_pairs import parse_topics, topic_key
+from psyrl.build.run import (
     BuildError,
     BuildRun,
     Tally,
@@ -14,9 +17,6 @@ from psyrl.build.build_run import (
     write_nonempty,
     write_report,
 )
-from psyrl.build.catalogue import load_catalogue
-from psyrl.build.generation_log import Job
-from psyrl.build.qa_pairs import parse_topics, topic_key
 
 PAPER_TOPICS = 200  # appendix B: "expand them into up to 200 diverse topics each"
 

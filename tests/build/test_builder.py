@@ -12,13 +12,13 @@ import pytest
 from click.testing import CliRunner
 from launch import run as launch
 
-from psyrl.build.build_run import BuildError, BuildRun
 from psyrl.build.builder import build_comparison, build_qa
 from psyrl.build.catalogue import load_catalogue
 from psyrl.build.cli import build_group
 from psyrl.build.generation_log import Sampling, prompt_sha
 from psyrl.build.labelled import load_labelled
 from psyrl.build.reasoning import build_reasoning
+from psyrl.build.run import BuildError, BuildRun
 from psyrl.build.topics import build_topics
 from psyrl.cli import main
 from psyrl.core.config import ModelConfig, SamplerConfig
