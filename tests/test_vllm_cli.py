@@ -2,7 +2,8 @@
 T-GRPO in one process and on 2 torchrun ranks with tensor parallel 2 (same samples, sampler/trainer
 log-prob gap ~0 after every weight sync), evaluate.py and psyrl build with --engine vllm against
 --engine torch, and the log-prob vLLM reports at a temperature other than 1
-(tests/runtime/vllm_probe.py, an engine per process). Skipped where vLLM is not installed; `make test-vllm-cpu` runs them."""
+(tests/runtime/vllm_probe.py, an engine per process). Skipped where vLLM is not installed; `make
+test-vllm-cpu` runs them."""
 
 import json
 import math
