@@ -27,6 +27,7 @@ import torch
 from psyrl.core.config import ConfigError
 from psyrl.core.records import Cursor, DataError, load_records, load_stimuliqa, next_indices
 from psyrl.core.runlog import peak_memory_gib
+from psyrl.rl.rewards import load_reward_plugin
 from psyrl.runtime.checkpoint import select_checkpoint
 from psyrl.runtime.distributed import Dist, all_reduce, print0, rank_share
 from psyrl.runtime.model import autocast, load_tokenizer
@@ -63,6 +64,7 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
         tokenizer = load_tokenizer(cfg.model)
         check_memory_plan(cfg, dist, "sft")
         policy = build_policy(cfg, tokenizer, dist)
+        plugin = load_reward_plugin(cfg.reward.custom) if cfg.reward.custom else None
     except (ConfigError, DataError, OSError, ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
     examples, counts = build_examples(train_records, tokenizer, cfg.prompt, cfg.data.max_length)
@@ -98,7 +100,7 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
                                     longest_prompt(valid_records, tokenizer, cfg))
         else:
             sync_weights(sampler, policy, cfg, dist)
-        return validate(policy, sampler, tokenizer, valid_records, cfg, dist)
+        return validate(policy, sampler, tokenizer, valid_records, cfg, dist, plugin=plugin)
 
     with run:
         # the untrained model's scores: the baseline of every later row

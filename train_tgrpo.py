@@ -27,7 +27,7 @@ import torch
 from psyrl.core.config import ConfigError
 from psyrl.core.records import Cursor, DataError, load_records, load_stimuliqa, next_indices
 from psyrl.core.runlog import Laps, peak_memory_gib
-from psyrl.rl.rewards import answer_components
+from psyrl.rl.rewards import answer_components, load_reward_plugin
 from psyrl.rl.rollout import (
     build_prompts,
     gather_step,
@@ -100,6 +100,7 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
         check_memory_plan(cfg, dist, "tgrpo")
         policy = build_policy(cfg, tokenizer, dist)
         reference = build_reference(cfg, tokenizer, dist) if cfg.loss.kl_coef > 0 else None
+        plugin = load_reward_plugin(cfg.reward.custom) if cfg.reward.custom else None
     except (ConfigError, DataError, OSError, ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
     run.start(train_records, valid_records)
@@ -135,7 +136,7 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
         # the starting model's scores: the baseline of every later row
         if valid_records and run.first == 1:
             metrics, _ = validate(policy, sampler, tokenizer, valid_records, cfg, dist,
-                                  offload.on_device)
+                                  offload.on_device, plugin)
             run.log({"step": 0, "steps": steps, **metrics}, echo=True)
 
         for step in range(run.first, steps + 1):
@@ -155,10 +156,10 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
             for p, group in zip(positions, groups):
                 record = train_prompts[indices[p]][0]
                 parts = answer_components([s.text for s in group], [record.answer] * G,
-                                          cfg.prompt.mode, cfg.reward)
+                                          cfg.prompt.mode, cfg.reward, plugin, [record] * G)
                 for i, s in enumerate(group):
                     local.append({"position": p, "index": i, "id": record.id, "text": s.text,
-                                  **{k: parts[k][i].item() for k in ("f1", "fmt", "rep")},
+                                  **{k: v[i].item() for k, v in parts.items()},
                                   "length": len(s.token_ids), "finish_reason": s.finish_reason})
             samples = gather_step(local, dist)
             adv, components = score(samples, cache, cfg)
@@ -225,7 +226,7 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
             save = run.should_save(step)
             if valid_records and (save or step == steps):
                 metrics, outputs = validate(policy, sampler, tokenizer, valid_records, cfg, dist,
-                                            offload.on_device)
+                                            offload.on_device, plugin)
                 row.update(metrics)
             # before the save: a crash right after it must not lose the row of a step it kept
             run.log(row)

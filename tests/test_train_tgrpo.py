@@ -336,3 +336,30 @@ def test_help_explains():
     assert "--resume" in out
     assert "torchrun" in out
     assert "trajectory cache" in out
+
+
+def test_a_reward_plugin_drives_the_reward_and_the_cache(start, tmp_path):
+    """reward.custom = examples/exact_match.py: the samples' F1 column, the cache's r-bar_F1 and the
+    logged reward/f1 are the plug-in's exact match; its extra component and the paper's F1 are
+    logged beside them."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("exact_match", "examples/exact_match.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    result = run_in_process(start, tmp_path, 'reward.custom="examples/exact_match.py:exact_match"',
+                            "checkpoint.every=1", "log.samples_every=1")
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "rl"
+    golds = {r.id: r.answer for r in load_stimuliqa(start / "train.jsonl")}
+    rows = read_metrics(run / "metrics.jsonl")
+    cache = json.loads((run / "checkpoints" / "step-2" / "trajectory_cache.json").read_text())
+    for step, row in enumerate(rows, 1):
+        samples = [json.loads(line)
+                   for line in (run / "samples" / f"step-{step}.jsonl").read_text().splitlines()]
+        scores, extra = example.exact_match([s["response"] for s in samples],
+                                            [golds[s["id"]] for s in samples], [])
+        assert [s["f1"] for s in samples] == scores
+        assert row["reward/f1"] == pytest.approx(sum(scores) / len(scores), abs=1e-12)
+        assert row["reward/answered"] == pytest.approx(sum(extra["answered"]) / len(scores))
+        assert 0 <= row["reward/token_f1"] <= 1
+        assert cache["steps"][step - 1]["f1"] == scores  # r-bar_F1 (eq. 7) averages these

@@ -163,6 +163,13 @@ class RewardConfig:
     short_reward_literal: bool = False
     """Eq. 14 as printed (reward grows with L/L-bar) instead of SPEC §2's reading (grows with
     L-bar/L)."""
+    custom: str = ""
+    """A reward plug-in, `path/to/file.py:function` (EasyR1's and verl's convention; a relative path
+    is taken from the current directory): function(responses, golds, records) returns one accuracy
+    in [0, 1] per response, or (those, {name: one value per response}) to log extra components as
+    reward/<name>. It replaces r_F1 wherever the paper's F1 enters the reward: the final reward, the
+    cache's r-bar_F1, the bilateral bonus (reward/f1 logs it; reward/token_f1 keeps the paper's F1).
+    Empty: the paper's F1 (eq. 4-5). See examples/exact_match.py."""
 
     def __post_init__(self):
         check_choices(self)
@@ -174,6 +181,9 @@ class RewardConfig:
         require(self.s_minus > 0, "s_minus",
                 f"expected > 0 (L-bar/L needs L > 0), got {self.s_minus}")
         require(self.eps > 0, "eps", f"expected > 0, got {self.eps}")
+        file, _, name = self.custom.rpartition(":")
+        require(not self.custom or (file.endswith(".py") and name.isidentifier()), "custom",
+                f"expected 'path/to/file.py:function', got {self.custom!r}")
 
 
 @dataclass

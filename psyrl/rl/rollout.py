@@ -126,7 +126,11 @@ def step_metrics(samples: list[dict], components: dict, adv: torch.Tensor, G: in
     step."""
     lengths = [s["length"] for s in samples]
     groups = components["final"].reshape(-1, G)
+    # a reward plug-in's extra components, and the paper's F1 beside its accuracy
+    extra = sorted({k for s in samples for k in s if k.startswith("custom/") or k == "token_f1"})
     return {
+        **{f"reward/{k.removeprefix('custom/')}": sum(s[k] for s in samples) / len(samples)
+           for k in extra},
         **reward_metrics(components), "response/length_max": max(lengths),
         "response/truncated": sum(s["finish_reason"] == "length" for s in samples) / len(samples),
         "rollout/advantage_abs_mean": adv.abs().mean().item(),

@@ -42,7 +42,7 @@ def longest_prompt(records, tokenizer, cfg: Config) -> int:
 
 def validate(policy, sampler, tokenizer,
              records: Sequence[StimuliRecord] | Sequence[BenchmarkRecord], cfg: Config,
-             dist: Dist = ONE_PROCESS, actor_on_device=contextlib.nullcontext):
+             dist: Dist = ONE_PROCESS, actor_on_device=contextlib.nullcontext, plugin=None):
     """(metrics, outputs): valid/f1 (eq. 4-5 on the extracted answer), valid/format (eq. 6),
     valid/length (tokens), valid/reward (the mean final reward of reward.variant, L-bar and r-bar_F1
     taken over these responses: the same items at every validation, so start and end compare without
@@ -65,18 +65,20 @@ def validate(policy, sampler, tokenizer,
                                cfg.rollout.max_new_tokens, [cfg.run.seed + i for i, _ in local])
     outputs = all_gather_lists([group[0] for group in samples], dist)
     parts = answer_components([s.text for s in outputs], [r.answer for r in records],
-                              cfg.prompt.mode, cfg.reward)
+                              cfg.prompt.mode, cfg.reward, plugin, records)
     lengths = torch.tensor([len(s.token_ids) for s in outputs], dtype=torch.float64)
     final, _ = final_rewards(parts, lengths,
                              lengths.mean().item(), parts["f1"].mean().item(), cfg.reward)
     metrics = {
         # reward.variant's final reward, these items as a one-step cache
         "valid/reward": final.mean().item(),
-        "valid/f1": parts["f1"].mean().item(),
+        "valid/f1": parts.get("token_f1", parts["f1"]).mean().item(),  # eq. 4-5, plug-in or not
         "valid/format": parts["fmt"].mean().item(),
         "valid/length": lengths.mean().item(),
         "valid/items": len(records),
     }
+    if plugin is not None:  # reward.custom's accuracy, the F1 component of valid/reward
+        metrics["valid/custom"] = parts["f1"].mean().item()
     if isinstance(records[0], BenchmarkRecord):  # SPEC §7 F1-accuracy; no SFT target, so no loss
         choices = [
             best_option(extract_answer(s.text), list(r.options)) for s, r in zip(outputs, records)
@@ -95,10 +97,9 @@ def validate(policy, sampler, tokenizer,
         # FSDP's MixedPrecisionPolicy casts instead
         policy_amp = contextlib.nullcontext() if dist.sharded else amp
         with torch.no_grad(), actor_on_device():
-            losses = micro_batch_losses(policy, rank_share(examples,
-                                                           dist), size, tokenizer.pad_token_id,
-                                        response_tokens(examples), dist.device, policy_amp, batches,
-                                        examples[0])
+            losses = micro_batch_losses(policy, rank_share(examples, dist), size,
+                                        tokenizer.pad_token_id, response_tokens(examples),
+                                        dist.device, policy_amp, batches, examples[0])
             metrics["valid/loss"] = all_reduce(torch.stack(list(losses)).sum(), dist).item()
     policy.train(was_training)
     return metrics, outputs
