@@ -1,6 +1,7 @@
 """`train_sft.py` end to end on a tiny model: it learns, exports, and refuses bad input before
 training."""
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -57,6 +58,16 @@ def test_tiny_sft_learns_and_exports(tmp_path):
     assert "step 60/60 | loss" in result.stdout and "median-F1 checkpoint" in result.stdout
 
     resolved = load_config(run / "config.resolved.toml")
+    # the model card: base model, the data by hash, the last held-out scores, the resolved config
+    card = (run / "hf" / "README.md").read_text()
+    train_sha = hashlib.sha256(Path(resolved.data.train_file).read_bytes()).hexdigest()
+    valid_sha = hashlib.sha256(Path(resolved.data.valid_file).read_bytes()).hexdigest()
+    assert card.startswith("---\nbase_model: null\nlibrary_name: transformers\n")
+    assert f"| train | `{resolved.data.train_file}` | `{train_sha}` |" in card
+    assert f"| validation | `{resolved.data.valid_file}` | `{valid_sha}` |" in card
+    assert "## Held-out scores (validation at step 60)" in card
+    assert f"| valid/f1 | {last['valid/f1']:.4f} |" in card
+    assert (run / "config.resolved.toml").read_text().rstrip() in card
     assert resolved.run.steps == 60 and resolved.model.hidden_size == 64
     for step in (20, 40, 60):
         scores = json.loads((run / "checkpoints" / f"step-{step}" / "validation.json").read_text())

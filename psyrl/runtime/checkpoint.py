@@ -76,13 +76,20 @@ def _fail(stage: str, final: Path, error: BaseException | None, dist: Dist) -> C
 
 
 def export_hf(policy, tokenizer, out_dir: str | Path, dist: Dist = ONE_PROCESS,
-              dtype: str = "float32") -> Path:
+              dtype: str = "float32", files: dict[str, str] | None = None) -> Path:
     """config.json, safetensors weights (in `dtype`), generation config and tokenizer files of
     `policy.lm` (sharded or not): loadable as they are by
-    `transformers.AutoModelForCausalLM.from_pretrained` (and by vLLM). Collective."""
+    `transformers.AutoModelForCausalLM.from_pretrained` (and by vLLM); plus `files` (name -> text,
+    e.g. the model card README.md), all published at once. Collective."""
     out = Path(out_dir)
     tmp = _temporary(out, dist, "export")
-    _write_stages([("HF export", lambda: _write_hf(policy, tokenizer, tmp, dist, dtype)),
+
+    def write():
+        _write_hf(policy, tokenizer, tmp, dist, dtype)
+        for name, text in (files or {}).items() if dist.is_main else ():
+            write_text(tmp / name, text)
+
+    _write_stages([("HF export", write),
                    ("rename", lambda: _publish(tmp, out, dist, manifest=False))], tmp, out, dist)
     return out
 

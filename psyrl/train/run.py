@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,9 +18,10 @@ import torch
 import transformers
 from tqdm import tqdm
 
+import psyrl
 from psyrl.core.atomic import tidy
 from psyrl.core.config import ConfigError, config_changes, dump_config, load_config
-from psyrl.core.runlog import MetricsFile, step_line, truncate_metrics
+from psyrl.core.runlog import MetricsFile, read_metrics, step_line, truncate_metrics
 from psyrl.runtime.checkpoint import (
     CheckpointError,
     export_hf,
@@ -304,10 +306,53 @@ class Run:
             print0(step_line(row, self.line_fields), self.dist)
 
     def finish(self, policy, tokenizer) -> None:
-        """The final HF export `runs/<name>/hf/`, in checkpoint.export_dtype."""
+        """The final HF export `runs/<name>/hf/` in checkpoint.export_dtype, with its model card."""
+        card = None
+        if self.dist.is_main:
+            card = model_card(self.cfg, self.name, self.resolved, self.data,
+                              read_metrics(self.dir / "metrics.jsonl"))
         try:
             export_hf(policy, tokenizer, self.dir / "hf", self.dist,
-                      self.cfg.checkpoint.export_dtype)
+                      self.cfg.checkpoint.export_dtype, {"README.md": card} if card else None)
         except CheckpointError as e:
             raise click.ClickException(str(e)) from None
         print0(f"{self.name}: done; final model in {self.dir / 'hf'}", self.dist)
+
+
+def psyrl_commit() -> str:
+    """The git commit of the psyrl checkout this runs from, or why there is none."""
+    try:
+        found = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                               text=True, timeout=10, cwd=Path(psyrl.__file__).parent)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown (no git)"
+    return found.stdout.strip() if found.returncode == 0 else "unknown (not a git checkout)"
+
+
+def model_card(cfg, trainer: str, resolved: str, data: dict, rows: list[dict]) -> str:
+    """hf/README.md: where the model comes from (base model, trainer, psyrl version and commit), the
+    data it saw (paths and sha256), its last held-out scores, and the resolved config."""
+    base = cfg.model.path or f"none: a tiny model built from [model] (seed {cfg.run.seed})"
+    valid = [r for r in rows if any(k.startswith("valid/") for k in r)]
+    files = [("train", cfg.data.train_file, data.get("sha256", ""), data.get("examples", ""))]
+    if cfg.data.valid_file:
+        digest = hashlib.sha256(Path(cfg.data.valid_file).read_bytes()).hexdigest()
+        files.append(("validation", cfg.data.valid_file, digest, cfg.data.valid_items or "all"))
+    lines = [
+        "---", f"base_model: {json.dumps(cfg.model.path) if cfg.model.path else 'null'}",
+        "library_name: transformers", f"tags: [psyrl, {trainer}]", "---", "",
+        f"# {cfg.run.name}", "",
+        f"Trained with psyrl {psyrl.__version__} (commit {psyrl_commit()}): `{trainer}`, "
+        f"{cfg.run.steps} steps{'' if trainer == 'sft' else f', reward {cfg.reward.variant}'}; "
+        f"weights in {cfg.checkpoint.export_dtype}. Base model: {base}.", "",
+        "## Data", "", "| split | file | sha256 | items used |", "| --- | --- | --- | ---: |",
+        *[f"| {split} | `{path}` | `{digest}` | {n} |" for split, path, digest, n in files], ""]
+    if valid:
+        last = valid[-1]
+        lines += [f"## Held-out scores (validation at step {last['step']})", "",
+                  "| metric | value |", "| --- | ---: |",
+                  *[f"| {k} | {v:.4f} |" for k, v in last.items()
+                    if k.startswith("valid/") and isinstance(v, float)], ""]
+    lines += ["## Configuration (config.resolved.toml)", "", "```toml", resolved.rstrip(), "```",
+              ""]
+    return "\n".join(lines)
