@@ -32,8 +32,7 @@ def count(tensors) -> dict[str, int]:
     return {"local": sum(t.nbytes for t in tensors), "storage": sum(storages.values())}
 
 
-def main(out: Path) -> None:
-    dist = init_distributed("cpu")
+def check(dist, out: Path) -> None:
     tokenizer = load_tokenizer(MODEL)
     policy = load_sharded(lambda empty: Policy(load_model(MODEL, tokenizer, seed=3, empty=empty)),
                           dist)
@@ -47,7 +46,12 @@ def main(out: Path) -> None:
     state = [s[k] for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")]
     figures["adam"] = count(state)
     (out / f"rank-{dist.rank}.json").write_text(json.dumps(figures), encoding="utf-8")
-    cleanup(dist)
+
+
+def main(out: Path) -> None:
+    dist = init_distributed("cpu")
+    check(dist, out)
+    cleanup(dist)  # after check() released its models: cleanup joins gloo's threads
 
 
 if __name__ == "__main__":

@@ -18,8 +18,7 @@ TINY = ModelConfig(tokenizer="tiny", hidden_size=64, num_layers=2, num_heads=4, 
                    intermediate_size=128)
 
 
-def main(out: Path) -> None:
-    dist = init_distributed("cpu")
+def check(dist, out: Path) -> None:
     tokenizer = load_tokenizer(TINY)
     ids = torch.tensor(
         [tokenizer("Stimuli: my sister won the prize.\nQuestion: how did I feel?")["input_ids"]] *
@@ -45,7 +44,12 @@ def main(out: Path) -> None:
         "bf16_norm": bf16.model.norm.weight.float()
     }
     save_file(tensors, str(out / f"rank-{dist.rank}.safetensors"))
-    cleanup(dist)
+
+
+def main(out: Path) -> None:
+    dist = init_distributed("cpu")
+    check(dist, out)
+    cleanup(dist)  # after check() released its models: cleanup joins gloo's threads
 
 
 if __name__ == "__main__":

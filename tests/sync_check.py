@@ -31,8 +31,7 @@ def build(tied: bool, empty: bool) -> Policy:
         return Policy(Qwen2ForCausalLM(config))
 
 
-def main(out: Path) -> None:
-    dist = init_distributed("cpu")
+def check(dist, out: Path) -> None:
     result = {}
     for tied in (True, False):
         policy = load_sharded(lambda empty, tied=tied: build(tied, empty), dist)
@@ -79,7 +78,12 @@ def main(out: Path) -> None:
     with torch.no_grad():  # a forward after the round trip all-gathers the re-registered shards
         result["offload forward"] = bool(torch.isfinite(policy(ids, torch.ones_like(ids))).all())
     (out / f"rank-{dist.rank}.json").write_text(json.dumps(result))
-    cleanup(dist)
+
+
+def main(out: Path) -> None:
+    dist = init_distributed("cpu")
+    check(dist, out)
+    cleanup(dist)  # after check() released its models: cleanup joins gloo's threads
 
 
 if __name__ == "__main__":

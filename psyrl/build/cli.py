@@ -71,20 +71,25 @@ def run_build(body):
             raise click.UsageError("; ".join(problems))
         try:
             dist = start_generation(gen)
-            generation = load_generation(dist, gen)
-            settings = {k: generation.settings[k] for k in GENERATION_KEYS}
-            sampling = Sampling(gen.temperature, gen.top_p, gen.max_new_tokens, gen.seed,
-                                gen.samples, gen.batch)
-            run = BuildRun(dist, generation.tokenizer, Path(out_dir), settings, sampling,
-                           generation.make_sampler, gen.progress)
-            body(run, overwrite=overwrite, **kwargs)
-            run.close()  # after the last collective
+            build(body, dist, gen, Path(out_dir), overwrite, kwargs)
             if dist.is_main:
                 click.echo((Path(out_dir) / "report.md").read_text(encoding="utf-8"))
-            cleanup(dist)
+            cleanup(dist)  # after build() released the model
         except (BuildError, DataError, OSError, ValueError, VLLMUnavailable) as e:
             fail_once(e, "psyrl build", (BuildError, DataError, VLLMUnavailable))
     return command
+
+
+def build(body, dist, gen: GenerationOptions, out_dir: Path, overwrite: bool, kwargs) -> None:
+    """Load the model, run `body` on a BuildRun, close it; the model is released on return."""
+    generation = load_generation(dist, gen)
+    settings = {k: generation.settings[k] for k in GENERATION_KEYS}
+    sampling = Sampling(gen.temperature, gen.top_p, gen.max_new_tokens, gen.seed, gen.samples,
+                        gen.batch)
+    run = BuildRun(dist, generation.tokenizer, out_dir, settings, sampling,
+                   generation.make_sampler, gen.progress)
+    body(run, overwrite=overwrite, **kwargs)
+    run.close()  # after the last collective
 
 
 def qc_and_split_options(command):

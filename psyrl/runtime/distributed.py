@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as tdist
@@ -113,9 +115,39 @@ def resolve_dtype(choice: str, device: torch.device) -> str:
     return "bfloat16" if device.type == "cuda" else "float32"
 
 
+def gloo_threads() -> int:
+    """How many of gloo's worker and I/O threads this process runs (read from /proc: 0 where
+    there is none)."""
+    count = 0
+    for comm in Path("/proc/self/task").glob("*/comm"):
+        with contextlib.suppress(OSError):  # a thread that ended while being listed
+            count += comm.read_text().startswith(("pt_gloo", "gloo"))
+    return count
+
+
 def cleanup(dist: Dist) -> None:
-    if dist.sharded and tdist.is_initialized():
-        tdist.destroy_process_group()
+    """Leave the process group and end gloo's threads before the interpreter exits; call it once
+    the models and optimiser are released.
+
+    Why the threads must end: a gloo worker releases a finished collective's tensors after `wait()`
+    has returned; when that release needs the GIL while Python 3.11 is finalizing, the thread is
+    ended by pthread_exit, whose unwinding through a noexcept destructor calls std::terminate
+    ("terminate called without an active exception", exit -6; bench/teardown_aborts.py counts
+    it). destroy_process_group() does not stop them while a DeviceMesh still holds the
+    group (torch 2.13 distributed/device_mesh.py:303-330, `_pg_registry`), so the mesh lets go of
+    it too, and the collection then destroys the group, whose destructor joins its threads."""
+    if not (dist.sharded and tdist.is_initialized()):
+        return
+    tdist.destroy_process_group()
+    if dist.mesh is not None:
+        dist.mesh._pg_registry.clear()
+    gc.collect()
+    left = gloo_threads()
+    if left:
+        print(
+            f"rank {dist.rank}: warning: {left} gloo thread(s) still run after the process group "
+            "was destroyed (something still holds it); the exit may abort", file=sys.stderr,
+            flush=True)
 
 
 def print0(line: str, dist: Dist) -> None:
