@@ -16,6 +16,7 @@ Results are in docs/measurements.md.
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -76,6 +77,7 @@ def main() -> None:
     torchrun = Path(sys.executable).parent / "torchrun"
     command = [str(torchrun), "--standalone", "--nproc_per_node", "2", __file__, "--worker",
                "--exit", args.exit_path]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the loops
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     try:
         failed, aborted, threads = launch(command, args.launches)

@@ -4,15 +4,17 @@ lengths, self-label into train_sft.py, and the refusals of bad input."""
 import json
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
-from launch import run
 
 from psyrl.core.config import ModelConfig
 from psyrl.core.records import load_benchmark
 from psyrl.eval.benchmarks import PAPER_BENCHMARKS, resolve_sources, select_items
 from psyrl.runtime.model import load_model, load_tokenizer
+
+run = partial(subprocess.run, capture_output=True, text=True)
 
 ALL = list(PAPER_BENCHMARKS) + ["emobench", "data/demo/test.jsonl", "data/demo/mc.jsonl"]
 FAST = ["--max-new-tokens", "6", "--no-progress"]
@@ -34,12 +36,12 @@ def tiny_model(tmp_path_factory):
     return out
 
 
-def evaluate(*args, ranks=1, run_dir=None):
+def evaluate(*args, ranks=1):
     launcher = [sys.executable] if ranks == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
         str(ranks)
     ]
-    return run(launcher + ["evaluate.py", *map(str, args)], run_dir=run_dir, timeout=600)
+    return run(launcher + ["evaluate.py", *map(str, args)], timeout=600)
 
 
 def lines(path: Path) -> list[dict]:
@@ -53,7 +55,7 @@ def test_every_benchmark_on_two_ranks_then_resume(tiny_model, tmp_path):
         "--model", tiny_model, "--benchmarks", ",".join(ALL), "--limit", 1, "--out", out, "--batch",
         4, *FAST
     ]
-    result = evaluate(*args, ranks=2, run_dir=out)
+    result = evaluate(*args, ranks=2)
     assert result.returncode == 0, result.stderr[-3000:]
     expected = [
         r.id for s in resolve_sources(ALL, "data/benchmarks")

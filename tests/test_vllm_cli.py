@@ -8,15 +8,18 @@ test-vllm-cpu` runs them."""
 import json
 import math
 import os
+import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
-from launch import run
 
 from psyrl.core.config import ModelConfig
 from psyrl.core.runlog import read_metrics
 from psyrl.runtime.model import load_model, load_tokenizer
+
+run = partial(subprocess.run, capture_output=True, text=True)
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -41,7 +44,7 @@ def tgrpo(out: Path, *extra: str, ranks: int = 1):
     launcher = TORCHRUN if ranks == 2 else [sys.executable]
     args = [*launcher, "train_tgrpo.py", "--config", "configs/tgrpo/tiny.toml"]
     args += [a for s in sets for a in ("--set", s)]
-    result = run(args, out / "rl", timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = run(args, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert "Traceback" not in result.stderr  # a clean engine start and teardown
     return read_metrics(out / "rl" / "metrics.jsonl")

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from launch import run as launch
 
 from psyrl.build.builder import build_comparison, build_qa
 from psyrl.build.catalogue import load_catalogue
@@ -415,14 +414,14 @@ def test_cli_plumbing_on_a_tiny_model_one_process_and_two_ranks(tiny_model, tmp_
         str(tiny_model), "--max-new-tokens", "12", "--samples", "2", "--train", "1", "--test", "1",
         "--no-progress"
     ]
-    one = launch([sys.executable, "-m", "psyrl", *args, "--out",
-                  str(tmp_path / "one")], timeout=600)
+    one = subprocess.run([sys.executable, "-m", "psyrl", *args, "--out", str(tmp_path / "one")],
+                         capture_output=True, text=True, timeout=600)
     assert one.returncode == 0 and "88 generations" in one.stdout, one.stderr
-    two = launch([
+    two = subprocess.run([
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
         "-m", "psyrl", *args, "--out",
         str(tmp_path / "two"), "--batch", "3"
-    ], run_dir=tmp_path / "two", timeout=600)
+    ], capture_output=True, text=True, timeout=600)
     # rank 0 reports
     assert two.returncode == 0 and two.stdout.count("88 generations") == 1, two.stderr
     rows = lambda d: sorted((d / "generations.jsonl").read_text().splitlines())  # noqa: E731

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import tempfile
 
-import launch
 import pytest
 import torch
 from click.testing import CliRunner
@@ -86,8 +85,8 @@ def test_architecture_sources(tmp_path):
 def test_fsdp_shard_bytes_equal_measurement(tmp_path):
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
             "tests/fsdp_memory_probe.py", str(tmp_path)]
-    result = launch.run(args, tmp_path / "none", timeout=300,
-                        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = subprocess.run(args, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
     cfg = load_config(None, [
