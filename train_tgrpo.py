@@ -167,9 +167,10 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
             rollout = rollout_batch(groups, prompt_ids, adv, positions, G)
             lap("score")
             if cfg.log.samples_every and step % cfg.log.samples_every == 0 and dist.is_main:
-                write_samples(run.dir / "samples", step, samples, components, adv,
-                              [train_prompts[indices[p]][0] for p in range(B)],
-                              cfg.log.samples_prompts, cfg.reward.variant)
+                run.log_samples(step, *write_samples(
+                    run.dir / "samples", step, samples, components, adv,
+                    [train_prompts[indices[p]][0] for p in range(B)], cfg.log.samples_prompts,
+                    cfg.reward.variant))
 
             # phase offload: the actor's shards and AdamW state back for experience and update
             offload.to_device()
@@ -180,11 +181,9 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
                 rollout.logp_ref = sequence_logprobs(reference, rollout, pad_id, cfg, dist, amp)
             minibatches = rollout.split(updates_per_step)
             # mini-batches after the first are off-policy: the sampling policy's log-probs, computed
-            # now; the first
-            # updates the policy that sampled, so its logp_old is the update's own detached
-            # logp_theta (SPEC §3 skips
-            # the pass only for a single mini-batch; the first of several is as on-policy as that
-            # one)
+            # now; the first updates the policy that sampled, so its logp_old is the update's own
+            # detached logp_theta (SPEC §3 skips the pass only for a single mini-batch; the first of
+            # several is as on-policy as that one)
             later = rollout.select(range(len(minibatches[0]), len(rollout)))
             old = sequence_logprobs(policy, later, pad_id, cfg, dist, amp)
             for u, minibatch in enumerate(minibatches[1:]):

@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import launch
 import pytest
 import torch
 from click.testing import CliRunner
@@ -91,7 +90,7 @@ def run_cli(start, out, *extra, ranks=1, resume=False):
     args += [a for s in tgrpo_sets(start, out, *extra)
              for a in ("--set", s)] + (["--resume"] if resume else [])
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = launch.run(args, None if resume else out / "rl", timeout=600, env=env)
+    result = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[:3000] + result.stderr[
         -3000:]
     return result
@@ -363,3 +362,132 @@ def test_a_reward_plugin_drives_the_reward_and_the_cache(start, tmp_path):
         assert row["reward/answered"] == pytest.approx(sum(extra["answered"]) / len(scores))
         assert 0 <= row["reward/token_f1"] <= 1
         assert cache["steps"][step - 1]["f1"] == scores  # r-bar_F1 (eq. 7) averages these
+
+
+CRASH_BEFORE_STEP_2_CHECKPOINT = """
+import sys
+import train_tgrpo
+from psyrl.train.run import Run
+save = Run.save
+def crash(self, step, *args, **kwargs):
+    if step == 2:
+        raise RuntimeError("simulated crash before the step-2 checkpoint")
+    return save(self, step, *args, **kwargs)
+Run.save = crash
+sys.argv[0] = "train_tgrpo.py"
+train_tgrpo.main()
+"""
+
+TRACKIO_LOGS = """
+import json, sys
+from trackio.sqlite_storage import SQLiteStorage
+print(json.dumps({"logs": SQLiteStorage.get_logs("psyrl", "rl"),
+                  "config": SQLiteStorage.get_run_config("psyrl", "rl")}, default=str))
+"""
+
+
+def wandb_records(path: Path):
+    """The protobuf records of a `.wandb` file (a LevelDB-style log of 32 KiB blocks behind a
+    7-byte W&B header), decoded with wandb's own protobuf classes."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, parts = 7, 32768, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # a block's tail too short for a header is padding
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if length == 0 and kind == 0:
+            pos += left
+            continue
+        parts += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a full record, or the last fragment of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(parts)
+            parts = b""
+            yield record
+
+
+@pytest.mark.slow
+def test_trackers_hold_every_row_once_across_a_crash_and_resume(start, tmp_path):
+    """TensorBoard, wandb (offline) and Trackio, read back with their own readers: every scalar of
+    every metrics.jsonl row, once per step, after a run that crashed between the step-2 row and its
+    checkpoint and was resumed from step 1; the config and the samples tables are there."""
+    pytest.importorskip("tensorboard", reason="pip install 'psyrl[tensorboard]'")
+    pytest.importorskip("wandb", reason="pip install 'psyrl[wandb]'")
+    pytest.importorskip("trackio", reason="pip install 'psyrl[trackio]'")
+    # the reader TensorBoard's own server uses
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.util.tensor_util import make_ndarray
+    extra = ['log.report_to=["tensorboard", "wandb", "trackio"]', "run.steps=3",
+             "checkpoint.every=1", "checkpoint.keep_state=0", "log.samples_every=1"]
+    sets = [a for s in tgrpo_sets(start, tmp_path, *extra) for a in ("--set", s)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true",
+           "TRACKIO_DIR": str(tmp_path / "trackio")}
+    args = ["--config", "configs/tgrpo/tiny.toml", *sets]
+    crashed = subprocess.run([sys.executable, "-c", CRASH_BEFORE_STEP_2_CHECKPOINT, *args],
+                             capture_output=True, text=True, timeout=600, env=env)
+    assert crashed.returncode != 0 and "simulated crash" in crashed.stderr, crashed.stderr[-2000:]
+    run = tmp_path / "rl"
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]
+    resumed = subprocess.run([sys.executable, "train_tgrpo.py", *args, "--resume"],
+                             capture_output=True, text=True, timeout=600, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming after step 1" in resumed.stdout
+    assert "warning: tracker" not in resumed.stderr + crashed.stderr
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    keys = sorted(k for k in rows[0] if k != "step" and all(
+        isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool) for r in rows))
+    assert "reward/final" in keys and "actor/pg_loss" in keys
+
+    # TensorBoard rewound to step 2 (purge_step) and got the redone rows: float32 of each value
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    for key in keys:
+        got = events.Tensors(key)
+        assert [e.step for e in got] == [1, 2, 3], key
+        values = [make_ndarray(e.tensor_proto).item() for e in got]
+        assert values == pytest.approx([r[key] for r in rows], rel=1e-6), key
+    assert {"config/text_summary", "samples/text_summary"} <= set(events.Tags()["tensors"])
+    assert [e.step for e in events.Tensors("samples/text_summary")] == [1, 2, 3]
+
+    # wandb: one run id in two offline directories; steps 1-2 from the first attempt, 3 after
+    history, config = {}, None
+    for path in sorted(run.glob("wandb/offline-run-*/run-*.wandb")):
+        for record in wandb_records(path):
+            kind = record.WhichOneof("record_type")
+            if kind == "history":
+                step = record.history.step.num
+                assert step not in history, f"step {step} logged twice to wandb"
+                history[step] = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
+                                 for i in record.history.item}
+            elif kind == "run" and config is None:
+                config = {u.key: json.loads(u.value_json) for u in record.run.config.update}
+    assert len({p.name.rsplit("-", 1)[1] for p in run.glob("wandb/offline-run-*")}) == 1
+    assert sorted(history) == [1, 2, 3]
+    # step 2 is the first attempt's row: equal to the redone one but for its timings
+    same = [k for k in keys if not k.startswith(TIME_KEYS)]
+    for row in rows:
+        assert {k: history[row["step"]][k] for k in same} == {k: row[k] for k in same}
+        assert history[row["step"]]["samples/_type"] == "table-file"
+        assert history[row["step"]]["samples/nrows"] == 8 * 4  # every sample of the step
+    assert config["reward"]["variant"] == "bilateral" and config["run"]["steps"] == 3
+
+    # Trackio: the run continued by name, each step's scalars once
+    read = subprocess.run([sys.executable, "-c", TRACKIO_LOGS], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert read.returncode == 0, read.stderr[-2000:]
+    trackio = json.loads(read.stdout.strip().splitlines()[-1])
+    scalar_logs = [log for log in trackio["logs"] if "reward/final" in log]
+    assert sorted(log["step"] for log in scalar_logs) == [1, 2, 3]
+    for log in scalar_logs:
+        row = rows[log["step"] - 1]
+        assert {k: log[k] for k in same} == {k: row[k] for k in same}
+    assert sorted(log["step"] for log in trackio["logs"] if "samples" in log) == [1, 2, 3]
+    assert trackio["config"]["reward"]["variant"] == "bilateral"

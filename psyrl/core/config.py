@@ -23,6 +23,8 @@ __all__ = [
 ]
 
 
+TRACKERS = ("tensorboard", "wandb", "trackio")  # log.report_to
+
 @dataclass
 class RunConfig:
     name: str = "run"
@@ -428,8 +430,21 @@ class LogConfig:
     `samples_prompts` prompts with their G responses for reading; 0 = never."""
     samples_prompts: int = 4
     """Prompts shown in `samples/step-N.md`."""
+    report_to: list[str] = field(default_factory=list)
+    """Experiment trackers that also get every `metrics.jsonl` row, the config and the samples, on
+    rank 0: any of "tensorboard" (`runs/<name>/tensorboard/`), "wandb" (`runs/<name>/wandb/`;
+    WANDB_MODE=offline works without a network), "trackio" (its own local database). Each is
+    installed by its extra, e.g. `pip install "psyrl[wandb]"`."""
+    project: str = "psyrl"
+    """The wandb / trackio project the run goes to."""
 
     def __post_init__(self):
+        unknown = [t for t in self.report_to if t not in TRACKERS]
+        require(not unknown, "report_to",
+                f"unknown tracker(s) {unknown}; expected any of {list(TRACKERS)}")
+        require(len(set(self.report_to)) == len(self.report_to), "report_to",
+                f"a tracker is named twice: {self.report_to}")
+        require(self.project.strip() != "", "project", "expected a project name")
         require(self.every >= 1, "every", f"expected >= 1, got {self.every}")
         require(self.samples_every >= 0, "samples_every",
                 f"expected >= 0, got {self.samples_every}")

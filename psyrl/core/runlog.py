@@ -77,6 +77,11 @@ def truncate_metrics(path: str | Path, last_step: int) -> int:
     return len(broken)
 
 
+def last_step(path: str | Path) -> int:
+    """The highest step of a metrics.jsonl's readable rows; -1 when it has none."""
+    return max((row["step"] for _, row in read_jsonl(path, bad=[])), default=-1)
+
+
 class Laps:
     """Wall seconds of each named phase of a step: `laps("sample")` closes the phase that ran since
     the last call (a name closed twice adds up). On CUDA also the peak memory the trainer's

@@ -163,6 +163,12 @@ def _check_type(hint, value):
                 f"{value!r}"
             )
         return value
+    if typing.get_origin(hint) is list:  # list[str]: an array of strings
+        item = typing.get_args(hint)[0]
+        if not isinstance(value, list) or not all(isinstance(v, item) for v in value):
+            raise TypeError(f"expected an array of {_type_name(item())}s, got "
+                            f"{_type_name(value)} {value!r}")
+        return list(value)
     if isinstance(value, bool) != (hint is bool):  # bool is an int subclass: keep them apart
         raise TypeError(f"expected {hint.__name__}, got {_type_name(value)} {value!r}")
     if hint is float and isinstance(value, (int, float)):
@@ -231,6 +237,8 @@ def _toml_value(value) -> str:
         return '"' + "".join(
             _ESCAPES.get(c, f"\\u{ord(c):04x}" if c < " " or c == "\x7f" else c)
             for c in value) + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return repr(value)  # int, or a finite float: repr round-trips exactly
 
 
@@ -258,6 +266,8 @@ def reference(root: type) -> str:
             hint = hints[f.name]
             if typing.get_origin(hint) is Literal:
                 kind = " \\| ".join(f'"{c}"' for c in typing.get_args(hint))
+            elif typing.get_origin(hint) is list:
+                kind = f"array of {typing.get_args(hint)[0].__name__}"
             else:
                 kind = hint.__name__
             out.append(

@@ -146,17 +146,20 @@ COLUMNS = {
 
 
 def write_samples(directory: Path, step: int, samples: list[dict], components: dict,
-                  adv: torch.Tensor, records: list, shown: int, variant: str) -> None:
+                  adv: torch.Tensor, records: list, shown: int,
+                  variant: str) -> tuple[list[dict], str]:
     """samples/step-N.jsonl (every sample of the step with its reward components and advantage) and
-    samples/step-N.md (the first `shown` prompts with their G responses: what people read)."""
+    samples/step-N.md (the first `shown` prompts with their G responses: what people read); returns
+    both (the rows and the Markdown) for the trackers."""
     directory.mkdir(parents=True, exist_ok=True)
     keys = [k for k in COLUMNS if k in components]
     rows = [{"id": s["id"], "sample": s["index"], "response": s["text"], "tokens": s["length"],
              "finish_reason": s["finish_reason"], **{k: components[k][n].item() for k in keys},
              "advantage": adv[n].item()} for n, s in enumerate(samples)]
     write_text(directory / f"step-{step}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-    write_text(directory / f"step-{step}.md",
-               samples_markdown(step, rows, components, records, shown, variant))
+    markdown = samples_markdown(step, rows, components, records, shown, variant)
+    write_text(directory / f"step-{step}.md", markdown)
+    return rows, markdown
 
 
 def samples_markdown(step: int, rows: list[dict], components: dict, records: list, shown: int,

@@ -4,6 +4,7 @@ metrics.jsonl and the progress bar, the checkpoints and the final export."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -21,7 +22,13 @@ from tqdm import tqdm
 import psyrl
 from psyrl.core.atomic import tidy
 from psyrl.core.config import ConfigError, config_changes, dump_config, load_config
-from psyrl.core.runlog import MetricsFile, read_metrics, step_line, truncate_metrics
+from psyrl.core.runlog import (
+    MetricsFile,
+    last_step,
+    read_metrics,
+    step_line,
+    truncate_metrics,
+)
 from psyrl.runtime.checkpoint import (
     CheckpointError,
     export_hf,
@@ -44,6 +51,7 @@ from psyrl.runtime.vllm_sampler import (  # imports no vLLM
     check_tensor_parallel,
     import_vllm,
 )
+from psyrl.train.trackers import TrackedRun, Trackers
 
 # may change on --resume: same numbers
 RESUME_FREE = ("run.name", "run.output_dir", "log", "checkpoint", "fsdp")
@@ -161,6 +169,8 @@ class Run:
         self.data: dict = {}
         self.resolved = ""
         self.metrics: MetricsFile | None = None
+        self.trackers: Trackers | None = None
+        self.sent = -1  # on --resume: the last step metrics.jsonl held before it was rewound
         self.bar = None
 
     def _resumable(self) -> Path:
@@ -234,6 +244,7 @@ class Run:
                         lambda line: print(f"rank {dist.rank}: {line}", flush=True))
         self.first = self.state["step"] + 1
         if dist.is_main:
+            self.sent = last_step(self.dir / "metrics.jsonl")
             broken = truncate_metrics(self.dir / "metrics.jsonl", self.state["step"])
             if broken:
                 print0(
@@ -252,8 +263,14 @@ class Run:
     def __enter__(self) -> Run:
         """Open metrics.jsonl (rank 0, appended and flushed per row) and the progress bar of the
         run's steps."""
+        cfg = self.cfg
         if self.dist.is_main:
             self.metrics = MetricsFile(self.dir / "metrics.jsonl")
+            if cfg.log.report_to:
+                self.trackers = Trackers(
+                    cfg.log.report_to,
+                    TrackedRun(self.dir, cfg.run.name, cfg.log.project, dataclasses.asdict(cfg),
+                               self.resolved, self.first, self.sent))
         self.bar = tqdm(total=self.cfg.run.steps, initial=self.first - 1, desc=self.name,
                         unit="step", file=sys.stdout,
                         disable=not (self.cfg.log.progress and self.dist.is_main))
@@ -263,13 +280,23 @@ class Run:
         self.bar.close()
         if self.metrics is not None:
             self.metrics.close()
+        if self.trackers is not None:
+            self.trackers.close()
 
     def log(self, row: dict, echo: bool = False) -> None:
-        """Append a row to metrics.jsonl; `echo`: also print its console line."""
+        """Append a row to metrics.jsonl, then send it to the trackers; `echo`: also print its
+        console line."""
         if self.metrics is not None:
             self.metrics.write(row)
+        if self.trackers is not None:
+            self.trackers.log(row)
         if echo:
             print0(step_line(row, self.line_fields), self.dist)
+
+    def log_samples(self, step: int, rows: list[dict], markdown: str) -> None:
+        """A step's samples (as written to samples/step-N.jsonl and .md) to the trackers."""
+        if self.trackers is not None:
+            self.trackers.samples(step, rows, markdown)
 
     def should_save(self, step: int) -> bool:
         """A checkpoint every checkpoint.every steps and at the last (none when every = 0)."""
