@@ -46,7 +46,7 @@ def load_labelled(
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such table of labelled stimuli")
-    rows = _json_rows(path) if path.suffix.lower() in (".jsonl", ".json") else _csv_rows(path)
+    rows = json_rows(path) if path.suffix.lower() in (".jsonl", ".json") else csv_rows(path)
     header = list(dict.fromkeys(k for _, row in rows if isinstance(row, dict) for k in row))
     lower = {c.lower(): c for c in reversed(header)}
     id_column = id_column or lower.get("id", "id")
@@ -129,7 +129,7 @@ def _text(path: Path) -> str:
         ) from None
 
 
-def _csv_rows(path: Path) -> list[tuple[int, dict]]:
+def csv_rows(path: Path) -> list[tuple[int, dict]]:
     """(first line, {column: cell}) per data row; the delimiter is the header line's most frequent
     of `,` `;` tab. Ragged rows and repeated column names are errors."""
     text = _text(path)
@@ -160,7 +160,7 @@ def _csv_rows(path: Path) -> list[tuple[int, dict]]:
     return rows
 
 
-def _json_rows(path: Path) -> list[tuple[int, dict]]:
+def json_rows(path: Path) -> list[tuple[int, dict]]:
     """(line, object) per row of a JSONL file, or of a .json file holding one JSON array of
     objects."""
     if path.suffix.lower() == ".json" and _text(path).lstrip().startswith("["):

@@ -224,11 +224,21 @@ def parse_numbered(path: Path, numbered: Iterable[tuple[int, object]], parse, wh
     return records
 
 
-def _read(path: str | Path) -> tuple[Path, list[tuple[int, object]], list[tuple[int, str]]]:
+# what a missing file's message adds: the commands that make one of that format
+MAKE = {
+    "stimuliqa": "; make one with `psyrl build qa ...` (from labelled stimuli: docs/data.md) or "
+                 "`psyrl data convert SOURCE --to stimuliqa ...` (from your own table or dataset)",
+    "benchmark": "; make one with `psyrl data convert SOURCE --to benchmark ...`",
+    "any": "; `psyrl data convert --help` makes one from your own table or dataset",
+}
+
+
+def _read(path: str | Path,
+          kind: str = "any") -> tuple[Path, list[tuple[int, object]], list[tuple[int, str]]]:
     """(path, its decoded lines, its undecodable lines) of a data file that exists."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: no such data file")
+        raise DataError(f"{path}: no such data file{MAKE[kind]}")
     bad = []
     return path, read_jsonl(path, bad=bad), bad
 
@@ -242,12 +252,12 @@ def _records(path: Path, numbered: list, bad: list, parse) -> list:
 
 def load_stimuliqa(path: str | Path) -> list[StimuliRecord]:
     """All records of a StimuliQA JSONL file, or a DataError listing every bad line."""
-    return _records(*_read(path), stimuli_record)
+    return _records(*_read(path, "stimuliqa"), stimuli_record)
 
 
 def load_benchmark(path: str | Path) -> list[BenchmarkRecord]:
     """All records of a benchmark-schema JSONL file, or a DataError listing every bad line."""
-    return _records(*_read(path), benchmark_record)
+    return _records(*_read(path, "benchmark"), benchmark_record)
 
 
 def load_records(path: str | Path) -> list[StimuliRecord] | list[BenchmarkRecord]:

@@ -137,8 +137,15 @@ def test_labels_are_optional_for_sft_sets(tmp_path):
 def test_empty_and_missing_files(tmp_path):
     with pytest.raises(DataError, match="holds no records"):
         load_stimuliqa(write_lines(tmp_path / "e.jsonl", []))
-    with pytest.raises(DataError, match="no such data file"):
+    with pytest.raises(DataError, match="no such data file") as missing:
         load_benchmark(tmp_path / "missing.jsonl")
+    assert "psyrl data convert SOURCE --to benchmark" in str(missing.value)
+    # the GPU configs' data/stimuliqa/train.jsonl: the message names the commands that make it
+    with pytest.raises(DataError) as missing:
+        load_stimuliqa(tmp_path / "data" / "stimuliqa" / "train.jsonl")
+    assert str(missing.value).startswith(f"{tmp_path}/data/stimuliqa/train.jsonl: no such data")
+    assert "`psyrl build qa ...`" in str(missing.value)
+    assert "`psyrl data convert SOURCE --to stimuliqa ...`" in str(missing.value)
 
 
 def test_shipped_benchmarks_load():
