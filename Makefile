@@ -76,7 +76,8 @@ demo demo-base: $(STAMP)
 	@$(VENV)/bin/psyrl plot $(DEMO_OUT)/$(DEMO_RUN)
 	$(TORCHRUN) evaluate.py --model $(DEMO_OUT)/$(DEMO_RUN)/hf --benchmarks data/demo/mc.jsonl \
 	  --out $(DEMO_OUT)/$(DEMO_RUN)/eval-mc $(DEMO_EVAL_SET) --overwrite --no-progress
-	@echo "results: $(DEMO_OUT)/$(DEMO_RUN)/ (metrics.jsonl, samples/step-N.md, curves.png, eval-mc/, hf/); SFT: $(DEMO_OUT)/tiny-sft/"
+	@$(VENV)/bin/psyrl report $(DEMO_OUT)/$(DEMO_RUN)
+	@echo "results: $(DEMO_OUT)/$(DEMO_RUN)/ (report.html, metrics.jsonl, samples/step-N.md, curves.png, eval-mc/, hf/); SFT: $(DEMO_OUT)/tiny-sft/"
 
 # The five OOD benchmarks (SPEC §7), EVAL_LIMIT items per task, for the demo's model or MODEL=dir; results.md is
 # printed and written to EVAL_OUT with results.json and predictions.jsonl (an interrupted run resumes).

@@ -9,10 +9,12 @@ from pathlib import Path
 import click
 
 from psyrl.build.cli import build_group
+from psyrl.build.convert import convert_command
 from psyrl.build.demo_data import demo_data_command
 from psyrl.core.config import ConfigError, config_reference, dump_config, load_config
 from psyrl.core.records import DataError, load_records
 from psyrl.runtime.checkpoint import select_checkpoint
+from psyrl.train.html_report import report_command
 
 README_START, README_END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 
@@ -330,6 +332,8 @@ def self_label_command(eval_dir, out, tau, confidence, seed, any_split, include_
 
 main.add_command(demo_data_command)
 main.add_command(build_group)
+main.add_command(report_command, "report")
+data.add_command(convert_command, "convert")
 
 
 if __name__ == "__main__":

@@ -55,6 +55,9 @@ def test_demo_and_demo_base_run_end_to_end(tmp_path):
     assert json.loads(
         (rl / "eval-mc" / "results.json").read_text())["results"]["demo"]["count"] == 12
     assert "| run | demo F1 | demo Acc |" in result.stdout
+    # ... then `psyrl report`: the page holds the run's samples and its evaluation
+    report = (rl / "report.html").read_text(encoding="utf-8")
+    assert 'id="samples-0-2"' in report and "eval-mc" in report and "<svg" in report
     # demo-base reuses the finished SFT run and trains the base reward beside it
     result = make("demo-base", tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
