@@ -1,25 +1,88 @@
-"""The `psyrl` command group (SPEC §9): tools beside the three flat entry scripts."""
+"""The `psyrl` command group (SPEC §9): the three programs (train-sft, train-tgrpo, evaluate) and
+the tools around them.
+
+This module imports click and the config layer only, and each command imports what it runs when it
+runs: `psyrl --help` and `psyrl CMD --help` answer in well under a second (bench/cli_startup.py),
+where torch alone takes about two.
+"""
 
 from __future__ import annotations
 
+import importlib
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 import click
 
-from psyrl.build.cli import build_group
-from psyrl.build.convert import convert_command
-from psyrl.build.demo_data import demo_data_command
 from psyrl.core.config import ConfigError, config_reference, dump_config, load_config
 from psyrl.core.records import DataError, load_records
-from psyrl.runtime.checkpoint import select_checkpoint
-from psyrl.train.html_report import report_command
 
 README_START, README_END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """A click group whose commands in `lazy` (name: ("module:attribute", short help)) are
+    imported when one runs or shows its --help; the group's own --help lists their short help from
+    the table (tests/test_cli.py checks it against each command's docstring)."""
+
+    def __init__(self, *args, lazy: dict[str, tuple[str, str]], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy
+
+    def list_commands(self, ctx):
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx, name):
+        if name not in self.lazy:
+            return super().get_command(ctx, name)
+        module, _, attribute = self.lazy[name][0].partition(":")
+        return getattr(importlib.import_module(module), attribute)
+
+    def format_commands(self, ctx, formatter):
+        # click's own would import every command for its short help
+        names = [name for name in self.list_commands(ctx)
+                 if name in self.lazy or not self.commands[name].hidden]
+        limit = formatter.width - 6 - max(map(len, names))
+        rows = [(name, self.listed_help(name, limit)) for name in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def listed_help(self, name: str, limit: int) -> str:
+        if name not in self.lazy:
+            return self.commands[name].get_short_help_str(limit)
+        text = self.lazy[name][1]
+        return text if len(text) <= limit else textwrap.shorten(text, limit, placeholder="...")
+
+
+COMMANDS = {
+    "train-sft": ("psyrl.programs.commands:train_sft",
+                  "Supervised fine-tuning on StimuliQA-format records (SFT target: "
+                  "<think>reasoning</think><answer>…)."),
+    "train-tgrpo": ("psyrl.programs.commands:train_tgrpo",
+                    "T-GRPO on StimuliQA-format records: the trajectory cache and the bilateral "
+                    'reward of "From Stimuli to Minds".'),
+    "evaluate": ("psyrl.programs.commands:evaluate",
+                 "Evaluate a checkpoint on the OOD benchmarks: F1 (x100) and F1-accuracy (%) per "
+                 "benchmark and per task, format rate, E choices and response length "
+                 "(results.md, results.json, predictions.jsonl)."),
+    "build": ("psyrl.build.cli:build_group",
+              "Build StimuliQA-format data with the paper's prompts (appendix A.1) and quality "
+              "control (appendix B), from any local model directory: QA pairs from labelled "
+              "stimuli (qa), topic expansion (topics), LlamaQA-style comparison sets "
+              "(comparison), reasoning samples for SFT (reasoning)."),
+    "demo-data": ("psyrl.build.demo_data:demo_data_command",
+                  "Write the SYNTHETIC StimuliQA-format demo set (for the CPU demo and tests; NOT "
+                  "the paper's data)."),
+}
+DATA_COMMANDS = {
+    "convert": ("psyrl.build.convert:convert_command",
+                "Convert SOURCE into psyrl's StimuliQA or benchmark JSONL, every row validated."),
+}
+
+
+@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 def main():
     """psyrl: T-GRPO with the bilateral reward ("From Stimuli to Minds"), in pure PyTorch."""
 
@@ -66,9 +129,9 @@ def reference(write_readme):
     click.echo(f"wrote the config reference into {path}", err=True)
 
 
-@main.group()
+@main.group(cls=LazyGroup, lazy=DATA_COMMANDS)
 def data():
-    """Validate data files (StimuliQA records, benchmark items)."""
+    """Validate data files (StimuliQA records, benchmark items) and convert other formats."""
 
 
 @data.command("check")
@@ -98,6 +161,8 @@ def data_check(paths):
 def select_checkpoint_command(run_dir, rule):
     """Print the HF directory of the chosen SFT checkpoint (by validation F1) of a train_sft.py
     run."""
+    from psyrl.runtime.checkpoint import select_checkpoint
+
     try:
         step, score, path = select_checkpoint(run_dir, rule)
     except FileNotFoundError as e:
@@ -162,6 +227,39 @@ def summary_command(run_dirs, window):
         click.echo(summary_table(run_dirs, window))
     except (OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
+
+
+@main.command("report")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--out", type=click.Path(dir_okay=False), default=None,
+    help="HTML file to write (default: RUN_DIR/report.html for one run, report.html here for "
+    "several).")
+@click.option("--smooth", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Trailing mean over this many steps for the per-step curves (1 = raw only).")
+@click.option("--window", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Steps averaged at the start and at the end in the summary table.")
+@click.option(
+    "--sample-steps", type=click.IntRange(min=0), default=0, show_default=True,
+    help="Embed at most this many sample steps per run, evenly spaced, first and last included "
+    "(0 = all): bounds the file size of a long run.")
+def report_command(run_dirs, out, smooth, window, sample_steps):
+    """One self-contained HTML page (no network: open it anywhere) on one or several train_sft.py /
+    train_tgrpo.py runs: each resolved config, the start -> end table of `psyrl summary`, the
+    curves of `psyrl plot` overlaid, held-out scores per checkpoint, the tables of every
+    evaluate.py output inside the run directory (RUN_DIR/*/results.json), and a browser over the
+    T-GRPO rollout samples (samples/step-N.jsonl) with their stories and gold answers, filtered by
+    step, reward, F1, format, finish reason and text. The filters can be given in the URL, e.g.
+    report.html#step=20&min_reward=0.5&finish=length&q=angry."""
+    from psyrl.train.html_report import write_report  # reads runs: torch's checkpoints module
+
+    out = out or (Path(run_dirs[0]) / "report.html" if len(run_dirs) == 1 else Path("report.html"))
+    try:
+        path = write_report(run_dirs, out, smooth, window, sample_steps)
+    except (OSError, ValueError) as e:  # DataError is a ValueError
+        raise click.ClickException(str(e)) from None
+    size = path.stat().st_size / 2**20
+    click.echo(f"wrote {path} ({size:.1f} MiB)")
 
 
 @main.command("plan")
@@ -330,10 +428,6 @@ def self_label_command(eval_dir, out, tau, confidence, seed, any_split, include_
          '"direct")'))
 
 
-main.add_command(demo_data_command)
-main.add_command(build_group)
-main.add_command(report_command, "report")
-data.add_command(convert_command, "convert")
 
 
 if __name__ == "__main__":

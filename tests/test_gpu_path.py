@@ -22,9 +22,9 @@ from test_train_tgrpo import (  # noqa: F401  (start: the module's fixture)
     start,
 )
 
-import train_tgrpo
 from psyrl.core.config import ModelConfig, load_config
 from psyrl.core.runlog import read_metrics
+from psyrl.programs import train_tgrpo
 from psyrl.rl.rollout import RolloutBatch
 from psyrl.rl.update import micro_batches, update
 from psyrl.runtime import distributed, vllm_sampler

@@ -21,6 +21,7 @@ import train_tgrpo
 from psyrl.core.config import load_config
 from psyrl.core.records import load_stimuliqa
 from psyrl.core.runlog import read_metrics
+from psyrl.programs import train_tgrpo as program
 from psyrl.rl import rollout, update
 from psyrl.rl.rewards import reward_metrics, score_batch
 from psyrl.rl.tgrpo import advantages
@@ -273,7 +274,7 @@ def test_two_ranks_equal_one_process(start, tmp_path):
 
 def test_reference_never_changes_and_a_nan_loss_skips_one_update(start, tmp_path, monkeypatch):
     built = []
-    build_policy, build_reference = train_tgrpo.build_policy, train_tgrpo.build_reference
+    build_policy, build_reference = program.build_policy, program.build_reference
 
     def recording_build_policy(*args, **kwargs):
         built.append(build_policy(*args, **kwargs))
@@ -291,8 +292,8 @@ def test_reference_never_changes_and_a_nan_loss_skips_one_update(start, tmp_path
         calls.append(1)
         return (loss * float("nan") if len(calls) == 1 else loss), metrics
 
-    monkeypatch.setattr(train_tgrpo, "build_policy", recording_build_policy)
-    monkeypatch.setattr(train_tgrpo, "build_reference", recording_build_reference)
+    monkeypatch.setattr(program, "build_policy", recording_build_policy)
+    monkeypatch.setattr(program, "build_reference", recording_build_reference)
     monkeypatch.setattr(update, "tgrpo_loss", nan_on_first_update)
     start_weights = load_file(start / "runs" / "start" / "hf" / "model.safetensors")
     # one update per step, 4 micro-batches

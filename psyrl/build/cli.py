@@ -14,23 +14,17 @@ from pathlib import Path
 
 import click
 
-from psyrl.build.builder import build_comparison, build_qa
-from psyrl.build.generation_log import Sampling
+from psyrl.build.prompts import PAPER_REASONING, PAPER_TOPICS, SHORT_WORDS
 from psyrl.build.quality_control import NEAR_DUPLICATE
-from psyrl.build.reasoning import PAPER_REASONING, SHORT_WORDS, build_reasoning
-from psyrl.build.run import GENERATION_KEYS, BuildError, BuildRun
-from psyrl.build.topics import PAPER_TOPICS, build_topics
-from psyrl.core.records import DataError
-from psyrl.runtime.distributed import cleanup
-from psyrl.runtime.generation import (
+from psyrl.core.generation_options import (
     GenerationOptions,
     fail_once,
     generation_options,
-    load_generation,
     option_problems,
-    start_generation,
 )
-from psyrl.runtime.vllm_sampler import VLLMUnavailable
+
+# The builder and the model code (torch, transformers) are imported when a command runs, not at
+# import: `psyrl build ... --help` stays instant.
 
 
 @click.group("build", context_settings={"help_option_names": ["-h", "--help"]})
@@ -69,6 +63,12 @@ def run_build(body):
         problems = option_problems(gen)
         if problems:
             raise click.UsageError("; ".join(problems))
+        from psyrl.build.run import BuildError
+        from psyrl.core.records import DataError
+        from psyrl.runtime.distributed import cleanup
+        from psyrl.runtime.generation import start_generation
+        from psyrl.runtime.vllm_sampler import VLLMUnavailable
+
         try:
             dist = start_generation(gen)
             build(body, dist, gen, Path(out_dir), overwrite, kwargs)
@@ -82,6 +82,10 @@ def run_build(body):
 
 def build(body, dist, gen: GenerationOptions, out_dir: Path, overwrite: bool, kwargs) -> None:
     """Load the model, run `body` on a BuildRun, close it; the model is released on return."""
+    from psyrl.build.generation_log import Sampling
+    from psyrl.build.run import GENERATION_KEYS, BuildRun
+    from psyrl.runtime.generation import load_generation
+
     generation = load_generation(dist, gen)
     settings = {k: generation.settings[k] for k in GENERATION_KEYS}
     sampling = Sampling(gen.temperature, gen.top_p, gen.max_new_tokens, gen.seed, gen.samples,
@@ -135,6 +139,8 @@ def qa_command(run, **kwargs):
     """QA pairs from expert-labelled stimuli: the dataset-generation prompt for every (stimulus,
     coded variable), quality control, then the §4.1 split into train.jsonl and test.jsonl (StimuliQA
     records that train_sft.py, train_tgrpo.py and evaluate.py take)."""
+    from psyrl.build.builder import build_qa
+
     build_qa(run, **kwargs)
 
 
@@ -149,6 +155,8 @@ def comparison_command(run, **kwargs):
     """A comparison set in the manner of the paper's LlamaQA and MistralQA: for every (variable,
     topic) the generator writes a stimulus and its QA pair (comparison prompt), then quality control
     and the §4.1 split."""
+    from psyrl.build.builder import build_comparison
+
     build_comparison(run, **kwargs)
 
 
@@ -162,6 +170,8 @@ def topics_command(run, **kwargs):
     """Expand each variable's seed topics with the topic-generation prompt: --samples generations
     per variable, duplicates dropped, at most --max-topics kept (topics.jsonl, the input of `psyrl
     build comparison`)."""
+    from psyrl.build.topics import build_topics
+
     build_topics(run, **kwargs)
 
 
@@ -180,4 +190,6 @@ def reasoning_command(run, **kwargs):
     (QA, expected answer) into a rationale without the answer, records visited in a seeded order
     until --short and --long are kept. reasoning.jsonl: StimuliQA records with `reasoning`,
     train_sft.py's `cot` input (<think>reasoning</think><answer>answer</answer>)."""
+    from psyrl.build.reasoning import build_reasoning
+
     build_reasoning(run, **kwargs)

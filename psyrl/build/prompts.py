@@ -10,6 +10,11 @@ from psyrl.build.catalogue import number_text
 from psyrl.core.prompts import content
 from psyrl.core.records import StimuliRecord
 
+# appendix B's sizes, the defaults of `psyrl build topics` and `psyrl build reasoning`
+PAPER_TOPICS = 200  # "expand them into up to 200 diverse topics each"
+PAPER_REASONING = 500  # "500 short and 500 long reasoning samples"
+SHORT_WORDS = 40  # psyrl's line between a short and a long rationale (the paper does not say)
+
 # Appendix A.1 word for word, one line per printed line; each is the whole user turn, no system
 # message of our own.
 TOPIC_PROMPT = (

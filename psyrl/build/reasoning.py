@@ -13,6 +13,7 @@ from tqdm import tqdm
 from psyrl.build import prompts
 from psyrl.build.catalogue import Variable
 from psyrl.build.generation_log import Job
+from psyrl.build.prompts import PAPER_REASONING, SHORT_WORDS
 from psyrl.build.qa_pairs import Rejected, parse_reasoning
 from psyrl.build.run import (
     BuildError,
@@ -23,9 +24,6 @@ from psyrl.build.run import (
     write_report,
 )
 from psyrl.core.records import load_stimuliqa
-
-PAPER_REASONING = 500  # appendix B: "500 short and 500 long reasoning samples"
-SHORT_WORDS = 40  # psyrl's line between a short and a long rationale (the paper does not say)
 
 
 def build_reasoning(run: BuildRun, data_path, *, n_short: int = PAPER_REASONING,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from psyrl.build import prompts
 from psyrl.build.catalogue import load_catalogue
 from psyrl.build.generation_log import Job
+from psyrl.build.prompts import PAPER_TOPICS
 from psyrl.build.qa_pairs import parse_topics, topic_key
 from psyrl.build.run import (
     BuildError,
@@ -17,8 +18,6 @@ from psyrl.build.run import (
     write_nonempty,
     write_report,
 )
-
-PAPER_TOPICS = 200  # appendix B: "expand them into up to 200 diverse topics each"
 
 
 def build_topics(run: BuildRun, catalogue_path, *, max_topics: int = PAPER_TOPICS,

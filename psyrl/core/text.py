@@ -1,5 +1,5 @@
-"""Answer text: normalisation, extraction, token-set F1 and option matching (paper eq. 4-5, SPEC §2,
-§7).
+"""Answer text: the format check, normalisation, extraction, token-set F1 and option matching (paper
+eq. 4-6, SPEC §2, §7).
 
 One definition shared by the rewards (training) and the evaluation, so a model is scored the
 same way in both places.
@@ -15,6 +15,29 @@ _TAG = regex.compile(r"</?(?:think|answer)>")
 
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def format_reward(response: str, mode: str) -> float:
+    """Eq. 6: 1.0 iff the response is exactly `<think>A</think><answer>B</answer>` (`cot`) or
+    `<answer>B</answer>` (`direct`): each tag once, only whitespace outside, A and B non-empty."""
+    if mode == "cot":
+        blocks = [(THINK_OPEN, THINK_CLOSE), (ANSWER_OPEN, ANSWER_CLOSE)]
+    elif mode == "direct":
+        if THINK_OPEN in response or THINK_CLOSE in response:
+            return 0.0
+        blocks = [(ANSWER_OPEN, ANSWER_CLOSE)]
+    else:
+        raise ValueError(f"unknown prompt mode {mode!r}: expected 'cot' or 'direct'")
+    # two <answer> blocks: a known hack
+    if any(response.count(tag) != 1 for block in blocks for tag in block):
+        return 0.0
+    rest = response
+    for open_tag, close_tag in blocks:
+        before, opened, rest = rest.partition(open_tag)
+        content, closed, rest = rest.partition(close_tag)
+        if before.strip() or not opened or not closed or not content.strip():
+            return 0.0
+    return 0.0 if rest.strip() else 1.0
 
 
 def normalize(text: str) -> list[str]:

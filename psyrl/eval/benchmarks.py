@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from psyrl.core.records import BenchmarkRecord, DataError, StimuliRecord, load_records, read_jsonl
-from psyrl.core.text import choice_of, extract_answer, option_scores, token_f1
-from psyrl.rl.rewards import format_reward
+from psyrl.core.text import choice_of, extract_answer, format_reward, option_scores, token_f1
 
 # Table 3, in its column order
 PAPER_BENCHMARKS = ("tombench", "simpletom", "socialiqa", "cosmosqa", "bbh")

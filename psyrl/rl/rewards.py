@@ -18,41 +18,15 @@ from pathlib import Path
 import torch
 
 from psyrl.core.config import RewardConfig
-from psyrl.core.text import (
-    ANSWER_CLOSE,
-    ANSWER_OPEN,
-    THINK_CLOSE,
-    THINK_OPEN,
+from psyrl.core.text import (  # format_reward (eq. 6) is text-only: eval scores with it too
     extract_answer,
+    format_reward,
     normalize,
     set_f1,
     think_text,
 )
 
 Components = dict[str, torch.Tensor]  # name -> [N] per-sample values
-
-
-def format_reward(response: str, mode: str) -> float:
-    """Eq. 6: 1.0 iff the response is exactly `<think>A</think><answer>B</answer>` (`cot`) or
-    `<answer>B</answer>` (`direct`): each tag once, only whitespace outside, A and B non-empty."""
-    if mode == "cot":
-        blocks = [(THINK_OPEN, THINK_CLOSE), (ANSWER_OPEN, ANSWER_CLOSE)]
-    elif mode == "direct":
-        if THINK_OPEN in response or THINK_CLOSE in response:
-            return 0.0
-        blocks = [(ANSWER_OPEN, ANSWER_CLOSE)]
-    else:
-        raise ValueError(f"unknown prompt mode {mode!r}: expected 'cot' or 'direct'")
-    # two <answer> blocks: a known hack
-    if any(response.count(tag) != 1 for block in blocks for tag in block):
-        return 0.0
-    rest = response
-    for open_tag, close_tag in blocks:
-        before, opened, rest = rest.partition(open_tag)
-        content, closed, rest = rest.partition(close_tag)
-        if before.strip() or not opened or not closed or not content.strip():
-            return 0.0
-    return 0.0 if rest.strip() else 1.0
 
 
 def repetition_penalty(think: str | None, cap: float, eps: float = RewardConfig.eps) -> float:

@@ -23,8 +23,6 @@ import math
 import re
 from pathlib import Path
 
-import click
-
 import psyrl
 from psyrl.core.atomic import write_text
 from psyrl.core.config import Config, ConfigError, config_changes, load_config
@@ -557,37 +555,6 @@ def write_report(run_dirs: list[str | Path], out: str | Path, smooth: int = 5, w
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text(out, build_report(run_dirs, smooth, window, sample_steps))
     return out
-
-
-@click.command("report")
-@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@click.option(
-    "--out", type=click.Path(dir_okay=False), default=None,
-    help="HTML file to write (default: RUN_DIR/report.html for one run, report.html here for "
-    "several).")
-@click.option("--smooth", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Trailing mean over this many steps for the per-step curves (1 = raw only).")
-@click.option("--window", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Steps averaged at the start and at the end in the summary table.")
-@click.option(
-    "--sample-steps", type=click.IntRange(min=0), default=0, show_default=True,
-    help="Embed at most this many sample steps per run, evenly spaced, first and last included "
-    "(0 = all): bounds the file size of a long run.")
-def report_command(run_dirs, out, smooth, window, sample_steps):
-    """One self-contained HTML page (no network: open it anywhere) on one or several train_sft.py /
-    train_tgrpo.py runs: each resolved config, the start -> end table of `psyrl summary`, the
-    curves of `psyrl plot` overlaid, held-out scores per checkpoint, the tables of every
-    evaluate.py output inside the run directory (RUN_DIR/*/results.json), and a browser over the
-    T-GRPO rollout samples (samples/step-N.jsonl) with their stories and gold answers, filtered by
-    step, reward, F1, format, finish reason and text. The filters can be given in the URL, e.g.
-    report.html#step=20&min_reward=0.5&finish=length&q=angry."""
-    out = out or (Path(run_dirs[0]) / "report.html" if len(run_dirs) == 1 else Path("report.html"))
-    try:
-        path = write_report(run_dirs, out, smooth, window, sample_steps)
-    except (OSError, ValueError) as e:  # DataError is a ValueError
-        raise click.ClickException(str(e)) from None
-    size = path.stat().st_size / 2**20
-    click.echo(f"wrote {path} ({size:.1f} MiB)")
 
 
 CSS = """

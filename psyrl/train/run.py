@@ -57,30 +57,6 @@ from psyrl.train.trackers import TrackedRun, Trackers
 RESUME_FREE = ("run.name", "run.output_dir", "log", "checkpoint", "fsdp")
 
 
-def entry_command(example_config: str, state: str):
-    """The click command of an entry script with the options both take: --config, --set,
-    --overwrite, --resume (`state`: what a checkpoint restores, for --resume's help)."""
-    options = [
-        click.option("--config", "config_path", type=click.Path(dir_okay=False), required=True,
-                     help=f"TOML run config, e.g. {example_config}."),
-        click.option("--set", "overrides", multiple=True, metavar="TABLE.KEY=VALUE",
-                     help="Override one key; repeatable."),
-        click.option("--overwrite", is_flag=True,
-                     help="Delete an existing runs/<name>/ and start over."),
-        click.option(
-            "--resume", is_flag=True, help=f"Continue runs/<name>/ from its newest complete "
-            f"checkpoint ({state}); the config may differ only in run.name, run.output_dir and "
-            "the log, checkpoint and fsdp tables."),
-    ]
-
-    def decorate(main: Callable) -> click.Command:
-        for option in reversed(options):  # listed in --help in this order
-            main = option(main)
-        return click.command(context_settings={"help_option_names": ["-h", "--help"]})(main)
-
-    return decorate
-
-
 def run_entry(train: Callable, config_path, overrides, overwrite: bool, resume: bool) -> None:
     """Load the config, join the process group, call train(cfg, dist, overwrite, resume); every
     error is one click message, said once by rank 0 (the other ranks fail the same way and exit

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from psyrl.cli import report_command
 from psyrl.core.records import load_records
 from psyrl.core.runlog import read_metrics
 from psyrl.runtime.checkpoint import select_checkpoint
-from psyrl.train.html_report import PANELS, SFT_PANELS, read_samples, report_command, spaced
+from psyrl.train.html_report import PANELS, SFT_PANELS, read_samples, spaced
 from psyrl.train.plot import series
 from psyrl.train.summary import summary_table
 

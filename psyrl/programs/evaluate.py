@@ -1,0 +1,253 @@
+"""Evaluation on the OOD benchmarks (paper §4.1 "Metrics", appendix B, SPEC §7): F1 and F1-accuracy
+per benchmark and per task, for any local Hugging Face checkpoint.
+
+    python evaluate.py --model runs/tiny-tgrpo/hf --limit 10 --out runs/eval/tiny
+    torchrun --nproc_per_node N evaluate.py --model DIR ...        (items split across ranks, one
+    model per rank)
+    python evaluate.py compare RUN_A RUN_B ...                     (Table 2/3-style, deltas against
+    RUN_A)
+    python evaluate.py lengths RUN_A [RUN_B] --out fig6.png        (RQ5 / Figure 6)
+    psyrl evaluate ... / torchrun --nproc_per_node N -m psyrl evaluate ...   (installed)
+
+Its command line (the options below are the trainers' config keys, psyrl.core.generation_options)
+is psyrl.programs.commands.evaluate; `main` below is the program.
+
+Responses come from the sampler interface of the trainers (`psyrl.runtime.sampler`), one per item,
+seeded per item id: an item's random draws do not depend on the ranks, the batch, --limit or a
+resume (its logits can, in their last bits, with the batch's shapes). Predictions are appended to
+`<out>/predictions.jsonl` as they finish; a second run with the same --out and generation settings
+skips the items already there (an interrupted evaluation resumes). At the end: predictions.jsonl in
+item order, results.json, results.md. ToMbench's licence says "evaluation only": `psyrl self-label`
+leaves its items out unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+
+import click
+from tqdm import tqdm
+
+from psyrl.core import prompts
+from psyrl.core.atomic import write_text
+from psyrl.core.config import PromptConfig
+from psyrl.core.generation_options import GenerationOptions, fail_once
+from psyrl.core.records import DataError
+from psyrl.eval.benchmarks import (
+    PAPER_BENCHMARKS,
+    EvalError,
+    aggregate,
+    item_seed,
+    read_predictions,
+    resolve_sources,
+    score_response,
+    select_items,
+    task_of,
+)
+from psyrl.eval.lengths import counts_markdown, lengths_by_index
+from psyrl.eval.report import results_markdown
+from psyrl.runtime.distributed import all_gather_lists, broadcast_object, cleanup, print0
+from psyrl.runtime.generation import load_generation, start_generation
+from psyrl.runtime.vllm_sampler import VLLMUnavailable  # imports no vLLM until one is built
+
+OUTPUT_FILES = ("predictions.jsonl", "eval.json", "results.json", "results.md", "lengths.png")
+GENERATION_KEYS = (
+    "model",
+    "model_fingerprint",
+    "tokenizer",
+    "prompt",
+    "temperature",
+    "top_p",
+    "seed",
+    # what a resume must share with the run it continues
+    "max_new_tokens",
+    "dtype",
+    "engine")
+# settings absent from the eval.json of an older psyrl: what it used
+DEFAULTS_BEFORE = {"engine": "torch"}
+
+
+def model_label(model_dir: Path) -> str:
+    """A row label: `tiny-tgrpo` for runs/tiny-tgrpo/hf, `tiny-sft/step-200` for a checkpoint's
+    hf/."""
+    path = Path(os.path.abspath(model_dir))  # not resolve(): a symlinked hf/ keeps its run's name
+    if path.name != "hf":
+        return path.name
+    if path.parent.parent.name == "checkpoints":
+        return f"{path.parent.parent.parent.name}/{path.parent.name}"
+    return path.parent.name
+
+
+def split_specs(values) -> list[str]:
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def main(gen: GenerationOptions, benchmarks, benchmark_dir, mode, limit, half, split_seed,
+         out_dir, overwrite) -> None:
+    """Evaluate --model (options checked by the command line): join the ranks, evaluate, report;
+    every error is one message from rank 0."""
+    default_out = Path("runs") / "eval" / model_label(Path(gen.model)).replace("/", "-")
+    out = Path(out_dir) if out_dir else default_out
+    try:
+        dist = start_generation(gen)
+        specs = split_specs(benchmarks) or list(PAPER_BENCHMARKS)
+        evaluate(dist, gen, specs, benchmark_dir, mode, limit, half, split_seed, out, overwrite)
+        cleanup(dist)
+    except (EvalError, DataError, OSError, ValueError, VLLMUnavailable) as e:
+        fail_once(e, "evaluate", (EvalError, DataError, VLLMUnavailable))
+
+
+def evaluate(dist, gen: GenerationOptions, specs, benchmark_dir, mode, limit, half, split_seed,
+             out: Path, overwrite) -> None:
+    # ------------------------------------------------------------- inputs, checked before any write
+    sources = resolve_sources(specs, benchmark_dir)
+    items = [(s, r) for s in sources for r in select_items(s.records, limit, half, split_seed)]
+    if not items:
+        raise EvalError(
+            f"no item to evaluate in {', '.join(s.name for s in sources)} (split {half})")
+    generation = load_generation(dist, gen)  # the tokenizer; the model loads after the resume check
+    tokenizer, model_dir = generation.tokenizer, Path(gen.model)
+    given = {**generation.settings, "prompt": mode}
+    recorded = (*GENERATION_KEYS, "tensor_parallel", "gpu_memory_utilization")
+    settings = {**{k: given[k] for k in recorded}, "split": half, "split_seed": split_seed,
+                "limit": limit, "options": PromptConfig().options,
+                "sources": [{"name": s.name, "path": str(s.path.resolve()), "schema": s.schema}
+                            for s in sources]}
+    predictions = out / "predictions.jsonl"
+    done: dict[str, dict] = {}
+    problem = None
+    # rank 0 decides and writes; the others learn the outcome (no rank left waiting alone)
+    if dist.is_main:
+        try:
+            done = {} if overwrite else previous_predictions(out, settings, items)
+            out.mkdir(parents=True, exist_ok=True)
+            # only evaluate.py's own files: --out may hold others
+            for name in OUTPUT_FILES if overwrite else ():
+                (out / name).unlink(missing_ok=True)
+            write_text(out / "eval.json", json.dumps(settings, indent=2) + "\n")
+            # no torn last line
+            write_text(predictions, "".join(json.dumps(row) + "\n" for row in done.values()))
+        except (EvalError, OSError) as e:
+            problem = str(e)
+    problem, done_ids = broadcast_object((problem, set(done)), dist)
+    if problem:
+        raise EvalError(problem)
+    sampler = generation.make_sampler()
+    prompt_cfg = PromptConfig(mode=mode)
+    pending = [(s, r) for s, r in items if r.id not in done_ids]
+    # similar lengths per batch: less padding
+    pending.sort(key=lambda item: len(prompts.content(item[1])))
+    print0(f"evaluate: {model_dir} on {dist.world} x {dist.device}: {len(items)} items "
+           f"({', '.join(f'{s.name} {sum(1 for x, _ in items if x is s)}' for s in sources)}); "
+           f"{len(done_ids)} already in {predictions}, {len(pending)} to generate", dist)
+
+    # ------------------------------------------------------- generate and score, appending as we go
+    stats = {"rank": dist.rank, "items": 0, "response_tokens": 0, "generate_s": 0.0}
+    t0 = time.perf_counter()
+    per_round = gen.batch * dist.world
+    bar = tqdm(total=len(items), initial=len(done_ids), desc="evaluate", unit="item",
+               dynamic_ncols=True, disable=not (gen.progress and dist.is_main))
+    with predictions.open("a",
+                          encoding="utf-8") if dist.is_main else contextlib.nullcontext() as sink:
+        for start in range(0, len(pending), per_round):
+            # strided: each rank gets short and long
+            mine = pending[start:start + per_round][dist.rank::dist.world]
+            texts = [prompts.render(tokenizer, r, prompt_cfg) for _, r in mine]
+            ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+            t = time.perf_counter()
+            seeds = [item_seed(gen.seed, r.id) for _, r in mine]
+            samples = sampler.generate(  # collective: even with no item
+                ids, 1, gen.temperature, gen.top_p, gen.max_new_tokens, seeds)
+            stats["generate_s"] += time.perf_counter() - t
+            rows = []
+            for (source, record), text, group in zip(mine, texts, samples):
+                s = group[0]
+                row = score_response(record, source.name, s.text, len(s.token_ids), s.finish_reason,
+                                     sum(s.logprobs) / len(s.logprobs), mode)
+                rows.append({**row, "prompt": text})
+                stats["items"] += 1
+                stats["response_tokens"] += len(s.token_ids)
+            rows = all_gather_lists(rows, dist)
+            if dist.is_main:  # on disk at once: a crash loses at most the round in flight
+                sink.write("".join(json.dumps(row) + "\n" for row in rows))
+                sink.flush()
+                os.fsync(sink.fileno())
+                done.update((row["id"], row) for row in rows)  # only rank 0 writes the results
+            bar.update(len(rows))
+    bar.close()
+    wall = time.perf_counter() - t0
+    per_rank = all_gather_lists([stats], dist)
+    sampler.close()  # after the last collective
+    if not dist.is_main:
+        return
+
+    # ---------------------------------------------------------------- results
+    # item order: the same file for any ranks, batch or resume
+    rows = [done[r.id] for _, r in items]
+    write_text(predictions, "".join(json.dumps(row) + "\n" for row in rows))
+    results = aggregate(rows)
+    perf = {
+        "ranks": dist.world, "device": str(dist.device), "generated_items": len(pending),
+        "wall_s": wall, "items_per_s": len(pending) / wall if pending and wall > 0 else None,
+        "per_rank": per_rank
+    }
+    write_text(
+        out / "results.json",
+        json.dumps({"settings": settings, "results": results, "perf": perf}, indent=2) + "\n")
+    markdown = results_markdown(model_label(model_dir), results, settings)
+    try:
+        markdown += "\n## RQ5: Unexpected Outcome Test (ToMbench)\n\n" + counts_markdown(
+            [model_label(model_dir)], [lengths_by_index(rows)]) + "\n"
+    except EvalError:
+        pass  # no ToMbench Unexpected Outcome Test item in this evaluation
+    write_text(out / "results.md", markdown)
+    click.echo(markdown)
+    speed = f"{perf['items_per_s']:.2f} items/s over {dist.world} rank(s)" if perf[
+        "items_per_s"] else "nothing new"
+    print0(
+        f"evaluate: {len(pending)} items generated in {wall:.1f} s ({speed}); {out}/results.md, "
+        "results.json, predictions.jsonl", dist)
+
+
+def previous_predictions(out: Path, settings: dict, items: list) -> dict[str, dict]:
+    """The finished rows of an earlier run in `out`, by id, after checking it generated the same
+    way; their benchmark and task labels re-derived from this run's sources (a file may have
+    moved)."""
+    predictions, saved = out / "predictions.jsonl", out / "eval.json"
+    if not predictions.exists():
+        return {}
+    if not saved.is_file():
+        raise EvalError(
+            f"{out} holds predictions.jsonl but no eval.json: not an evaluate.py directory, or "
+            "damaged; use another --out or --overwrite")
+    try:
+        before = json.loads(saved.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise EvalError(f"{saved}: {e}; use --overwrite to start again") from None
+    before = {**DEFAULTS_BEFORE, **before}
+    changed = [
+        f"{k}: {before.get(k)!r} -> {settings[k]!r}" for k in GENERATION_KEYS
+        if before.get(k) != settings[k]
+    ]
+    if changed:
+        raise EvalError(
+            f"{out} holds predictions made differently ({'; '.join(changed)}); use another --out, "
+            "or --overwrite to delete them")
+    rows, _ = read_predictions(predictions, tolerate_torn_end=True)
+    selected = {r.id: (s, r) for s, r in items}
+    outside = sorted({r["id"] for r in rows} - set(selected))
+    if outside:
+        raise EvalError(
+            f"{predictions} holds {len(outside)} predictions for items outside this selection "
+            f"(e.g. {outside[0]!r}); choose a selection that includes them, another --out, or "
+            "--overwrite"
+        )
+    for row in rows:
+        source, record = selected[row["id"]]
+        row["benchmark"], row["task"] = source.name, task_of(record)
+    return {r["id"]: r for r in rows}
+
