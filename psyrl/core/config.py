@@ -24,6 +24,7 @@ __all__ = [
 
 
 TRACKERS = ("tensorboard", "wandb", "trackio")  # log.report_to
+PREEMPT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGINT")  # run.preempt_signals
 
 @dataclass
 class RunConfig:
@@ -42,8 +43,21 @@ class RunConfig:
     """On CUDA, before any model is built: `psyrl plan`'s memory model for this config on these
     GPUs; its one-line verdict is printed, and a phase predicted not to fit stops the run with the
     setting that fixes it (false: print the verdict and go on)."""
+    preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    """Signals that preempt a trainer (SLURM sends SIGTERM, then SIGKILL after its grace period):
+    on any rank, the run finishes the step it is in, writes a checkpoint, prints how to resume and
+    exits with status 75; every rank stops after the same step. Any of SIGTERM, SIGUSR1, SIGUSR2,
+    SIGHUP, SIGINT; empty: the signals keep their default action."""
+    preempt_now: bool = False
+    """T-GRPO: on a preemption signal, stop at the step's first safe point (after its sampling,
+    before anything of the step is kept) instead of finishing it; the checkpoint is then the
+    previous step's."""
 
     def __post_init__(self):
+        unknown = [s for s in self.preempt_signals if s not in PREEMPT_SIGNALS]
+        require(not unknown, "preempt_signals",
+                f"unknown or uncatchable signal(s) {unknown}; expected any of "
+                f"{list(PREEMPT_SIGNALS)}")
         bad_name = self.name in ("", ".", "..") or any(c in self.name for c in "/\\")
         require(not bad_name, "name",
                 f"expected a directory name (not '.', '..', no slashes), got {self.name!r}")

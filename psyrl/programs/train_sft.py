@@ -8,7 +8,8 @@ Its command line is psyrl.programs.commands.train_sft; `train` below is the prog
 
 Loss on response tokens only (the SFT target of SPEC §6 plus the end-of-turn token), normalised by
 the response-token count of the whole optimiser step over all ranks; AdamW; linear warm-up then
-cosine; gradient clipping; a non-finite gradient norm skips the update and is logged. Under torchrun
+cosine; gradient clipping; a non-finite gradient norm skips the update and is logged. A preemption
+signal (run.preempt_signals) ends the run after the step it is in, with a checkpoint. Under torchrun
 each rank takes a contiguous share of every step's sequences on an FSDP2-sharded model (optionally
 CPU-offloaded, bf16 mixed precision). Every `checkpoint.every` steps the model is validated on
 held-out items (F1, format, loss) and saved to `runs/<name>/checkpoints/step-N/` (HF export +
@@ -141,11 +142,17 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
                 row.update(metrics)
             # before the save: a crash right after it must not lose the row of a step it kept
             run.log(row)
-            if save:
+            # a signal on any rank during the step: its checkpoint, then out (not at the last)
+            stop = run.preempted() if step < steps else None
+            if save or stop:
                 run.save(step, policy, optimizer, tokenizer,
                          {"cursor": vars(cursor), "skipped_updates": skipped_updates}, {},
-                         (valid_records, metrics, outputs) if valid_records else None)
+                         (valid_records, metrics, outputs) if valid_records and save else None)
             run.advance(step, row)
+            if stop or (save and step < steps and (stop := run.preempted())):  # or during the save
+                if sampler is not None:
+                    sampler.close()
+                raise run.stop(stop)
 
     # ---------------------------------------------------------------- final export
     run.finish(policy, tokenizer)

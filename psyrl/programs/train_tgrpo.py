@@ -17,7 +17,9 @@ rollout gives several updates) -> one update per mini-batch of `optim.global_bat
 weight sync to the sampler. With `fsdp.offload = "phase"` the actor's shards and optimiser state
 leave the device before the sync and the next rollout and come back after it. Every
 `checkpoint.every` steps: validation on the held-out split and `runs/<name>/checkpoints/step-N/`
-(model, optimiser, RNG, data position, trajectory cache).
+(model, optimiser, RNG, data position, trajectory cache). A preemption signal (run.preempt_signals)
+on any rank ends the run after the step it is in (with run.preempt_now: after the sampling, dropping
+the step), with a checkpoint and exit status 75.
 """
 
 from __future__ import annotations
@@ -135,9 +137,16 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
                                   offload.on_device, plugin)
             run.log({"step": 0, "steps": steps, **metrics}, echo=True)
 
+        def checkpoint(step, cursor, validation=None):
+            run.save(step, policy, optimizer, tokenizer,
+                     {"cursor": vars(cursor), "skipped_updates": skipped_updates,
+                      "sampler_seeds": "sha256(run.seed:step:prompt position)"},
+                     {"trajectory_cache.json": json_text(cache.state_dict())}, validation)
+
         for step in range(run.first, steps + 1):
             lap = Laps(dist.device)
             # -------------------------------------------------------- sample G responses per prompt
+            before = cursor
             indices, cursor = next_indices(cursor, len(train_prompts), B, cfg.run.seed,
                                            cfg.data.shuffle)
             positions = rank_positions(B, batch, dist)
@@ -146,6 +155,13 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
                                       cfg.rollout.max_new_tokens,
                                       [sample_seed(cfg.run.seed, step, p) for p in positions])
             lap("sample")
+            # run.preempt_now: nothing of this step is kept yet (cache, model, cursor as after the
+            # previous step; the sampler's seeds are per step), so the previous step is checkpointed
+            if cfg.run.preempt_now and (stop := run.preempted()):
+                if 0 < step - 1 != run.saved:
+                    checkpoint(step - 1, before)
+                sampler.close()
+                raise run.stop(stop)
 
             # ------------------------------------------------ score, cache (two phases), advantages
             local = []
@@ -225,13 +241,15 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
                 row.update(metrics)
             # before the save: a crash right after it must not lose the row of a step it kept
             run.log(row)
-            if save:
-                run.save(step, policy, optimizer, tokenizer,
-                         {"cursor": vars(cursor), "skipped_updates": skipped_updates,
-                          "sampler_seeds": "sha256(run.seed:step:prompt position)"},
-                         {"trajectory_cache.json": json_text(cache.state_dict())},
-                         (valid_records, metrics, outputs) if valid_records else None)
+            # a signal on any rank during the step: its checkpoint, then out (not at the last)
+            stop = run.preempted() if step < steps else None
+            if save or stop:
+                checkpoint(step, cursor, (valid_records, metrics, outputs)
+                           if valid_records and save else None)
             run.advance(step, row)
+            if stop or (save and step < steps and (stop := run.preempted())):  # or during the save
+                sampler.close()
+                raise run.stop(stop)
 
     # ---------------------------------------------------------------- final export
     run.finish(policy, tokenizer)

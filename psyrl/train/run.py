@@ -46,6 +46,7 @@ from psyrl.runtime.distributed import (
     print0,
 )
 from psyrl.runtime.memory_plan import load_architecture, plan
+from psyrl.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption
 from psyrl.runtime.vllm_sampler import (  # imports no vLLM
     VLLMUnavailable,
     check_tensor_parallel,
@@ -54,7 +55,8 @@ from psyrl.runtime.vllm_sampler import (  # imports no vLLM
 from psyrl.train.trackers import TrackedRun, Trackers
 
 # may change on --resume: same numbers
-RESUME_FREE = ("run.name", "run.output_dir", "log", "checkpoint", "fsdp")
+RESUME_FREE = ("run.name", "run.output_dir", "run.preempt_signals", "run.preempt_now", "log",
+               "checkpoint", "fsdp")
 
 
 def run_entry(train: Callable, config_path, overrides, overwrite: bool, resume: bool) -> None:
@@ -82,6 +84,10 @@ def run_entry(train: Callable, config_path, overrides, overwrite: bool, resume: 
         # e.g. a full disk while logging: which file, not a traceback (checkpoints are atomic)
         except OSError as e:
             raise click.ClickException(f"file error: {e}") from None
+        except Preempted as e:
+            print0(str(e), dist)
+            cleanup(dist)
+            raise SystemExit(EXIT_PREEMPTED) from None
         # on a normal exit only: after an error, NCCL work may be in flight and the process just
         # ends
         cleanup(dist)
@@ -125,7 +131,8 @@ class Run:
     `Run(...)` refuses to clobber a run or to resume nothing and finds the checkpoint to resume;
     `check_data` ties the checkpoint to its data; `start` writes the resolved config; `resume`
     restores the model, optimiser and metrics; inside `with run:`, `log` / `should_save` / `save` /
-    `advance` each step; `finish` exports the final model."""
+    `advance` each step (and `preempted` / `stop` when a scheduler's signal came); `finish` exports
+    the final model."""
 
     def __init__(self, cfg, dist: Dist, name: str, line_fields: list, overwrite: bool,
                  resume: bool):
@@ -148,6 +155,8 @@ class Run:
         self.trackers: Trackers | None = None
         self.sent = -1  # on --resume: the last step metrics.jsonl held before it was rewound
         self.bar = None
+        self.preemption: Preemption | None = None
+        self.saved = -1  # the step of the newest checkpoint, -1 for none
 
     def _resumable(self) -> Path:
         """The checkpoint to resume from, after checking the run's config has not changed in a way
@@ -219,6 +228,7 @@ class Run:
         load_checkpoint(self.checkpoint, policy, optimizer, dist,
                         lambda line: print(f"rank {dist.rank}: {line}", flush=True))
         self.first = self.state["step"] + 1
+        self.saved = self.state["step"]
         if dist.is_main:
             self.sent = last_step(self.dir / "metrics.jsonl")
             broken = truncate_metrics(self.dir / "metrics.jsonl", self.state["step"])
@@ -250,9 +260,11 @@ class Run:
         self.bar = tqdm(total=self.cfg.run.steps, initial=self.first - 1, desc=self.name,
                         unit="step", file=sys.stdout,
                         disable=not (self.cfg.log.progress and self.dist.is_main))
+        self.preemption = Preemption(cfg.run.preempt_signals)
         return self
 
     def __exit__(self, *exc) -> None:
+        self.preemption.close()
         self.bar.close()
         if self.metrics is not None:
             self.metrics.close()
@@ -300,6 +312,23 @@ class Run:
                             self.cfg.checkpoint.keep_state, self.cfg.checkpoint.export_dtype)
         except CheckpointError as e:
             raise click.ClickException(str(e)) from None
+        self.saved = step
+
+    def preempted(self) -> str | None:
+        """Collective (every rank at the same point): the preemption signal some rank received
+        (run.preempt_signals), or None."""
+        return self.preemption.requested(self.dist)
+
+    def stop(self, signal: str) -> Preempted:
+        """The exception that ends a preempted run, saying what was kept and how to resume."""
+        if self.saved < 1:
+            return Preempted(
+                f"{self.name}: preempted by {signal} before any checkpoint; nothing to resume: "
+                "run the same command with --overwrite to start again")
+        return Preempted(
+            f"{self.name}: preempted by {signal}; checkpoint of step {self.saved} in "
+            f"{self.dir / 'checkpoints' / f'step-{self.saved}'}; run the same command with "
+            "--resume to continue")
 
     def advance(self, step: int, row: dict) -> None:
         """The step is done: move the bar, and print its line every log.every steps and at the
