@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_evaluate import tiny_model  # noqa: F401
 from test_train_tgrpo import TORCHRUN, rows_without_timing, start, tgrpo_sets  # noqa: F401
 
 from psyrl.core.config import ConfigError, load_config
@@ -145,3 +146,49 @@ def test_uncatchable_or_unknown_signals_are_refused():
     with pytest.raises(ConfigError, match="preempt_signals.*'SIGKILL'"):
         load_config(None, ['run.preempt_signals=["SIGKILL"]'])
     assert load_config(None, ["run.preempt_signals=[]"]).run.preempt_signals == []
+
+
+EVAL_DRIVER = """
+import os, signal
+from psyrl.runtime import generation
+make_sampler = generation.Generation.make_sampler
+
+def signalling_sampler(self):
+    sampler, calls = make_sampler(self), [0]
+    generate = sampler.generate
+    def call(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 2:  # while the second round generates
+            os.kill(os.getpid(), signal.SIGTERM)
+        return generate(*args, **kwargs)
+    sampler.generate = call
+    return sampler
+
+generation.Generation.make_sampler = signalling_sampler
+from psyrl.programs.commands import evaluate
+evaluate(prog_name="evaluate.py")
+"""
+
+
+@pytest.mark.slow
+def test_evaluate_stops_after_the_round_and_resumes_to_the_same_predictions(tiny_model, tmp_path):  # noqa: F811
+    args = ["--model", str(tiny_model), "--benchmarks", "data/demo/mc.jsonl", "--limit", "2",
+            "--batch", "2", "--max-new-tokens", "6", "--no-progress"]
+    whole = subprocess.run([sys.executable, "evaluate.py", *args, "--out", str(tmp_path / "a")],
+                           capture_output=True, text=True, timeout=600)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    out = tmp_path / "b"
+    stopped = subprocess.run([sys.executable, "-c", EVAL_DRIVER, *args, "--out", str(out)],
+                             capture_output=True, text=True, timeout=600)
+    assert stopped.returncode == EXIT_PREEMPTED, stopped.stderr[-3000:]
+    total = len((tmp_path / "a" / "predictions.jsonl").read_text().splitlines())
+    assert (f"evaluate: preempted by SIGTERM after 4 of {total} items, all in "
+            f"{out / 'predictions.jsonl'}; run the same command to resume") in stopped.stdout
+    assert len((out / "predictions.jsonl").read_text().splitlines()) == 4
+    assert not (out / "results.json").exists()
+    resumed = subprocess.run([sys.executable, "evaluate.py", *args, "--out", str(out)],
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "4 already in" in resumed.stdout
+    assert ((out / "predictions.jsonl").read_text() ==
+            (tmp_path / "a" / "predictions.jsonl").read_text())

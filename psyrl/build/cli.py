@@ -67,6 +67,7 @@ def run_build(body):
         from psyrl.core.records import DataError
         from psyrl.runtime.distributed import cleanup
         from psyrl.runtime.generation import start_generation
+        from psyrl.runtime.preemption import EXIT_PREEMPTED, Preempted
         from psyrl.runtime.vllm_sampler import VLLMUnavailable
 
         try:
@@ -75,6 +76,11 @@ def run_build(body):
             if dist.is_main:
                 click.echo((Path(out_dir) / "report.md").read_text(encoding="utf-8"))
             cleanup(dist)  # after build() released the model
+        except Preempted as e:
+            if dist.is_main:
+                click.echo(f"psyrl build {e}", err=True)
+            cleanup(dist)
+            raise SystemExit(EXIT_PREEMPTED) from None
         except (BuildError, DataError, OSError, ValueError, VLLMUnavailable) as e:
             fail_once(e, "psyrl build", (BuildError, DataError, VLLMUnavailable))
     return command
@@ -92,8 +98,10 @@ def build(body, dist, gen: GenerationOptions, out_dir: Path, overwrite: bool, kw
                         gen.batch)
     run = BuildRun(dist, generation.tokenizer, out_dir, settings, sampling,
                    generation.make_sampler, gen.progress)
-    body(run, overwrite=overwrite, **kwargs)
-    run.close()  # after the last collective
+    try:
+        body(run, overwrite=overwrite, **kwargs)
+    finally:  # on success or preemption every rank is here; after an error the process just ends
+        run.close()
 
 
 def qc_and_split_options(command):

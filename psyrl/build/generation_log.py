@@ -22,9 +22,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from psyrl.core.atomic import write_text
+from psyrl.core.config import RunConfig
 from psyrl.core.records import DataError, read_jsonl
 from psyrl.eval.benchmarks import item_seed
 from psyrl.runtime.distributed import Dist, agree, all_gather_lists, broadcast_object
+from psyrl.runtime.preemption import Preempted, Preemption
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,8 @@ def generate(dist: Dist, sampler, tokenizer, jobs: Sequence[Job], log: Path, log
              sampling: Sampling, progress: bool = True, desc: str = "generate") -> dict[str, dict]:
     """Every job's log row, by key, on every rank: from `logged` (see load_log; the new rows are
     added to it) when done with the same prompt, generated and appended to `log` otherwise.
-    Collective under torchrun."""
+    Collective under torchrun. SIGTERM or SIGUSR1 on any rank stops it after the round in flight
+    (Preempted)."""
     keys = [job.key for job in jobs]
     if len(set(keys)) != len(keys):
         raise ValueError("two jobs share a key")
@@ -115,7 +118,8 @@ def generate(dist: Dist, sampler, tokenizer, jobs: Sequence[Job], log: Path, log
     per_round = sampling.batch * dist.world
     bar = tqdm(total=len(jobs), initial=len(done), desc=desc, unit="prompt", dynamic_ncols=True,
                disable=not (progress and dist.is_main and pending))
-    with log.open("a", encoding="utf-8") if dist.is_main else contextlib.nullcontext() as sink:
+    with (log.open("a", encoding="utf-8") if dist.is_main else contextlib.nullcontext() as sink,
+          Preemption(RunConfig().preempt_signals) as preemption):
         for start in range(0, len(pending), per_round):
             # strided: each rank gets short and long
             mine = pending[start:start + per_round][dist.rank::dist.world]
@@ -143,5 +147,10 @@ def generate(dist: Dist, sampler, tokenizer, jobs: Sequence[Job], log: Path, log
             done.update((row["key"], row) for row in rows)
             logged.update((row["key"], row) for row in rows)
             bar.update(len(rows))
+            # a scheduler's signal on any rank: stop here, with every finished round on disk
+            if (stop := preemption.requested(dist)) and start + per_round < len(pending):
+                bar.close()
+                raise Preempted(f"{desc}: preempted by {stop} after {len(done)} of {len(jobs)} "
+                                f"prompts, all in {log}; run the same command to resume")
     bar.close()
     return {j.key: done[j.key] for j in jobs}

@@ -16,7 +16,8 @@ Responses come from the sampler interface of the trainers (`psyrl.runtime.sample
 seeded per item id: an item's random draws do not depend on the ranks, the batch, --limit or a
 resume (its logits can, in their last bits, with the batch's shapes). Predictions are appended to
 `<out>/predictions.jsonl` as they finish; a second run with the same --out and generation settings
-skips the items already there (an interrupted evaluation resumes). At the end: predictions.jsonl in
+skips the items already there (an interrupted evaluation resumes; SIGTERM or SIGUSR1 stops it after
+the round in flight, exit status 75). At the end: predictions.jsonl in
 item order, results.json, results.md. ToMbench's licence says "evaluation only": `psyrl self-label`
 leaves its items out unless told otherwise.
 """
@@ -34,7 +35,7 @@ from tqdm import tqdm
 
 from psyrl.core import prompts
 from psyrl.core.atomic import write_text
-from psyrl.core.config import PromptConfig
+from psyrl.core.config import PromptConfig, RunConfig
 from psyrl.core.generation_options import GenerationOptions, fail_once
 from psyrl.core.records import DataError
 from psyrl.eval.benchmarks import (
@@ -52,6 +53,7 @@ from psyrl.eval.lengths import counts_markdown, lengths_by_index
 from psyrl.eval.report import results_markdown
 from psyrl.runtime.distributed import all_gather_lists, broadcast_object, cleanup, print0
 from psyrl.runtime.generation import load_generation, start_generation
+from psyrl.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption
 from psyrl.runtime.vllm_sampler import VLLMUnavailable  # imports no vLLM until one is built
 
 OUTPUT_FILES = ("predictions.jsonl", "eval.json", "results.json", "results.md", "lengths.png")
@@ -97,6 +99,10 @@ def main(gen: GenerationOptions, benchmarks, benchmark_dir, mode, limit, half, s
         specs = split_specs(benchmarks) or list(PAPER_BENCHMARKS)
         evaluate(dist, gen, specs, benchmark_dir, mode, limit, half, split_seed, out, overwrite)
         cleanup(dist)
+    except Preempted as e:
+        print0(str(e), dist)
+        cleanup(dist)
+        raise SystemExit(EXIT_PREEMPTED) from None
     except (EvalError, DataError, OSError, ValueError, VLLMUnavailable) as e:
         fail_once(e, "evaluate", (EvalError, DataError, VLLMUnavailable))
 
@@ -151,8 +157,8 @@ def evaluate(dist, gen: GenerationOptions, specs, benchmark_dir, mode, limit, ha
     per_round = gen.batch * dist.world
     bar = tqdm(total=len(items), initial=len(done_ids), desc="evaluate", unit="item",
                dynamic_ncols=True, disable=not (gen.progress and dist.is_main))
-    with predictions.open("a",
-                          encoding="utf-8") if dist.is_main else contextlib.nullcontext() as sink:
+    with (predictions.open("a", encoding="utf-8") if dist.is_main else contextlib.nullcontext()
+          as sink, Preemption(RunConfig().preempt_signals) as preemption):
         for start in range(0, len(pending), per_round):
             # strided: each rank gets short and long
             mine = pending[start:start + per_round][dist.rank::dist.world]
@@ -178,6 +184,13 @@ def evaluate(dist, gen: GenerationOptions, specs, benchmark_dir, mode, limit, ha
                 os.fsync(sink.fileno())
                 done.update((row["id"], row) for row in rows)  # only rank 0 writes the results
             bar.update(len(rows))
+            # a scheduler's signal on any rank: stop here, every finished round on disk
+            if (stop := preemption.requested(dist)) and start + per_round < len(pending):
+                bar.close()
+                sampler.close()
+                raise Preempted(
+                    f"evaluate: preempted by {stop} after {len(done_ids) + start + per_round} of "
+                    f"{len(items)} items, all in {predictions}; run the same command to resume")
     bar.close()
     wall = time.perf_counter() - t0
     per_rank = all_gather_lists([stats], dist)

@@ -25,6 +25,7 @@ from psyrl.core.records import DataError, StimuliRecord, load_stimuliqa, sft_tar
 from psyrl.core.tomlconf import field_docs
 from psyrl.runtime.distributed import ONE_PROCESS
 from psyrl.runtime.model import load_model, load_tokenizer
+from psyrl.runtime.preemption import Preempted
 from psyrl.runtime.sampler import Sample
 
 CATALOGUE, TABLE = "data/build/catalogue.toml", "data/build/stimuli.csv"
@@ -176,6 +177,25 @@ def test_qa_resumes_after_an_interruption_without_regenerating(tmp_path):
     edited = ScriptedSampler(qa_response)
     build_qa(build_run(out, edited, samples=2), CATALOGUE, table, n_train=2, n_test=1)
     assert edited.prompts == 3  # ex03 is coded on N_redem, S_agency and W_belong
+
+
+def test_a_sigterm_stops_the_build_after_its_round_and_it_resumes(tmp_path):
+    import os
+    import signal
+
+    class Signalling(ScriptedSampler):  # a real SIGTERM while the second round generates
+        def generate(self, *args, **kwargs):
+            if self.calls == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().generate(*args, **kwargs)
+
+    with pytest.raises(Preempted, match=r"preempted by SIGTERM after 8 of 44 prompts, all in "):
+        build_qa(build_run(tmp_path, Signalling(qa_response), samples=2), CATALOGUE, TABLE)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # given back
+    assert len((tmp_path / "generations.jsonl").read_text().splitlines()) == 8
+    again = ScriptedSampler(qa_response)
+    build_qa(build_run(tmp_path, again, samples=2), CATALOGUE, TABLE)
+    assert again.prompts == 36
 
 
 def test_a_build_directory_refuses_other_settings_and_commands(tmp_path):
