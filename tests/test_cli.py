@@ -1,7 +1,7 @@
-"""The `psyrl` command group: the three programs are the same commands as the top-level scripts, every
---help answers without importing torch or transformers (what keeps it instant: bench/cli_startup.py
-has the times), the lazily listed short help is each command's own, and the installed console
-script runs a trainer end to end."""
+"""The `psyrl` command group: the three programs are the same commands as the top-level scripts,
+every --help answers without importing torch or transformers (what keeps it instant:
+bench/cli_startup.py has the times), the lazily listed short help is each command's own, and the
+installed console script runs a trainer end to end."""
 
 import json
 import subprocess

@@ -68,7 +68,11 @@ def load_catalogue(path: str | Path) -> dict[str, Variable]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such catalogue file")
-    text = path.read_text(encoding="utf-8-sig")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not UTF-8 ({e.reason} at byte {e.start})") from None
     if path.suffix.lower() == ".json":
         try:
             top = json.loads(text)

@@ -280,6 +280,9 @@ def demo_data_command(out: Path, seed: int):
     variables excluded by that rule, 20 fresh 4-option items per variable in mc.jsonl (benchmark
     schema), and a README.md describing it all. Deterministic: the same seed writes the same bytes.
     """
-    counts = write(generate(seed), out)
+    try:
+        counts = write(generate(seed), out)
+    except OSError as e:  # --out not writable, a file in its way, a full disk
+        raise click.ClickException(f"cannot write the demo set to {out}: {e}") from None
     click.echo(f"wrote synthetic demo data to {out}: " + ", ".join(f"{k} {v} lines"
                                                                    for k, v in counts.items()))

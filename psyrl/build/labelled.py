@@ -48,6 +48,11 @@ def load_labelled(
         raise DataError(f"{path}: no such table of labelled stimuli")
     rows = json_rows(path) if path.suffix.lower() in (".jsonl", ".json") else csv_rows(path)
     header = list(dict.fromkeys(k for _, row in rows if isinstance(row, dict) for k in row))
+    # where a column first appears: the header of a CSV, the first row naming it in JSONL
+    first_line = {} if path.suffix.lower() in (".jsonl", ".json") else dict.fromkeys(header, 1)
+    for lineno, row in rows:
+        for key in row if isinstance(row, dict) else ():
+            first_line.setdefault(key, lineno)
     lower = {c.lower(): c for c in reversed(header)}
     id_column = id_column or lower.get("id", "id")
     text_column = text_column or next(
@@ -65,7 +70,8 @@ def load_labelled(
             close = difflib.get_close_matches(column, list(catalogue), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             errors.append(
-                f"{path}:1: column {column!r} is not a variable of the catalogue; {hint}pass "
+                f"{path}:{first_line.get(column, 1)}: column {column!r} is not a variable of "
+                f"the catalogue; {hint}pass "
                 f"--ignore-column {column} to build without it")
     raise_line_errors(path, errors, "column(s)")
     stimuli = parse_numbered(path, rows,

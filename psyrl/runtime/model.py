@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -48,7 +49,25 @@ def _model_dir(path: str) -> Path:
             "model directory; psyrl never downloads from the hub)")
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"{p} is not a Hugging Face model directory: it has no config.json")
+    refuse_remote_code(p, "config.json")
     return p
+
+
+def refuse_remote_code(directory: Path, name: str) -> None:
+    """psyrl never runs code shipped with a checkpoint: a config that maps its classes to the
+    directory's own modules (`auto_map`) is refused, not silently loaded as a built-in class."""
+    path = directory / name
+    if not path.is_file():
+        return
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path}: not a JSON file ({e})") from None
+    if isinstance(config, dict) and config.get("auto_map"):
+        raise ValueError(
+            f"{path} maps its classes to code in the checkpoint (auto_map: "
+            f"{', '.join(sorted(config['auto_map']))}): psyrl never runs a model's remote code; "
+            "use a checkpoint of a built-in transformers architecture (e.g. Qwen2)")
 
 
 def model_fingerprint(model_dir: Path) -> str:
@@ -79,6 +98,7 @@ def load_tokenizer(cfg: ModelConfig):
     if not directory.is_dir():
         raise FileNotFoundError(f"no such tokenizer directory: {directory} (model.tokenizer is "
                                 f"{', '.join(SHIPPED_TOKENIZERS)}, a directory, or empty)")
+    refuse_remote_code(directory, "tokenizer_config.json")
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     if None in (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.chat_template):
         raise ValueError(
