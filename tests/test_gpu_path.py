@@ -15,12 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_train_tgrpo import (  # noqa: F401  (start: the module's fixture)
-    TORCHRUN,
-    run_cli,
-    run_in_process,
-    start,
-)
+from test_train_tgrpo import TORCHRUN, run_cli, run_in_process
 
 from psyrl.core.config import ModelConfig, load_config
 from psyrl.core.runlog import read_metrics
@@ -182,7 +177,7 @@ def recording_sampler(events, policy, cfg, tokenizer):
     return sampler
 
 
-def test_one_step_runs_the_node_phases_in_order(start, tmp_path, monkeypatch):  # noqa: F811
+def test_one_step_runs_the_node_phases_in_order(start, tmp_path, monkeypatch):
     events = []
 
     def recorded(name, fn):
@@ -220,7 +215,7 @@ def test_one_step_runs_the_node_phases_in_order(start, tmp_path, monkeypatch):  
     assert events == start_up + step + between + step + ["shutdown"], events
 
 
-def test_modes_offload_train_identical_weights_on_two_ranks(start, tmp_path):  # noqa: F811
+def test_modes_offload_train_identical_weights_on_two_ranks(start, tmp_path):
     # 3 steps of 8 prompts, 2 updates each, float32 on 2 gloo ranks: where the shards live changes
     # no number
     finals = {}
@@ -244,7 +239,7 @@ test_modes_offload_train_identical_weights_on_two_ranks = pytest.mark.slow(
 
 @pytest.mark.slow
 def test_token_budget_and_deferred_sync_on_two_ranks_give_the_same_first_update(
-        start, tmp_path):  # noqa: F811
+        start, tmp_path):
     # one update per step: each rank packs its 8 sequences by tokens, the ranks agree on a
     # micro-batch count
     # (fillers of weight 0 where a rank has fewer); the gradient norm is that of fixed micro-batches

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from test_evaluate import tiny_model  # noqa: F401
-from test_train_tgrpo import TORCHRUN, rows_without_timing, start, tgrpo_sets  # noqa: F401
+from test_train_tgrpo import TORCHRUN, rows_without_timing, tgrpo_sets
 
 from psyrl.core.config import ConfigError, load_config
 from psyrl.runtime.distributed import ONE_PROCESS
@@ -84,7 +84,7 @@ def same_run(whole: Path, cut: Path, last: int) -> None:
 
 
 @pytest.mark.slow
-def test_sigterm_on_one_rank_stops_both_and_the_resume_is_bitwise_identical(start, tmp_path):  # noqa: F811
+def test_sigterm_on_one_rank_stops_both_and_the_resume_is_bitwise_identical(start, tmp_path):
     # 5 steps of 2 updates, checkpoints at 3 and 5: a SIGTERM to rank 1 while step 1 samples, to
     # rank 0 in step 2's second update, to rank 1 while step 3's checkpoint is written; then
     # run.preempt_now with a SIGTERM while step 4 samples (step 3 is already saved)

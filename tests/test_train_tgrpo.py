@@ -32,33 +32,6 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 TIME_KEYS = ("time/", "perf/")
 
 
-@pytest.fixture(scope="module")
-def start(tmp_path_factory):
-    """A 2-layer model taught `<think>it is so</think><answer>yes|no</answer>` by train_sft.py (~15
-    s): its samples keep the format but guess the answer, so F1, and with it the reward, varies
-    within groups."""
-    out = tmp_path_factory.mktemp("start")
-    records = [
-        json.loads(line) for line in Path("data/demo/train.jsonl").read_text().splitlines()[:64]
-    ]
-    with (out / "train.jsonl").open("w") as f:
-        for i, r in enumerate(records):
-            f.write(
-                json.dumps({**r, "answer": "yes" if i % 2 else "no", "reasoning": "it is so"}) +
-                "\n")
-    sets = [
-        f"run.output_dir={json.dumps(str(out / 'runs'))}", "run.name=start",
-        f"data.train_file={out / 'train.jsonl'}", 'data.valid_file=""', "run.steps=80",
-        "model.hidden_size=64", "model.num_layers=2", "model.intermediate_size=128",
-        "optim.lr=5e-3", "checkpoint.every=0", "log.progress=false"
-    ]
-    args = [sys.executable, "train_sft.py", "--config", "configs/sft/tiny.toml"]
-    args += [a for s in sets for a in ("--set", s)]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
-
-
 def tgrpo_sets(start: Path, out: Path, *extra: str) -> list[str]:
     return [
         f"run.output_dir={json.dumps(str(out))}",
