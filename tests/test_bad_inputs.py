@@ -187,6 +187,10 @@ COMMANDS = {
         "--model", str(model or ws / "model"), "--benchmarks", str(data or ws / "good-mc.jsonl"),
         "--out", str(out or ws / "eval"), "--max-new-tokens", "4", "--no-progress"]),
                     ["data", "model", "out"]),
+    # the tokenizer from elsewhere: the model directory is still checked before any write
+    "evaluate.py --tokenizer tiny": (lambda ws, model: (evaluate.main, [
+        "--model", str(model), "--tokenizer", "tiny", "--benchmarks", str(ws / "good-mc.jsonl"),
+        "--out", str(ws / "eval"), "--max-new-tokens", "4", "--no-progress"]), ["weights"]),
     "psyrl data check": (lambda ws, data: (psyrl, ["data", "check", str(data)]), ["data"]),
     "psyrl data convert": (lambda ws, data=None, out=None: (psyrl, [
         "data", "convert", str(data or ws / "good.jsonl"), "--to", "stimuliqa", "--map",
@@ -223,7 +227,8 @@ def cases():
     for command, (_, slots) in COMMANDS.items():
         kinds = {"data": DATA_KINDS, "config": CONFIG_KINDS, "set": list(SET_KINDS),
                  "model": MODEL_KINDS, "out": OUT_KINDS, "run": RUN_KINDS, "eval": EVAL_KINDS,
-                 "catalogue": CONFIG_KINDS[:4], "ckpt": ["no_checkpoints"]}
+                 "catalogue": CONFIG_KINDS[:4], "ckpt": ["no_checkpoints"],
+                 "weights": MODEL_KINDS[:3]}
         for slot in slots:
             for kind in kinds[slot]:
                 yield pytest.param(command, slot, kind, id=f"{command}-{kind}")
@@ -293,7 +298,7 @@ def test_bad_input(command, slot, kind, tmp_path, good_model, huge):
         kwargs = {"run": bad}
     elif slot == "set":
         kwargs, named = {"sets": [SET_KINDS[kind]]}, SET_KINDS[kind].split("=")[0]
-    elif slot == "model":
+    elif slot in ("model", "weights"):  # weights: the model directory without its tokenizer
         bad = model_dir(kind, ws, good_model)
         kwargs, named = {"model": bad}, bad
     else:
