@@ -53,7 +53,7 @@ from psyrl.eval.lengths import counts_markdown, lengths_by_index
 from psyrl.eval.report import results_markdown
 from psyrl.runtime.distributed import all_gather_lists, broadcast_object, cleanup, print0
 from psyrl.runtime.generation import load_generation, start_generation
-from psyrl.runtime.model import model_config
+from psyrl.runtime.model import model_config, weight_files
 from psyrl.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption
 from psyrl.runtime.vllm_sampler import VLLMUnavailable  # imports no vLLM until one is built
 
@@ -120,7 +120,7 @@ def evaluate(dist, gen: GenerationOptions, specs, benchmark_dir, mode, limit, ha
     tokenizer, model_dir = generation.tokenizer, Path(gen.model)
     # the model directory too, before eval.json is written: its config (no remote code), weights
     model_config(generation.model_cfg, tokenizer)
-    if not any(model_dir.glob("*.safetensors")) and not any(model_dir.glob("*.bin")):
+    if not weight_files(model_dir):
         raise EvalError(f"{model_dir} holds no weights (*.safetensors or *.bin)")
     given = {**generation.settings, "prompt": mode}
     recorded = (*GENERATION_KEYS, "tensor_parallel", "gpu_memory_utilization")

@@ -242,12 +242,12 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
             # before the save: a crash right after it must not lose the row of a step it kept
             run.log(row)
             # a signal on any rank during the step: its checkpoint, then out (not at the last)
-            stop = run.preempted() if step < steps else None
+            stop = run.preempted_after(step)
             if save or stop:
                 checkpoint(step, cursor, (valid_records, metrics, outputs)
                            if valid_records and save else None)
             run.advance(step, row)
-            if stop or (save and step < steps and (stop := run.preempted())):  # or during the save
+            if stop or (save and (stop := run.preempted_after(step))):  # or during the save
                 sampler.close()
                 raise run.stop(stop)
 

@@ -70,11 +70,16 @@ def refuse_remote_code(directory: Path, name: str) -> None:
             "use a checkpoint of a built-in transformers architecture (e.g. Qwen2)")
 
 
+def weight_files(model_dir: Path) -> list[Path]:
+    """A checkpoint's weight files: *.safetensors, then *.bin, each sorted."""
+    return sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("*.bin"))
+
+
 def model_fingerprint(model_dir: Path) -> str:
     """config.json, and each weight file's name, size and first and last MiB: a changed checkpoint
     is noticed on resume (evaluate.py, psyrl build) without reading gigabytes."""
     h = hashlib.sha256((model_dir / "config.json").read_bytes())
-    for f in sorted(model_dir.glob("*.safetensors")) + sorted(model_dir.glob("*.bin")):
+    for f in weight_files(model_dir):
         size = f.stat().st_size
         h.update(f"{f.name}:{size}".encode())
         with f.open("rb") as fh:

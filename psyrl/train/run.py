@@ -319,6 +319,11 @@ class Run:
         (run.preempt_signals), or None."""
         return self.preemption.requested(self.dist)
 
+    def preempted_after(self, step: int) -> str | None:
+        """`preempted()` at the end of `step` (and again after its checkpoint): None after the last
+        step, which finishes the run instead."""
+        return self.preempted() if step < self.cfg.run.steps else None
+
     def stop(self, signal: str) -> Preempted:
         """The exception that ends a preempted run, saying what was kept and how to resume."""
         if self.saved < 1:
