@@ -72,6 +72,11 @@ COMMANDS = {
               "control (appendix B), from any local model directory: QA pairs from labelled "
               "stimuli (qa), topic expansion (topics), LlamaQA-style comparison sets "
               "(comparison), reasoning samples for SFT (reasoning)."),
+    "experiment": ("psyrl.experiment.runner:experiment_command",
+                   "Run an experiment file (experiments/*.toml): its runs in dependency order, "
+                   "finished ones skipped, interrupted ones resumed; then its tables with 95 % "
+                   "bootstrap intervals over seeds and items, in experiments/<name>/results.md and "
+                   "results.json."),
     "demo-data": ("psyrl.build.demo_data:demo_data_command",
                   "Write the SYNTHETIC StimuliQA-format demo set (for the CPU demo and tests; NOT "
                   "the paper's data)."),

@@ -1,0 +1,305 @@
+"""`psyrl experiment FILE`: run an experiment file's units in dependency order, each a psyrl
+program in its own process (torchrun when `nproc` > 1), skip the finished ones, resume the
+interrupted ones, then write experiments/<name>/results.{md,json}.
+
+A unit is finished when its outputs are: a trainer's `hf/config.json` (and its evaluation's
+results.json), an evaluation's results.json, a psyrl command's `creates` file. A trainer run that was
+cut off resumes from its newest complete checkpoint (`--resume`); one cut off before its first
+checkpoint starts over (`--overwrite`: nothing of it could be kept). An evaluation resumes by itself
+from its predictions.jsonl. So after a crash, a kill or a preemption the same command continues.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from psyrl.experiment.spec import (
+    PLACEHOLDER,
+    Experiment,
+    ExperimentError,
+    Unit,
+    load_experiment,
+    plan,
+    select,
+    with_seeds,
+)
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL, as the trainers (psyrl.runtime.preemption)
+FORWARDED = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Pending(Exception):
+    """A model reference whose run has not finished yet (a dry run prints the command instead)."""
+
+
+def launcher(experiment: Experiment, nproc: int | None = None) -> list[str]:
+    count = nproc or experiment.nproc
+    if count == 1:
+        return [sys.executable, "-m", "psyrl"]
+    torchrun = Path(sys.executable).with_name("torchrun")
+    return [str(torchrun) if torchrun.exists() else "torchrun", "--standalone",
+            "--nproc_per_node", str(count), *experiment.torchrun_args, "-m", "psyrl"]
+
+
+def resolve(experiment: Experiment, reference: str, seed: int | None, dry: bool) -> str:
+    """A model reference as a path: a run's hf/, its selected checkpoint's hf/, or the path."""
+    name, _, rule = reference.partition("@")
+    run = experiment.runs.get(name)
+    if run is None:
+        return reference
+    from psyrl.experiment.spec import unit_dir
+
+    directory = unit_dir(experiment, run, seed if run.seeds else None)
+    if not rule:
+        return str(directory / "hf")
+    if dry and not (directory / "hf" / "config.json").is_file():
+        raise Pending(f"$(psyrl select-checkpoint {directory} --rule {rule})")
+    from psyrl.runtime.checkpoint import select_checkpoint
+
+    try:
+        return str(select_checkpoint(directory, rule)[2] / "hf")
+    except FileNotFoundError as e:
+        raise SystemExit(f"psyrl experiment: {experiment.path}: run {name!r}: {e}") from None
+
+
+def substitute(experiment: Experiment, unit: Unit, text: str, dry: bool) -> str:
+    from psyrl.experiment.spec import unit_dir
+
+    def one(match) -> str:
+        kind, target = match.groups()
+        if kind == "model":
+            try:
+                return resolve(experiment, target, unit.seed, dry)
+            except Pending as e:
+                return str(e)
+        run = experiment.runs[target]
+        other = Unit(run, unit.seed if run.seeds else None,
+                     unit_dir(experiment, run, unit.seed if run.seeds else None))
+        return str(other.dir if kind == "run" else other.eval_dir)
+
+    return PLACEHOLDER.sub(one, text).replace("{dir}", str(unit.dir))
+
+
+def steps(experiment: Experiment, unit: Unit, extra_sets: tuple[str, ...], limit: int | None,
+          dry: bool) -> list[tuple[str, list[str]]]:
+    """The unit's (what, argv) still to run; [] when it is finished."""
+    run, seed, out = unit.run, unit.seed, []
+    seeded = ["--seed", str(seed)] if seed is not None else []
+    try:
+        model = resolve(experiment, run.model, seed, dry) if run.model else ""
+    except Pending as e:
+        model = str(e)
+    evaluate = [*launcher(experiment), "evaluate", "--benchmarks",
+                ",".join(run.benchmarks or experiment.eval_benchmarks),
+                *experiment.eval_args, *seeded, *(["--limit", str(limit)] if limit else [])]
+    if run.kind in ("sft", "tgrpo"):
+        if not (unit.dir / "hf" / "config.json").is_file():
+            argv = [*launcher(experiment), f"train-{run.kind}", "--config", run.config,
+                    "--set", f"run.output_dir={unit.dir.parent}", "--set", f"run.name={unit.dir.name}"]
+            argv += ["--set", f"run.seed={seed}"] if seed is not None else []
+            argv += ["--set", f"model.path={model}"] if model else []
+            for override in (*run.overrides, *extra_sets):
+                argv += ["--set", substitute(experiment, unit, override, dry)]
+            argv += restart_flag(unit.dir)
+            out.append(("train", argv))
+        if run.evaluate and not (unit.eval_dir / "results.json").is_file():
+            out.append(("evaluate", [*evaluate, "--model", str(unit.dir / "hf"),
+                                     "--out", str(unit.eval_dir)]))
+    elif run.kind == "evaluate":
+        if not (unit.dir / "results.json").is_file():
+            args = [substitute(experiment, unit, a, dry) for a in run.args]
+            out.append(("evaluate", [*evaluate, "--model", model, *args, "--out", str(unit.dir)]))
+    elif not (unit.dir / run.creates).is_file():
+        out.append(("psyrl", [sys.executable, "-m", "psyrl",
+                              *(substitute(experiment, unit, a, dry) for a in run.args)]))
+    return out
+
+
+def restart_flag(run_dir: Path) -> list[str]:
+    """--resume from the newest complete checkpoint; --overwrite when the run left none."""
+    if not (run_dir / "metrics.jsonl").exists():
+        return []
+    from psyrl.runtime.checkpoint import find_resumable
+
+    return ["--resume"] if find_resumable(run_dir, lambda line: None) else ["--overwrite"]
+
+
+class Runner:
+    """Runs one command at a time, its output shown and kept in a log; forwards SIGTERM/SIGUSR1 to
+    it (a cluster's warning signal stops the trainer at its next step boundary, exit 75)."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.child: subprocess.Popen | None = None
+        self.signalled: int | None = None
+
+    def __enter__(self) -> Runner:
+        self.previous = {s: signal.signal(s, self._forward) for s in FORWARDED}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+    def _forward(self, signum, frame) -> None:
+        self.signalled = signum
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+    def run(self, argv: list[str], log_name: str) -> int:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_dir / f"{log_name}.log", "a", encoding="utf-8") as log:
+            log.write(f"$ {shlex.join(argv)}\n")
+            log.flush()
+            self.child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True, errors="replace", bufsize=1)
+            for line in self.child.stdout:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+                log.write(line)
+            code = self.child.wait()
+            self.child = None
+            log.write(f"[exit {code}]\n")
+        return code
+
+
+def run_experiment(experiment: Experiment, only: tuple[str, ...] = (), dry_run: bool = False,
+                   extra_sets: tuple[str, ...] = (), limit: int | None = None) -> int:
+    """Run the units still to run; returns the exit status (0, or 75 when preempted)."""
+    units = plan(experiment)
+    chosen = select(units, only)
+    record_path = experiment.run_root / "experiment.json"
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    if dry_run:
+        for unit in chosen:
+            todo = steps(experiment, unit, extra_sets, limit, dry=True)
+            print(f"# {unit.title}: " + ("done" if not todo else ", ".join(w for w, _ in todo)))
+            for _, argv in todo:
+                print(shlex.join(argv).replace("'$(", "\"$(").replace(")'", ")\""))
+        return 0
+    started = time.monotonic()
+    with Runner(experiment.run_root / "logs") as runner:
+        for number, unit in enumerate(chosen, 1):
+            todo = steps(experiment, unit, extra_sets, limit, dry=False)
+            if not todo:
+                print(f"psyrl experiment: [{number}/{len(chosen)}] {unit.title}: done, skipped",
+                      flush=True)
+                continue
+            for what, argv in todo:
+                print(f"psyrl experiment: [{number}/{len(chosen)}] {unit.title}: {what}\n$ "
+                      f"{shlex.join(argv)}", flush=True)
+                begin = time.monotonic()
+                code = runner.run(argv, unit.dir.name)
+                key = f"{unit.dir.name}/{what}"
+                record[key] = record.get(key, 0) + time.monotonic() - begin
+                _save_record(record_path, record)
+                if code == EXIT_PREEMPTED or runner.signalled:
+                    print(f"psyrl experiment: preempted during {unit.title} ({what}); finished "
+                          "runs are kept: run the same command to continue", flush=True)
+                    return EXIT_PREEMPTED
+                if code != 0:
+                    raise SystemExit(
+                        f"psyrl experiment: {unit.title} ({what}) failed with exit status {code}; "
+                        f"its output is in {runner.log_dir / (unit.dir.name + '.log')}. Fix it "
+                        "and run the same command: finished runs are skipped")
+    print(f"psyrl experiment: {len(chosen)} units in {time.monotonic() - started:.0f} s",
+          flush=True)
+    return 0
+
+
+def _save_record(path: Path, record: dict) -> None:
+    from psyrl.core.atomic import write_text
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, json.dumps(record, indent=1) + "\n")
+
+
+def collect(experiment: Experiment) -> tuple[list[dict], list[dict]]:
+    """(tables, runs) from what is on disk now."""
+    from psyrl.experiment.tables import build_table
+
+    units = plan(experiment)
+    record_path = experiment.run_root / "experiment.json"
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    runs = []
+    for unit in units:
+        finished = not steps(experiment, unit, (), None, dry=True)
+        wall = sum(v for k, v in record.items() if k.split("/")[0] == unit.dir.name)
+        runs.append({"run": unit.run.name, "seed": unit.seed, "title": unit.title,
+                     "dir": str(unit.dir), "status": "done" if finished else "not finished",
+                     "wall_s": round(wall, 1) if wall else None})
+    tables = [build_table(experiment, table, units) for table in experiment.tables]
+    return tables, runs
+
+
+@click.command("experiment", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("path", metavar="FILE", type=click.Path(dir_okay=False))
+@click.option("--only", multiple=True, metavar="RUN",
+              help="Run only this run (repeatable), and what it reads that is not finished.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the commands still to run, in order, and run nothing.")
+@click.option("--seeds", default=None, metavar="S[,S...]",
+              help="Every seeded run with these seeds instead of the file's (e.g. 0 for a check).")
+@click.option("--set", "extra_sets", multiple=True, metavar="TABLE.KEY=VALUE",
+              help="Add this override to every trainer run (e.g. run.steps=1); repeatable.")
+@click.option("--limit", type=int, default=None,
+              help="At most N items per task in every evaluation (evaluate's --limit).")
+@click.option("--nproc", type=int, default=None,
+              help="Ranks per run instead of the file's [experiment] nproc.")
+@click.option("--output-dir", default=None, type=click.Path(file_okay=False),
+              help="Where the runs go instead of the file's output_dir.")
+@click.option("--tables-only", is_flag=True,
+              help="Write results.md/.json from what is on disk; run nothing.")
+def experiment_command(path, only, dry_run, seeds, extra_sets, limit, nproc, output_dir,
+                       tables_only):
+    """Run an experiment file (experiments/*.toml): its runs in dependency order, finished ones
+    skipped, interrupted ones resumed; then its tables with 95 % bootstrap intervals over seeds and
+    items, in experiments/<name>/results.md and results.json.
+
+    Run it from the repository root (the file's paths are relative to it). After a crash, a kill or
+    a preemption (SIGTERM/SIGUSR1: forwarded; exit status 75), run the same command again.
+    """
+    try:
+        experiment = load_experiment(path, output_dir)
+        if seeds is not None:
+            try:
+                chosen = tuple(int(s) for s in seeds.split(","))
+            except ValueError:
+                raise click.BadParameter(f"{seeds!r}: expected S[,S...], integers",
+                                         param_hint="--seeds") from None
+            experiment = with_seeds(experiment, chosen)
+        if nproc is not None:
+            if nproc < 1:
+                raise click.BadParameter("must be >= 1", param_hint="--nproc")
+            experiment = Experiment(**{**experiment.__dict__, "nproc": nproc})
+        unknown = [name for name in only if name not in experiment.runs]
+        if unknown:
+            raise click.BadParameter(f"no run {unknown[0]!r} in {path} (runs: "
+                                     f"{', '.join(experiment.runs)})", param_hint="--only")
+        for override in extra_sets:
+            if "=" not in override or "." not in override.partition("=")[0]:
+                raise click.BadParameter(f"{override!r} is not TABLE.KEY=VALUE",
+                                         param_hint="--set")
+        if limit is not None and limit < 1:
+            raise click.BadParameter("must be >= 1", param_hint="--limit")
+    except ExperimentError as e:
+        raise click.ClickException(str(e)) from None
+    if not tables_only:
+        code = run_experiment(experiment, only, dry_run, extra_sets, limit)
+        if code or dry_run:
+            raise SystemExit(code)
+    from psyrl.experiment.tables import table_markdown, write_results
+
+    tables, runs = collect(experiment)
+    out = write_results(experiment, tables, runs)
+    for table in tables:
+        click.echo(table_markdown(table))
+    click.echo(f"psyrl experiment: {out / 'results.md'}, {out / 'results.json'}")

@@ -1,0 +1,391 @@
+"""Experiment files (issue 22): a TOML file names runs (a trainer, an evaluation, or any psyrl
+command), what each starts from, its seeds, and the tables to print; `plan` turns it into units, one
+per run and seed, in dependency order. Reads files only: nothing here runs or imports torch.
+
+    [experiment]                 description, output_dir, nproc, torchrun_args, bootstrap
+    [evaluate]                   benchmarks and args of every evaluation (a trained run's included)
+    [runs.NAME]                  kind = "sft" | "tgrpo" | "evaluate" | "psyrl", and its keys
+    [[tables]]                   rows (run names), columns, metric, deltas, compare
+
+A model reference (`model`, and `{model:...}` in `args` or `set`) is a run name (its final `hf/`),
+`NAME@median|best|last` (`psyrl select-checkpoint`'s choice, appendix B), or a path. `{run:NAME}`
+is a run's directory, `{eval:NAME}` its evaluation's, `{dir}` the run's own.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomli
+
+KINDS = ("sft", "tgrpo", "evaluate", "psyrl")
+RULES = ("median", "best", "last")
+RUN_KEYS = {
+    "sft": {"kind", "config", "set", "model", "seeds", "evaluate", "label"},
+    "tgrpo": {"kind", "config", "set", "model", "seeds", "evaluate", "label"},
+    "evaluate": {"kind", "model", "args", "seeds", "benchmarks", "label"},
+    "psyrl": {"kind", "args", "creates", "seeds", "label"},
+}
+EXPERIMENT_KEYS = {"description", "output_dir", "nproc", "torchrun_args", "bootstrap"}
+EVALUATE_KEYS = {"benchmarks", "args"}
+TABLE_KEYS = {"title", "rows", "columns", "benchmark", "metric", "deltas", "compare", "note"}
+PLACEHOLDER = re.compile(r"\{(run|eval|model):([^{}]+)\}")
+
+
+class ExperimentError(ValueError):
+    """An experiment file psyrl cannot run; the message names the file, its line and the key."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    name: str
+    kind: str
+    config: str = ""
+    overrides: tuple[str, ...] = ()
+    model: str = ""  # a model reference (module docstring)
+    args: tuple[str, ...] = ()
+    seeds: tuple[int, ...] = ()  # () = one run, without a seed of its own
+    evaluate: bool = True  # a trained run is evaluated with [evaluate]
+    benchmarks: tuple[str, ...] = ()  # an evaluate run's own, else [evaluate]'s
+    creates: str = ""  # a psyrl run is done when this file exists (relative to its directory)
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    title: str
+    rows: tuple[str, ...]
+    columns: str = "tasks"  # "tasks" of `benchmark`, or "benchmarks"
+    benchmark: str = ""
+    metric: str = "f1"  # f1 (x100) | accuracy (%)
+    deltas: tuple[str, ...] = ()
+    compare: tuple[tuple[str, str], ...] = ()
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    path: Path
+    name: str
+    description: str
+    output_dir: Path
+    nproc: int
+    torchrun_args: tuple[str, ...]
+    resamples: int
+    eval_benchmarks: tuple[str, ...]
+    eval_args: tuple[str, ...]
+    runs: dict[str, RunSpec]
+    tables: tuple[TableSpec, ...]
+
+    @property
+    def run_root(self) -> Path:
+        return self.output_dir / self.name
+
+    @property
+    def results_dir(self) -> Path:
+        """experiments/<name>/ beside the file: results.md and results.json."""
+        return self.path.parent / self.name
+
+
+@dataclass
+class Unit:
+    """One run at one seed (seed None: a run without seeds)."""
+
+    run: RunSpec
+    seed: int | None
+    dir: Path
+    needs: list[tuple[str, int | None]] = field(default_factory=list)  # (run, seed) it reads
+
+    @property
+    def key(self) -> tuple[str, int | None]:
+        return (self.run.name, self.seed)
+
+    @property
+    def title(self) -> str:
+        return self.run.name if self.seed is None else f"{self.run.name} (seed {self.seed})"
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.dir if self.run.kind == "evaluate" else self.dir / "eval"
+
+
+# ---------------------------------------------------------------- reading
+
+
+def find_line(text: str, path: tuple) -> int | None:
+    """First line whose prefix of the file, parsed as TOML, holds the nested key `path` (a table
+    index for an array of tables): exact for every TOML spelling. Runs only on errors."""
+    lines = text.splitlines(keepends=True)
+    for number in range(1, len(lines) + 1):
+        try:
+            node = tomli.loads("".join(lines[:number]))
+        except tomli.TOMLDecodeError:
+            continue
+        for part in path:
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+                node = node[part]
+            else:
+                break
+        else:
+            return number
+    return None
+
+
+def load_experiment(path: str | Path, output_dir: str | None = None) -> Experiment:
+    """Read and check an experiment file; every problem is one ExperimentError with file:line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ExperimentError(f"{path}: cannot read the experiment file: {e}") from None
+    try:
+        raw = tomli.loads(text)
+    except tomli.TOMLDecodeError as e:
+        raise ExperimentError(f"{path}:{e.lineno}: invalid TOML: {e.msg} (column {e.colno})") \
+            from None
+
+    def fail(where: tuple, message: str):
+        line = find_line(text, where)
+        raise ExperimentError(f"{path}:{line}: {message}" if line else f"{path}: {message}")
+
+    unknown = set(raw) - {"experiment", "evaluate", "runs", "tables"}
+    if unknown:
+        name = sorted(unknown)[0]
+        fail((name,), f"unknown table [{name}] (valid: experiment, evaluate, runs, tables)")
+    head = _table(raw, ("experiment",), EXPERIMENT_KEYS, fail)
+    evaluation = _table(raw, ("evaluate",), EVALUATE_KEYS, fail)
+    nproc = _get(head, ("experiment", "nproc"), int, 1, fail)
+    if nproc < 1:
+        fail(("experiment", "nproc"), f"nproc must be >= 1, got {nproc}")
+    resamples = _get(head, ("experiment", "bootstrap"), int, 2000, fail)
+    if resamples < 100:
+        fail(("experiment", "bootstrap"), f"bootstrap must be >= 100 resamples, got {resamples}")
+    runs_raw = raw.get("runs", {})
+    if not isinstance(runs_raw, dict) or not runs_raw:
+        fail(("runs",), "no runs: add at least one [runs.NAME] table")
+    runs = {name: _run(name, value, fail) for name, value in runs_raw.items()}
+    tables_raw = raw.get("tables", [])
+    if not isinstance(tables_raw, list):
+        fail(("tables",), "tables must be an array of tables: [[tables]]")
+    tables = tuple(_table_spec(i, t, runs, fail) for i, t in enumerate(tables_raw))
+    experiment = Experiment(
+        path=path, name=path.stem,
+        description=_get(head, ("experiment", "description"), str, "", fail),
+        output_dir=Path(output_dir or _get(head, ("experiment", "output_dir"), str,
+                                           "runs/experiments", fail)),
+        nproc=nproc,
+        torchrun_args=tuple(_strings(head, ("experiment", "torchrun_args"), fail)),
+        resamples=resamples,
+        eval_benchmarks=tuple(_strings(evaluation, ("evaluate", "benchmarks"), fail)),
+        eval_args=tuple(_strings(evaluation, ("evaluate", "args"), fail)),
+        runs=runs, tables=tables)
+    for run in runs.values():
+        for reference in _references(run):
+            target = reference.partition("@")[0]
+            where = ("runs", run.name, "model" if reference == run.model else
+                     "args" if run.args else "set")
+            if target == run.name:
+                fail(where, f"run {run.name!r} starts from itself")
+            if target in runs:
+                _check_seeds(run, runs[target], where, fail)
+            elif "@" in reference or reference.startswith("{"):
+                fail(where, f"{reference!r}: no run named {target!r} (runs: {', '.join(runs)})")
+        needs_eval = run.kind == "evaluate" or (run.kind in ("sft", "tgrpo") and run.evaluate)
+        if needs_eval and not (run.benchmarks or experiment.eval_benchmarks):
+            fail(("runs", run.name), f"run {run.name!r} is evaluated, but no benchmarks are named "
+                 "(set [evaluate] benchmarks or the run's own)")
+    plan(experiment)  # a dependency cycle is an error of the file
+    return experiment
+
+
+def _table(raw: dict, where: tuple, keys: set, fail) -> dict:
+    value = raw.get(where[0], {})
+    if not isinstance(value, dict):
+        fail(where, f"[{where[0]}] must be a table")
+    for key in value:
+        if key not in keys:
+            fail(where + (key,), f"unknown key {key!r} in [{where[0]}] (valid: "
+                 f"{', '.join(sorted(keys))})")
+    return value
+
+
+def _get(table: dict, where: tuple, kind: type, default, fail):
+    value = table.get(where[-1], default)
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        fail(where, f"{where[-1]} must be an integer, got {value!r}")
+    if kind is not int and not isinstance(value, kind):
+        fail(where, f"{where[-1]} must be a {kind.__name__}, got {value!r}")
+    return value
+
+
+def _strings(table: dict, where: tuple, fail) -> list[str]:
+    value = table.get(where[-1], [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        fail(where, f"{where[-1]} must be a list of strings, got {value!r}")
+    return value
+
+
+def _run(name: str, value, fail) -> RunSpec:
+    where = ("runs", name)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        fail(where, f"run name {name!r}: letters, digits, '-', '_' and '.' only")
+    if not isinstance(value, dict):
+        fail(where, f"[runs.{name}] must be a table")
+    kind = value.get("kind")
+    if kind not in KINDS:
+        fail(where + (("kind",) if "kind" in value else ()),
+             f"run {name!r}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    for key in value:
+        if key not in RUN_KEYS[kind]:
+            fail(where + (key,), f"run {name!r}: unknown key {key!r} for kind {kind!r} (valid: "
+                 f"{', '.join(sorted(RUN_KEYS[kind]))})")
+    seeds = value.get("seeds", [])
+    if not isinstance(seeds, list) or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds) \
+            or len(set(seeds)) != len(seeds):
+        fail(where + ("seeds",), f"run {name!r}: seeds must be distinct integers >= 0, got "
+             f"{seeds!r}")
+    config = _get(value, where + ("config",), str, "", fail)
+    if kind in ("sft", "tgrpo") and not config:
+        fail(where, f"run {name!r}: a {kind} run needs config = \"configs/...toml\"")
+    if config and not Path(config).is_file():
+        fail(where + ("config",), f"run {name!r}: no config file {config} (paths are relative "
+             "to the directory psyrl experiment runs in: the repository root)")
+    model = _get(value, where + ("model",), str, "", fail)
+    if kind == "evaluate" and not model:
+        fail(where, f"run {name!r}: an evaluate run needs model = a run name or a path")
+    if "@" in model and model.partition("@")[2] not in RULES:
+        fail(where + ("model",), f"run {name!r}: {model!r}: after '@' comes one of "
+             f"{', '.join(RULES)}")
+    creates = _get(value, where + ("creates",), str, "", fail)
+    if kind == "psyrl" and not creates:
+        fail(where, f"run {name!r}: a psyrl run needs creates = the file it writes (so a "
+             "finished run is skipped)")
+    overrides = tuple(_strings(value, where + ("set",), fail))
+    for override in overrides:
+        if "=" not in override or "." not in override.partition("=")[0]:
+            fail(where + ("set",), f"run {name!r}: {override!r} is not TABLE.KEY=VALUE")
+    return RunSpec(
+        name=name, kind=kind, config=config, overrides=overrides, model=model,
+        args=tuple(_strings(value, where + ("args",), fail)), seeds=tuple(seeds),
+        evaluate=_get(value, where + ("evaluate",), bool, True, fail),
+        benchmarks=tuple(_strings(value, where + ("benchmarks",), fail)), creates=creates,
+        label=_get(value, where + ("label",), str, "", fail))
+
+
+def _references(run: RunSpec) -> list[str]:
+    """The model references and placeholders of a run: what it reads from other runs."""
+    found = [run.model] if run.model else []
+    for arg in (*run.args, *run.overrides):
+        for kind, target in PLACEHOLDER.findall(arg):
+            found.append(target if kind == "model" else target.partition("@")[0])
+    return found
+
+
+def _check_seeds(run: RunSpec, target: RunSpec, where: tuple, fail) -> None:
+    if target.seeds and not run.seeds:
+        fail(where, f"run {run.name!r} has no seeds but reads {target.name!r}, which has "
+             f"seeds {list(target.seeds)}: give it seeds too")
+    missing = set(run.seeds) - set(target.seeds) if target.seeds else set()
+    if missing:
+        fail(where, f"run {run.name!r}: seeds {sorted(missing)} are not seeds of "
+             f"{target.name!r} ({list(target.seeds)})")
+
+
+def _table_spec(index: int, value, runs: dict, fail) -> TableSpec:
+    where = ("tables", index)
+    if not isinstance(value, dict):
+        fail(where, "each [[tables]] entry must be a table")
+    for key in value:
+        if key not in TABLE_KEYS:
+            fail(where + (key,), f"tables: unknown key {key!r} (valid: "
+                 f"{', '.join(sorted(TABLE_KEYS))})")
+    rows = tuple(_strings(value, where + ("rows",), fail))
+    deltas = tuple(_strings(value, where + ("deltas",), fail))
+    compare = value.get("compare", [])
+    if not isinstance(compare, list) or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
+            for p in compare):
+        fail(where + ("compare",), "compare must be a list of [row, row] pairs")
+    if not rows:
+        fail(where, "a table needs rows = [run names]")
+    for name in {*rows, *deltas, *(x for p in compare for x in p)}:
+        if name not in runs:
+            fail(where, f"tables: no run named {name!r} (runs: {', '.join(runs)})")
+        if runs[name].kind == "psyrl" or (runs[name].kind != "evaluate" and
+                                          not runs[name].evaluate):
+            fail(where, f"tables: run {name!r} has no evaluation to put in a table")
+    columns = value.get("columns", "tasks")
+    if columns not in ("tasks", "benchmarks"):
+        fail(where + ("columns",), f"columns must be \"tasks\" or \"benchmarks\", got {columns!r}")
+    metric = value.get("metric", "f1")
+    if metric not in ("f1", "accuracy"):
+        fail(where + ("metric",), f"metric must be \"f1\" or \"accuracy\", got {metric!r}")
+    return TableSpec(
+        title=_get(value, where + ("title",), str, f"table {index + 1}", fail), rows=rows,
+        columns=columns, benchmark=_get(value, where + ("benchmark",), str, "", fail),
+        metric=metric, deltas=deltas, compare=tuple(tuple(p) for p in compare),
+        note=_get(value, where + ("note",), str, "", fail))
+
+
+# ---------------------------------------------------------------- planning
+
+
+def with_seeds(experiment: Experiment, seeds: tuple[int, ...] | None) -> Experiment:
+    """Every seeded run with `seeds` instead (e.g. `--seeds 0` for a quick check)."""
+    if seeds is None:
+        return experiment
+    runs = {name: RunSpec(**{**run.__dict__, "seeds": seeds if run.seeds else ()})
+            for name, run in experiment.runs.items()}
+    return Experiment(**{**experiment.__dict__, "runs": runs})
+
+
+def unit_dir(experiment: Experiment, run: RunSpec, seed: int | None) -> Path:
+    return experiment.run_root / (run.name if seed is None else f"{run.name}-seed{seed}")
+
+
+def plan(experiment: Experiment) -> list[Unit]:
+    """Every (run, seed) in an order where a unit comes after the units it reads (ties keep the
+    file's order); a cycle is an ExperimentError."""
+    units = {}
+    for run in experiment.runs.values():
+        for seed in run.seeds or (None,):
+            unit = Unit(run, seed, unit_dir(experiment, run, seed))
+            for reference in _references(run):
+                target = experiment.runs.get(reference.partition("@")[0])
+                if target is not None:
+                    unit.needs.append((target.name, seed if target.seeds else None))
+            units[unit.key] = unit
+    ordered, state = [], {}
+
+    def visit(unit: Unit, chain: list[str]) -> None:
+        if state.get(unit.key) == "done":
+            return
+        if state.get(unit.key) == "open":
+            raise ExperimentError(f"{experiment.path}: the runs read each other in a cycle: "
+                                  f"{' -> '.join(chain + [unit.run.name])}")
+        state[unit.key] = "open"
+        for need in unit.needs:
+            visit(units[need], chain + [unit.run.name])
+        state[unit.key] = "done"
+        ordered.append(unit)
+
+    for unit in units.values():
+        visit(unit, [])
+    return ordered
+
+
+def select(units: list[Unit], only: tuple[str, ...]) -> list[Unit]:
+    """The units of the runs in `only` and the units they read, transitively (all when empty)."""
+    if not only:
+        return units
+    by_key = {u.key: u for u in units}
+    wanted = {u.key for u in units if u.run.name in only}
+    for unit in reversed(units):  # dependents come after what they read
+        if unit.key in wanted:
+            wanted.update(unit.needs)
+    return [u for u in units if u.key in wanted and u.key in by_key]
