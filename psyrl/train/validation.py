@@ -88,7 +88,8 @@ def validate(policy, sampler, tokenizer,
         metrics["valid/not_applicable"] = sum(c is None for c in choices) / len(records)
         policy.train(was_training)
         return metrics, outputs
-    examples, _ = build_examples(records, tokenizer, cfg.prompt, cfg.data.max_length)
+    examples, _ = build_examples(records, tokenizer, cfg.prompt, cfg.data.max_length,
+                                 cfg.data.think_from)
     if examples:
         size = cfg.optim.logprob_micro_batch
         largest_share = math.ceil(len(examples) / dist.world)
