@@ -86,7 +86,7 @@ def _judge(candidates: list[Candidate], comparison: bool, near_duplicate: float)
         kept.append(
             StimuliRecord(id=c.id, stimuli=stimulus, question=pair.question, answer=pair.answer,
                           variable=c.variable.code, dimension=c.variable.dimension,
-                          subdimension=c.variable.subdimension))
+                          subdimension=c.variable.subdimension, reason=pair.reason or None))
     rows = []
     for c, reason, pair in dropped:
         tally.add(c.variable.code, reason)
@@ -209,31 +209,49 @@ def _topic(row, catalogue: dict[str, Variable]) -> tuple[str, str]:
 
 def build_comparison(run: BuildRun, catalogue_path, topics_path=None, *,
                      near_duplicate: float = NEAR_DUPLICATE, n_train: int = 200, n_test: int = 100,
-                     min_count: int | None = None, split_seed: int = 0, overwrite: bool = False):
+                     min_count: int | None = None, split_seed: int = 0, dialogue: str = "one-turn",
+                     overwrite: bool = False):
     """A LlamaQA/MistralQA-style comparison set: per (variable, topic) the generator writes a
     stimulus and its QA pair. Topics from `topics_path` (psyrl build topics) or else the catalogue's
-    seed topics."""
+    seed topics. `dialogue`: `one-turn` sends the dataset and comparison prompts in one user turn;
+    `two-turn` (appendix B's "multi-turn dialogue generation") first generates the generator's reply
+    to the dataset prompt (one sample, logged under `<key>/turn-1`), then sends the comparison
+    prompt as the second user turn after it."""
+    if dialogue not in prompts.DIALOGUES:
+        raise BuildError(f"unknown dialogue {dialogue!r}; expected one of {prompts.DIALOGUES}")
     catalogue = load_catalogue(catalogue_path)
     topics = read_topics(topics_path, catalogue) if topics_path else {
         code: list(v.topics) for code, v in catalogue.items() if v.topics}
-    jobs, info = [], {}
+    topic_of, info = {}, {}
     for code, variable in catalogue.items():
         for topic in dict.fromkeys(topics.get(code, []), None):  # a repeated topic once
             # by topic: adding one regenerates no other
             key = f"{code}:{prompt_sha(topic_key(topic))[:10]}"
             if key not in info:
-                jobs.append(Job(key, prompts.comparison_prompt(variable, topic)))
+                topic_of[key] = topic
                 info[key] = (variable, "", None, code)
-    if not jobs:
+    if not info:
         raise BuildError(
             f"no topic to build from: {topics_path or catalogue_path} has no topic for a variable "
             f"of {catalogue_path}")
-    run.open("comparison", {"catalogue": str(catalogue_path), "topics": str(topics_path or "")},
-             overwrite)
+    run.open("comparison", {"catalogue": str(catalogue_path), "topics": str(topics_path or ""),
+                            "dialogue": dialogue}, overwrite)
+    if dialogue == "one-turn":
+        jobs = [Job(key, prompts.comparison_prompt(info[key][0], topic))
+                for key, topic in topic_of.items()]
+    else:  # turn 1's assistant text is the generator's own reply: one sample per dialogue
+        turns = {key: prompts.comparison_turns(info[key][0], topic)
+                 for key, topic in topic_of.items()}
+        firsts = [Job(f"{key}/turn-1", first) for key, (first, _) in turns.items()]
+        replies = run.generate(firsts, "comparison turn 1", samples=1)
+        jobs = [Job(key, second, (first, replies[f"{key}/turn-1"]["outputs"][0]["text"]))
+                for key, (first, second) in turns.items()]
     rows = run.generate(jobs, "comparison pairs")
     if not run.dist.is_main:
         return None
     return _finish_qa(
         run, "comparison", catalogue, _candidates(jobs, rows, info), True, near_duplicate, n_train,
         n_test, min_count, split_seed, f"{len(jobs)} (variable, topic) prompts over "
-        f"{len({k.split(':')[0] for k in info})} variables x {run.sampling.samples}")
+        f"{len({k.split(':')[0] for k in info})} variables x {run.sampling.samples}" +
+        ("" if dialogue == "one-turn" else
+         " (two-turn dialogues, each after 1 generated reply to the dataset prompt)"))

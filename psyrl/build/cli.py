@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from psyrl.build.prompts import PAPER_REASONING, PAPER_TOPICS, SHORT_WORDS
+from psyrl.build.prompts import DIALOGUES, PAPER_REASONING, PAPER_TOPICS, SHORT_WORDS
 from psyrl.build.quality_control import NEAR_DUPLICATE
 from psyrl.core.generation_options import (
     GenerationOptions,
@@ -157,12 +157,17 @@ def qa_command(run, **kwargs):
               help="Variable catalogue, TOML or JSON.")
 @click.option("--topics", "topics_path", default=None, type=click.Path(dir_okay=False),
               help="topics.jsonl of `psyrl build topics` (default: the catalogue's seed topics).")
+@click.option("--dialogue", type=click.Choice(DIALOGUES), default="one-turn", show_default=True,
+              help="one-turn: the dataset prompt and the comparison prompt in one user turn. "
+              "two-turn (appendix B's \"multi-turn dialogue generation\"): the dataset prompt, "
+              "the generator's own reply to it (generated first, one per topic), then the "
+              "comparison prompt as the second user turn.")
 @qc_and_split_options
 @build_options()
 def comparison_command(run, **kwargs):
     """A comparison set in the manner of the paper's LlamaQA and MistralQA: for every (variable,
-    topic) the generator writes a stimulus and its QA pair (comparison prompt), then quality control
-    and the §4.1 split."""
+    topic) the generator writes a stimulus and its QA pair (comparison prompt, in one turn or as
+    the second turn of a dialogue: --dialogue), then quality control and the §4.1 split."""
     from psyrl.build.builder import build_comparison
 
     build_comparison(run, **kwargs)

@@ -42,11 +42,11 @@ SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".jsonl": "json
 # the --map keys each target takes
 TARGET_KEYS = {
     "stimuliqa": ("id", "stimuli", "question", "answer", "options", "answer_index", "variable",
-                  "dimension", "subdimension", "reasoning"),
+                  "dimension", "subdimension", "reasoning", "reason"),
     "benchmark": ("id", "stimuli", "question", "answer", "options", "answer_index", "task", "meta"),
 }
 # keys whose null cell means "not given" rather than a bad row
-OPTIONAL = {"stimuliqa": {"variable", "dimension", "subdimension", "reasoning"},
+OPTIONAL = {"stimuliqa": {"variable", "dimension", "subdimension", "reasoning", "reason"},
             "benchmark": {"stimuli", "task", "meta"}}
 # the columns of a chat source besides the line's other top-level keys
 CHAT_COLUMNS = ("system", "user", "assistant", "user_context", "user_question")
@@ -461,7 +461,8 @@ def convert_command(source, target, map_texts, out, overwrite, kind, benchmark):
     \b
     stimuliqa   question, stimuli, and answer (or options + answer_index: the
                 chosen option is the answer); optional id, variable, dimension,
-                subdimension, reasoning
+                subdimension, reasoning, reason (a generator's
+                Reason: line, the SFT think text with data.think_from = "reason")
     benchmark   question, options, and answer or answer_index (both: they
                 must agree); optional id, stimuli (the context), task, meta
 

@@ -3,10 +3,10 @@ interface, each finished round appended to a JSONL log, so an interrupted build 
 stopped and a finished prompt is never generated again.
 
 A log row: `{"key", "prompt_sha", "outputs": [{"text", "finish_reason", "tokens"}, ...]}`. A row
-counts as done for a job with the same key and the same prompt (an edited stimulus is generated
-again). Under torchrun the prompts of a round are shared across ranks and rank 0 writes; each prompt
-draws with its own seed (from the build's seed and its key), so the samples do not depend on the
-ranks, the batch or a resume.
+counts as done for a job with the same key and the same prompt, every turn of its dialogue included
+(an edited stimulus is generated again). Under torchrun the prompts of a round are shared across
+ranks and rank 0 writes; each prompt draws with its own seed (from the build's seed and its key),
+so the samples do not depend on the ranks, the batch or a resume.
 """
 
 from __future__ import annotations
@@ -34,7 +34,25 @@ class Job:
     key: str
     """Unique within a build: what a resume recognises (e.g. `<stimulus id>:<variable>`)."""
     prompt: str
-    """The whole user turn."""
+    """The user turn the generator answers."""
+    history: tuple[str, ...] = ()
+    """Earlier turns of the dialogue before `prompt`, user and assistant alternating (`psyrl build
+    comparison --dialogue two-turn`: the dataset prompt, then the generator's reply to it); () =
+    `prompt` is the whole conversation."""
+
+    def messages(self) -> list[dict[str, str]]:
+        """The chat turns sent to the generator, ending with the user's `prompt`."""
+        turns = [*self.history, self.prompt]
+        return [{"role": ("user", "assistant")[i % 2], "content": text}
+                for i, text in enumerate(turns)]
+
+    @property
+    def sha(self) -> str:
+        """What a resume compares: the prompt's hash, every turn's when there is a history (a
+        one-turn job hashes as before, so older logs resume)."""
+        if not self.history:
+            return prompt_sha(self.prompt)
+        return prompt_sha(json.dumps(self.messages(), ensure_ascii=False))
 
 
 @dataclass(frozen=True)
@@ -53,11 +71,10 @@ def prompt_sha(prompt: str) -> str:
     return hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:16]
 
 
-def chat_ids(tokenizer, prompt: str) -> list[int]:
-    """The prompt as the model's chat template renders one user turn, ready for the assistant's
+def chat_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """The chat turns as the model's chat template renders them, ready for the assistant's
     reply."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -112,7 +129,7 @@ def generate(dist: Dist, sampler, tokenizer, jobs: Sequence[Job], log: Path, log
     if len(set(keys)) != len(keys):
         raise ValueError("two jobs share a key")
     done = {j.key: logged[j.key] for j in jobs
-            if j.key in logged and logged[j.key].get("prompt_sha") == prompt_sha(j.prompt)}
+            if j.key in logged and logged[j.key].get("prompt_sha") == j.sha}
     # less padding per batch
     pending = sorted((j for j in jobs if j.key not in done), key=lambda j: len(j.prompt))
     per_round = sampling.batch * dist.world
@@ -124,12 +141,12 @@ def generate(dist: Dist, sampler, tokenizer, jobs: Sequence[Job], log: Path, log
             # strided: each rank gets short and long
             mine = pending[start:start + per_round][dist.rank::dist.world]
             # collective
-            groups = sampler.generate([chat_ids(tokenizer, j.prompt)
+            groups = sampler.generate([chat_ids(tokenizer, j.messages())
                                        for j in mine], sampling.samples, sampling.temperature,
                                       sampling.top_p, sampling.max_new_tokens,
                                       [item_seed(sampling.seed, j.key) for j in mine])
             rows = all_gather_lists([{
-                "key": j.key, "prompt_sha": prompt_sha(j.prompt), "outputs": [{
+                "key": j.key, "prompt_sha": j.sha, "outputs": [{
                     "text": s.text, "finish_reason": s.finish_reason, "tokens": len(s.token_ids)
                 } for s in group]
             } for j, group in zip(mine, groups)], dist)

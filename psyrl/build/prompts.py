@@ -14,6 +14,9 @@ from psyrl.core.records import StimuliRecord
 PAPER_TOPICS = 200  # "expand them into up to 200 diverse topics each"
 PAPER_REASONING = 500  # "500 short and 500 long reasoning samples"
 SHORT_WORDS = 40  # psyrl's line between a short and a long rationale (the paper does not say)
+# how `psyrl build comparison` sends the comparison prompt: one user turn after the dataset prompt,
+# or a dialogue whose first exchange is the dataset prompt and the generator's reply
+DIALOGUES = ("one-turn", "two-turn")
 
 # Appendix A.1 word for word, one line per printed line; each is the whole user turn, no system
 # message of our own.
@@ -75,11 +78,20 @@ def dataset_prompt(variable, stimulus: str, value: float) -> str:
 
 
 def comparison_prompt(variable, topic: str) -> str:
-    """The comparison-dataset prompt: "the same format as above" refers to the dataset-generation
-    prompt, so both go in one user turn, that one first (LlamaQA/MistralQA, appendix B)."""
-    return (f"{_dataset_fields(variable)}\n\n" +
-            fill(COMPARISON_PROMPT, topic=topic, column_name=variable.code,
-                 description=variable.description))
+    """The comparison-dataset prompt, one-turn form (`--dialogue one-turn`, the default): "the same
+    format as above" refers to the dataset-generation prompt, so both go in one user turn, that one
+    first (LlamaQA/MistralQA, appendix B)."""
+    return "\n\n".join(comparison_turns(variable, topic))
+
+
+def comparison_turns(variable, topic: str) -> tuple[str, str]:
+    """The two user turns of the two-turn form (`--dialogue two-turn`, appendix B's "multi-turn
+    dialogue generation"): the filled dataset-generation prompt, which has no stimulus here (the
+    generator writes one in turn 2), then the comparison prompt. The assistant turn between them is
+    the generator's own reply to turn 1, generated first (psyrl.build.builder)."""
+    return _dataset_fields(variable), fill(COMPARISON_PROMPT, topic=topic,
+                                           column_name=variable.code,
+                                           description=variable.description)
 
 
 def reasoning_prompt(record: StimuliRecord) -> str:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from psyrl.build.catalogue import Variable
-from psyrl.build.generation_log import Job, Sampling, generate, load_log, prompt_sha
+from psyrl.build.generation_log import Job, Sampling, generate, load_log
 from psyrl.core.atomic import write_text
 from psyrl.core.records import DIMENSIONS, write_jsonl
 from psyrl.runtime.distributed import Dist, broadcast_object
@@ -82,18 +82,21 @@ class BuildRun:
         if problem:
             raise BuildError(problem)
 
-    def generate(self, jobs: Sequence[Job], desc: str,
-                 progress: bool | None = None) -> dict[str, dict]:
+    def generate(self, jobs: Sequence[Job], desc: str, progress: bool | None = None,
+                 samples: int | None = None) -> dict[str, dict]:
+        """Every job's log row (see psyrl.build.generation_log.generate); `samples` overrides
+        the generations per prompt (a two-turn dialogue's first reply is one)."""
         log = self.out / "generations.jsonl"
         if self.logged is None:
             self.logged = load_log(self.dist, log)
         if self.sampler is None and any(
-                self.logged.get(j.key, {}).get("prompt_sha") != prompt_sha(j.prompt)
+                self.logged.get(j.key, {}).get("prompt_sha") != j.sha
                 # a finished build re-reports without loading the model
                 for j in jobs):
             self.sampler = self.make_sampler()
-        return generate(self.dist, self.sampler, self.tokenizer, jobs, log, self.logged,
-                        self.sampling, self.progress if progress is None else progress, desc)
+        sampling = self.sampling if samples is None else replace(self.sampling, samples=samples)
+        return generate(self.dist, self.sampler, self.tokenizer, jobs, log, self.logged, sampling,
+                        self.progress if progress is None else progress, desc)
 
     def close(self) -> None:
         if self.sampler is not None:

@@ -117,17 +117,27 @@ class DataConfig:
     """Held-out records scored at every checkpoint: StimuliQA (F1, format, loss) or a
     benchmark-schema file (F1, format, F1-accuracy, SPEC §7); empty = no validation."""
     valid_items: int = 0
-    """Validate on a fixed seeded sample of this many held-out items; 0 = all of them."""
+    """Validate on a fixed seeded sample of this many held-out items; 0 = all of them (the Qwen
+    T-GRPO configs: A.3's "validation batch size 1024" is EasyR1's validation data-loader batch, so
+    the paper scored the whole test split). However many, the sampler generates them in batches
+    (torch: `sampler.batch` sequences; vllm: the engine's `max_num_seqs`) and the loss pass runs
+    `optim.logprob_micro_batch` at a time."""
     max_length: int = 2048
     """Longest prompt + response in tokens (A.3/A.4: 2048); longer training examples are dropped and
     counted."""
     shuffle: bool = True
     """Draw training examples in a fresh seeded order every epoch (else file order)."""
+    think_from: Literal["reasoning", "reason"] = "reasoning"
+    """`cot` SFT targets (`<think>T</think><answer>A</answer>`, train_sft.py and the validation
+    loss): T is the record's `reasoning` (appendix B's reasoning samples, `psyrl build reasoning`)
+    or its `reason` (the generator's `Reason:` line that `psyrl build qa` / `comparison` keep). A
+    record without it is skipped and counted; `direct` targets have no think text."""
 
     def __post_init__(self):
         require(self.train_file != "", "train_file", "expected a JSONL file, got an empty string")
         require(self.valid_items >= 0, "valid_items", f"expected >= 0, got {self.valid_items}")
         require(self.max_length >= 2, "max_length", f"expected >= 2, got {self.max_length}")
+        check_choices(self)
 
 
 @dataclass
@@ -152,11 +162,12 @@ class RewardConfig:
     """Final reward: `base` (eq. 11), `length` (eq. 12-13), `short` (eq. 12, 14), `length_rp` (eq.
     15), `bilateral` (eq. 3, the paper's BR)."""
     w_f1: float = 0.5
-    """Weight of the answer F1, w^F1 (eq. 3). Not stated in the paper: EasyR1's r1v scorer weighs
-    accuracy 0.5."""
+    """Weight of the answer F1, w^F1 (eq. 3). Not stated in the paper: EasyR1 v0.3.1's r1v.py, its
+    `<think>`/`<answer>` scorer, weighs accuracy 0.5 (its math.py, the file A.3 names, 0.9 for
+    `\\boxed` answers; docs/decisions.md)."""
     w_fmt: float = 0.5
-    """Weight of the format reward, w^fmt (eq. 3). Not stated in the paper: EasyR1's r1v scorer
-    weighs format 0.5."""
+    """Weight of the format reward, w^fmt (eq. 3). Not stated in the paper: EasyR1 v0.3.1's r1v.py
+    weighs format 0.5 (math.py: 0.1)."""
     w_len: float = 0.1
     """Weight of the length reward, w^length (eq. 12, 15). Not stated in the paper."""
     w_short: float = 0.1

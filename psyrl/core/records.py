@@ -11,11 +11,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from psyrl.core.atomic import write_text
+from psyrl.core.config import DataConfig
 from psyrl.core.text import ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN
 
 # paper §3.1 and Table 2; the subdimension -> dimension pairing is psyrl's reading (the paper lists
@@ -52,6 +54,12 @@ class StimuliRecord:
     dimension: str = ""
     subdimension: str = ""
     reasoning: str | None = None
+    """A step-by-step rationale without the answer (appendix B's reasoning samples, `psyrl build
+    reasoning`): the `cot` SFT target's think text by default (data.think_from)."""
+    reason: str | None = None
+    """The generator's `Reason:` line ("Explain why the answer is correct", appendix A.1's dataset
+    prompt), kept by `psyrl build qa` / `comparison`; the think text with data.think_from =
+    "reason". Left out of the written JSON when None (files without it are as before)."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,10 @@ _STIMULI_KEYS = {
 # SPEC §6: SFT needs only stimuli, question, answer (+ reasoning); the labels group evaluation
 # results
 _STIMULI_OPTIONAL = {"variable": (str, True), "dimension": (str, True), "subdimension": (str, True),
-                     "reasoning": (str, True)}
+                     "reasoning": (str, True), "reason": (str, True)}
+# optional record fields added after files were written: left out when None, so those files stay
+# byte for byte what they were (data/demo)
+_OMIT_WHEN_NONE = ("reason",)
 _BENCHMARK_KEYS = {
     "id": (str, False),
     "benchmark": (str, False),
@@ -283,23 +294,34 @@ def write_jsonl(path: str | Path, records: Iterable) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     lines = []
     for r in records:
-        obj = dataclasses.asdict(r) if dataclasses.is_dataclass(r) else dict(r)
+        if dataclasses.is_dataclass(r):
+            obj = {k: v for k, v in dataclasses.asdict(r).items()
+                   if not (k in _OMIT_WHEN_NONE and v is None)}
+        else:
+            obj = dict(r)
         lines.append(json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in obj.items()},
                                 ensure_ascii=False) + "\n")
     write_text(path, "".join(lines))
 
 
 # ---------------------------------------------------------------- SFT target (SPEC §6)
-def sft_target(record: StimuliRecord, mode: str) -> str | None:
-    """The assistant text SFT teaches: `cot` -> think + answer tags (None without reasoning),
-    `direct` -> answer tag."""
+# data.think_from's values: the field holding the `cot` think text
+THINK_SOURCES = typing.get_args(typing.get_type_hints(DataConfig)["think_from"])
+
+
+def sft_target(record: StimuliRecord, mode: str, think_from: str = "reasoning") -> str | None:
+    """The assistant text SFT teaches: `cot` -> think + answer tags, the think text taken from the
+    record's `think_from` field (None when it has none), `direct` -> answer tag."""
     if mode == "direct":
         return f"{ANSWER_OPEN}{record.answer}{ANSWER_CLOSE}"
     if mode != "cot":
         raise ValueError(f"unknown prompt mode {mode!r}; expected 'cot' or 'direct'")
-    if record.reasoning is None or not record.reasoning.strip():
+    if think_from not in THINK_SOURCES:
+        raise ValueError(f"unknown think source {think_from!r}; expected one of {THINK_SOURCES}")
+    think = getattr(record, think_from)
+    if think is None or not think.strip():
         return None
-    return f"{THINK_OPEN}{record.reasoning}{THINK_CLOSE}{ANSWER_OPEN}{record.answer}{ANSWER_CLOSE}"
+    return f"{THINK_OPEN}{think}{THINK_CLOSE}{ANSWER_OPEN}{record.answer}{ANSWER_CLOSE}"
 
 
 # ---------------------------------------------------------------- split rule (paper §4.1)

@@ -63,7 +63,8 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
         plugin = load_reward_plugin(cfg.reward.custom) if cfg.reward.custom else None
     except (ConfigError, DataError, OSError, ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
-    examples, counts = build_examples(train_records, tokenizer, cfg.prompt, cfg.data.max_length)
+    examples, counts = build_examples(train_records, tokenizer, cfg.prompt, cfg.data.max_length,
+                                      cfg.data.think_from)
     if not examples:
         raise click.ClickException(f"{cfg.data.train_file}: no usable training example ({counts})")
     run.check_data(cfg.data.train_file, len(examples))
@@ -82,9 +83,9 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
     run.banner(
         f"{params / 1e6:.2f}M parameters on {dist.world} x {dist.device}"
         f"{f' (FSDP2{offload})' if dist.sharded else ''}; {counts['kept']} training examples "
-        f"(skipped: {counts['no_reasoning']} without reasoning, {counts['too_long']} over "
-        f"{cfg.data.max_length} tokens); {len(valid_records)} validation items; {steps} steps of "
-        f"{batch} sequences")
+        f"(skipped: {counts['no_reasoning']} without {cfg.data.think_from}, {counts['too_long']} "
+        f"over {cfg.data.max_length} tokens); {len(valid_records)} validation items; {steps} "
+        f"steps of {batch} sequences")
 
     sampler = None  # built at the first validation, synced before each later one
 

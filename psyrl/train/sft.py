@@ -27,12 +27,14 @@ class SFTExample:
     """input_ids[prompt_len:] is the response (target + end-of-turn): the tokens that carry loss."""
 
 
-def build_examples(records: Sequence[StimuliRecord], tokenizer, cfg: PromptConfig, max_length: int):
-    """(examples, counts): records without reasoning in `cot` mode and examples over max_length are
-    skipped and counted (counts keys: kept, no_reasoning, too_long)."""
+def build_examples(records: Sequence[StimuliRecord], tokenizer, cfg: PromptConfig, max_length: int,
+                   think_from: str = "reasoning"):
+    """(examples, counts): in `cot` mode the think text is each record's `think_from` field
+    (data.think_from: `reasoning` or `reason`); records without it and examples over max_length
+    are skipped and counted (counts keys: kept, no_reasoning, too_long)."""
     examples, counts = [], Counter(kept=0, no_reasoning=0, too_long=0)
     for r in records:
-        target = sft_target(r, cfg.mode)
+        target = sft_target(r, cfg.mode, think_from)
         if target is None:
             counts["no_reasoning"] += 1
             continue

@@ -34,6 +34,13 @@ def test_comparison_prompt_follows_the_dataset_prompt_it_refers_to():
         "psychological parameter B_disap (disappointment against expectations) in the same format "
         "as above."
     )
+    # --dialogue two-turn: the same two texts as separate user turns, the filled dataset prompt
+    # (no stimulus: turn 2 asks for one) first
+    assert build_prompts.comparison_turns(DISAP, "a failed exam") == (
+        DATASET_FILLED,
+        "Generate a Stimuli based on (a failed exam), then generate the Q&A pair for "
+        "psychological parameter B_disap (disappointment against expectations) in the same format "
+        "as above.")
 
 
 def test_topic_prompt_puts_the_seeds_in_as_a_json_list():

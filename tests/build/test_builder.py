@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from psyrl.build import prompts
 from psyrl.build.builder import build_comparison, build_qa
 from psyrl.build.catalogue import load_catalogue
 from psyrl.build.cli import build_group
@@ -70,7 +71,7 @@ def build_run(out, sampler, samples=1, batch=4, settings=SETTINGS):
 
 # ------------------------------------------------- qa: canned outcomes per variable, 2 samples each
 GOOD = ("Question: How did the narrator feel when the plans fell through?\n"
-        "Answer: Deeply let down\nReason: x")
+        "Answer: Deeply let down\nReason: They had looked forward to the trip for months.")
 
 
 def qa_response(prompt, j):
@@ -137,10 +138,16 @@ def test_qa_build_keeps_and_drops_with_known_counts(tmp_path):
     assert (len(train), len(test)) == (8, 4) and not {r.id for r in train} & {r.id for r in test}
     first = load_stimuliqa(tmp_path / "qa.jsonl")[0]
     stimuli = {s.id: s.text for s in load_labelled(TABLE, load_catalogue(CATALOGUE))}
+    # the generator's Reason: line is kept (data.think_from = "reason" makes it SFT's think text)
     assert first == StimuliRecord("ex01:B_disap#0", stimuli["ex01"],
                                   "How did the narrator feel when the plans fell "
                                   "through?", "Deeply let down", "B_disap", "emotional reactions",
-                                  "specific emotions")
+                                  "specific emotions",
+                                  reason="They had looked forward to the trip for months.")
+    assert json.loads((tmp_path / "qa.jsonl").read_text().splitlines()[0])["reason"] == (
+        "They had looked forward to the trip for months.")
+    # a generation without a Reason: line has no reason key at all (files as before)
+    assert "reason" not in json.loads((tmp_path / "train.jsonl").read_text().splitlines()[-1])
     anger = [r for r in train + test if r.variable == "B_anger"][0]
     assert anger.question == "Why did the narrator raise their voice?" and anger.id.endswith("#1")
     dropped = [json.loads(line) for line in (tmp_path / "dropped.jsonl").read_text().splitlines()]
@@ -291,6 +298,58 @@ def test_comparison_sets_take_the_generated_stimulus(tmp_path):
     seeded = ScriptedSampler(comparison_response)
     build_comparison(build_run(tmp_path / "seeds", seeded), CATALOGUE)
     assert seeded.prompts == 24
+
+
+def test_comparison_dialogue_one_turn_and_two_turn_send_these_messages(tmp_path):
+    topics = tmp_path / "topics.jsonl"
+    write_jsonl(topics, [{"variable": "B_disap", "topic": "a lost match"}])
+    dataset, comparison = prompts.comparison_turns(load_catalogue(CATALOGUE)["B_disap"],
+                                                   "a lost match")
+    assert dataset.startswith("You are an AI assistant that generates one question\u2013answer "
+                              "pair based on a short Stimuli. The question should assess the "
+                              "human-labeled psychological parameter B_disap (disappointment ")
+    assert comparison == (
+        "Generate a Stimuli based on (a lost match), then generate the Q&A pair for psychological "
+        "parameter B_disap (disappointment measured against what the narrator expected) in the "
+        "same format as above.")
+    reply = "Understood. Please share the Stimuli."  # the generator's turn-1 reply (scripted)
+
+    class Recording(ScriptedSampler):  # the chat each prompt renders, and n per call
+        def generate(self, prompt_token_ids, n, *args):
+            self.sent = getattr(self, "sent", []) + [(TOKENIZER.decode(ids), n)
+                                                     for ids in prompt_token_ids]
+            return super().generate(prompt_token_ids, n, *args)
+
+    def respond(prompt, j):
+        return comparison_response(prompt, j) if "Generate a Stimuli" in prompt else reply
+
+    def chat(*turns):
+        messages = [{"role": ("user", "assistant")[i % 2], "content": t}
+                    for i, t in enumerate(turns)]
+        return TOKENIZER.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    # one-turn (the default): both prompts in one user turn, the dataset prompt first
+    one = Recording(respond)
+    build_comparison(build_run(tmp_path / "one", one, samples=2), CATALOGUE, topics)
+    assert one.sent == [(chat(f"{dataset}\n\n{comparison}"), 2)]
+    # two-turn: the dataset prompt alone, one reply; then the dialogue with the comparison prompt
+    two = Recording(respond)
+    report = build_comparison(build_run(tmp_path / "two", two, samples=2), CATALOGUE, topics,
+                              dialogue="two-turn", n_train=1, n_test=0)
+    assert two.sent == [(chat(dataset), 1), (chat(dataset, reply, comparison), 2)]
+    key = f"B_disap:{prompt_sha('a lost match')[:10]}"
+    logged = [json.loads(line) for line in (tmp_path / "two" / "generations.jsonl").open()]
+    assert [(row["key"], len(row["outputs"])) for row in logged] == [(f"{key}/turn-1", 1),
+                                                                      (key, 2)]
+    # the pairs come from turn 2 only, with the stimulus and the Reason: line it wrote
+    assert report["generations"] == 2 and json.loads(
+        (tmp_path / "two" / "build.json").read_text())["inputs"]["dialogue"] == "two-turn"
+    first = load_stimuliqa(tmp_path / "two" / "qa.jsonl")[0]
+    assert (first.id, first.reason) == (f"{key}#0", "x")
+    assert first.stimuli == "Last year I lived through a lost match, and I still think about it."
+    # finished: a second run re-reports from the log, loading no model
+    build_comparison(build_run(tmp_path / "two", None, samples=2), CATALOGUE, topics,
+                     dialogue="two-turn", n_train=1, n_test=0)
 
 
 REASONING = {
@@ -472,3 +531,13 @@ def test_cli_plumbing_on_a_tiny_model_one_process_and_two_ranks(tiny_model, tmp_
     assert [(b["count"], sorted(b["tasks"])) for b in results.values()] == [
         # sample 0 only: B_disap and J_div kept, 1 test pair each
         (2, ["national theme", "specific emotions"])]
+
+
+def test_cli_dialogue_option_takes_one_turn_or_two_turn():
+    result = CliRunner().invoke(main, [
+        "build", "comparison", "--catalogue", CATALOGUE, "--model", "m", "--out", "o",
+        "--dialogue", "three-turn"])
+    assert result.exit_code == 2
+    assert "'three-turn' is not one of 'one-turn', 'two-turn'" in result.output
+    help_text = " ".join(CliRunner().invoke(main, ["build", "comparison", "--help"]).output.split())
+    assert "--dialogue [one-turn|two-turn]" in help_text and "[default: one-turn]" in help_text

@@ -81,6 +81,22 @@ def test_each_source_to_stimuliqa(kind, tmp_path):
     ]
 
 
+@pytest.mark.parametrize("kind", ["jsonl", "csv"])
+def test_a_reason_column_is_carried_through(kind, tmp_path):
+    # e.g. a generator's Reason: lines kept beside its pairs; SFT thinks with it under
+    # data.think_from = "reason"
+    why = ["The bus made me late.", None if kind == "jsonl" else "Calls mean care."]
+    source = write_source(kind, tmp_path, [{**r, "why": w} for r, w in zip(ROWS, why)])
+    out = tmp_path / "train.jsonl"
+    result = invoke(source, "--to", "stimuliqa", "--map", f"{STIMULIQA_MAP},reason=why", "--out",
+                    out)
+    assert result.exit_code == 0, result.output
+    assert [r.reason for r in load_stimuliqa(out)] == why
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines[0]["reason"] == "The bus made me late."
+    assert ("reason" in lines[1]) == (kind == "csv")  # a null cell: no reason, no key
+
+
 @pytest.mark.parametrize("kind", ["jsonl", "csv", "parquet", "datasets"])
 def test_each_source_to_benchmark(kind, tmp_path):
     source = write_source(kind, tmp_path)
@@ -249,7 +265,7 @@ def test_unknown_column_lists_the_source_columns(tmp_path):
     ("stimuliqa", "question=", "--map: 'question=' is not KEY=COLUMN"),
     ("stimuliqa", "colour=c", "--map: unknown key 'colour' for --to stimuliqa (keys: id, "
      "stimuli, question, answer, options, answer_index, variable, dimension, subdimension, "
-     "reasoning)"),
+     "reasoning, reason)"),
     ("benchmark", "reasoning=r", "--map: unknown key 'reasoning' for --to benchmark"),
     ("stimuliqa", "question=a,question=b", "--map: question is given twice ('a', 'b')"),
     ("stimuliqa", "question=a+b", "--map: only options joins columns with +, not question"),

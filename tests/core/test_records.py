@@ -174,6 +174,34 @@ def test_sft_target():
     assert sft_target(StimuliRecord(**{**GOOD, "reasoning": " "}), "cot") is None
 
 
+def test_reason_is_an_optional_field_kept_through_a_round_trip(tmp_path):
+    # the builder's `Reason:` line; files without the key (all older ones) load with reason None
+    with_reason = {**GOOD, "id": "a/2", "reason": "A lost pet is a loss."}
+    lines = [GOOD, with_reason, {**GOOD, "id": "a/3", "reason": None}]
+    records = load_stimuliqa(write_lines(tmp_path / "s.jsonl", lines))
+    assert [r.reason for r in records] == [None, "A lost pet is a loss.", None]
+    write_jsonl(tmp_path / "o.jsonl", records)
+    lines = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    # a None reason is left out, so a file written without one is byte for byte as before
+    assert lines[0] == GOOD and lines[1] == with_reason and "reason" not in lines[2]
+    assert load_stimuliqa(tmp_path / "o.jsonl") == records
+    with pytest.raises(DataError, match="key 'reason': expected a string, got 3"):
+        load_stimuliqa(write_lines(tmp_path / "b.jsonl", [{**GOOD, "reason": 3}]))
+
+
+def test_sft_target_thinks_with_the_reason_when_asked():
+    r = StimuliRecord(**{**GOOD, "reasoning": None}, reason="A lost pet is a loss.")
+    assert sft_target(r, "cot", "reason") == (
+        "<think>A lost pet is a loss.</think><answer>sad</answer>")
+    assert sft_target(r, "cot") is None  # the default think text is `reasoning`, which it lacks
+    assert sft_target(r, "direct", "reason") == sft_target(r, "direct") == "<answer>sad</answer>"
+    both = StimuliRecord(**GOOD, reason="A lost pet is a loss.")
+    assert sft_target(both, "cot") == "<think>Losing a pet hurts.</think><answer>sad</answer>"
+    assert sft_target(StimuliRecord(**GOOD), "cot", "reason") is None
+    with pytest.raises(ValueError, match="unknown think source 'why'"):
+        sft_target(r, "cot", "why")
+
+
 def test_split_rule():
     records = [StimuliRecord(**{**GOOD, "id": f"{v}/{i}", "variable": v}) for v, n in
                (("B_a", 7), ("C_low", 4), ("B_b", 5)) for i in range(n)]

@@ -51,6 +51,27 @@ def test_direct_mode_and_length_limit(qwen):
     assert counts["too_long"] >= 1 and counts["kept"] + counts["too_long"] == 3
 
 
+def test_cot_target_from_the_builders_reason(qwen):
+    # data.think_from = "reason": the generator's Reason: line (psyrl build qa) is the think text
+    record = StimuliRecord("q/1", "My friend called me 3 times.", "How did I feel?", "loved",
+                           reason="Three calls show she cared.")
+    examples, counts = build_examples([record], qwen, PromptConfig(), 2048, think_from="reason")
+    assert counts == {"kept": 1, "no_reasoning": 0, "too_long": 0}
+    assert qwen.decode(examples[0].input_ids[examples[0].prompt_len:]) == (
+        "<think>Three calls show she cared.</think><answer>loved</answer><|im_end|>")
+    assert qwen.decode(examples[0].input_ids[:examples[0].prompt_len]) == prompts.render(
+        qwen, record, PromptConfig())
+    # the default think text is `reasoning`: the record has none, so it is skipped and counted
+    _, counts = build_examples([record], qwen, PromptConfig(), 2048)
+    assert counts == {"kept": 0, "no_reasoning": 1, "too_long": 0}
+    # direct mode is unchanged whatever the think source
+    for think_from in ("reasoning", "reason"):
+        (direct,), _ = build_examples([record], qwen, PromptConfig(mode="direct"), 2048,
+                                      think_from=think_from)
+        assert qwen.decode(direct.input_ids[direct.prompt_len:]) == (
+            "<answer>loved</answer><|im_end|>")
+
+
 def test_sft_loss_hand_computed():
     logp = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.25, 0.0]])
     mask = torch.tensor([[False, True, True], [True, False, False]])
