@@ -92,7 +92,7 @@ def _docs(table: type) -> dict[str, str]:
     return field_docs(table)  # parses config.py: once per table, not once per option
 
 
-def _option(name: str, default, note: str, required: bool):
+def _option(name: str, default, note: str, required: bool, engines: tuple[str, ...] = ()):
     spec = OPTION_KEYS[name]
     doc = _docs(spec.table)[spec.key]
     if spec.cut:  # a ValueError at import if the docstring changed
@@ -105,7 +105,8 @@ def _option(name: str, default, note: str, required: bool):
     if name == "model":
         kind = click.Path(file_okay=False)
     elif typing.get_origin(hint) is typing.Literal:  # --dtype adds auto
-        kind = click.Choice([*(["auto"] if name == "dtype" else []), *typing.get_args(hint)])
+        kind = click.Choice([*(["auto"] if name == "dtype" else []), *typing.get_args(hint),
+                             *(engines if name == "engine" else ())])
     else:
         kind = hint
     if required:
@@ -115,9 +116,10 @@ def _option(name: str, default, note: str, required: bool):
 
 
 def generation_options(omit=(), notes: dict[str, str] | None = None, model_required: bool = True,
-                       **defaults):
+                       engines: tuple[str, ...] = (), **defaults):
     """The click options of the GenerationOptions fields but `omit`, defaulting to `defaults`, else
-    TOOL_DEFAULTS, else the config's; `notes[name]` ends an option's help where the tool means more.
+    TOOL_DEFAULTS, else the config's; `notes[name]` ends an option's help where the tool means more;
+    `engines`: --engine choices of this tool only, beyond the trainers' (evaluate.py: openai).
     The command receives them as one GenerationOptions, `gen`."""
     notes = notes or {}
 
@@ -134,7 +136,7 @@ def generation_options(omit=(), notes: dict[str, str] | None = None, model_requi
             return command(*args, gen=GenerationOptions(**values, **fixed), **kwargs)
         for name in reversed(names):
             required = name == "model" and model_required
-            option = _option(name, default(name), notes.get(name, ""), required)
+            option = _option(name, default(name), notes.get(name, ""), required, engines)
             with_options = option(with_options)
         return with_options
     return decorate

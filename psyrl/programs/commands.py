@@ -4,6 +4,7 @@ its program (torch, transformers) when it runs, so `--help` answers at once."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import click
 from psyrl.cli import compare_command, lengths_command
 from psyrl.core.generation_options import GenerationOptions, generation_options, option_problems
 from psyrl.eval.benchmarks import EXTRA_BENCHMARKS, HALVES, PAPER_BENCHMARKS
+from psyrl.eval.openai_engine import ApiOptions, url_problem
 
 # the checkout's data/benchmarks (psyrl/programs/ is two folders down)
 BENCHMARK_DIR = Path(__file__).resolve().parents[2] / "data" / "benchmarks"
@@ -65,13 +67,16 @@ def train_tgrpo(config_path, overrides, overwrite, resume):
 
 @click.group("evaluate", invoke_without_command=True,
              context_settings={"help_option_names": ["-h", "--help"]})
-@generation_options(omit=("samples",), model_required=False, notes={
-    "model": "A psyrl export (runs/<name>/hf, a checkpoint's hf/) or any Qwen2.5 checkpoint.",
+@generation_options(omit=("samples",), model_required=False, engines=("openai",), notes={
+    "model": "A psyrl export (runs/<name>/hf, a checkpoint's hf/) or any Qwen2.5 checkpoint. Not "
+             "with --engine openai.",
     "temperature": "The paper's validation: 0.5 (A.3).",
     "seed": "Each item draws with its own seed, derived from this and its id.",
     "batch": "On a CPU, 64 was at most 22% faster than 16 on short prompts and up to 4.8x "
              "slower on the benchmarks' long ones; on a GPU take more.",
-    "engine": "The two draw differently: a resume keeps the engine.",
+    "engine": "The two draw differently: a resume keeps the engine. openai (evaluate only): an "
+              "OpenAI-compatible chat-completions server or API, --base-url and --api-model; one "
+              "process, no --model (--batch, --dtype, --device, --tokenizer do not apply).",
 })
 @click.option(
     "--benchmarks", multiple=True, metavar="NAME|FILE[,...]", help=
@@ -102,9 +107,30 @@ def train_tgrpo(config_path, overrides, overwrite, resume):
     "--overwrite", is_flag=True,
     help="Delete --out's earlier evaluate.py files (predictions, results) "
     "instead of resuming them; other files there are left alone.")
+@click.option("--base-url", metavar="URL", default=None,
+              help="--engine openai: the API root, /chat/completions appended (vllm serve: "
+              "http://HOST:PORT/v1; OpenAI: https://api.openai.com/v1).")
+@click.option("--api-model", metavar="NAME", default=None,
+              help="--engine openai: the `model` of every request (e.g. gpt-4.1-nano).")
+@click.option("--api-key-env", metavar="VAR", default="OPENAI_API_KEY", show_default=True,
+              help="--engine openai: the environment variable holding the API key (unset: no "
+              "key, as a local server takes it). Only the variable's name is ever recorded.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True,
+              help="--engine openai: requests in flight at once.")
+@click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=600.0,
+              show_default=True,
+              help="--engine openai: seconds a request waits to connect, and for each read of "
+              "its answer, before it is retried.")
+@click.option("--retries", type=click.IntRange(min=0), default=6, show_default=True,
+              help="--engine openai: further attempts after a 429, a 5xx, a malformed answer, a "
+              "connection error or a timeout (other 4xx fail at once).")
+@click.option("--retry-wait", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="--engine openai: the first backoff in seconds, doubled per attempt (at most "
+              "60 s), with jitter; a longer Retry-After is honoured.")
 @click.pass_context
 def evaluate(click_ctx, gen: GenerationOptions, benchmarks, benchmark_dir, mode, limit, half,
-             split_seed, out_dir, overwrite):
+             split_seed, out_dir, overwrite, base_url, api_model, api_key_env, concurrency,
+             request_timeout, retries, retry_wait):
     """Evaluate a checkpoint on the OOD benchmarks: F1 (x100) and F1-accuracy (%) per benchmark and
     per task, format rate, E choices and response length (results.md, results.json,
     predictions.jsonl). Sub-commands compare runs and draw the RQ5 length analysis."""
@@ -112,14 +138,40 @@ def evaluate(click_ctx, gen: GenerationOptions, benchmarks, benchmark_dir, mode,
         if gen.model is not None:
             raise click.UsageError("--model evaluates; it does not go with a sub-command")
         return
-    if gen.model is None:
+    api = None
+    if gen.engine == "openai":
+        api = ApiOptions(base_url or "", api_model or "", api_key_env, concurrency,
+                         request_timeout, retries, retry_wait)
+        api_problems(gen, api)
+    elif base_url is not None or api_model is not None:
+        raise click.UsageError("--base-url and --api-model go with --engine openai")
+    elif gen.model is None:
         raise click.UsageError("--model DIR is required (or a sub-command: compare, lengths)")
     problems = option_problems(gen) + ([] if limit >= 0 else ["--limit must be >= 0"])
     if problems:
         raise click.UsageError("; ".join(problems))
     from psyrl.programs.evaluate import main
 
-    main(gen, benchmarks, benchmark_dir, mode, limit, half, split_seed, out_dir, overwrite)
+    main(gen, benchmarks, benchmark_dir, mode, limit, half, split_seed, out_dir, overwrite, api)
+
+
+def api_problems(gen: GenerationOptions, api: ApiOptions) -> None:
+    """--engine openai's refusals, before anything is imported or read."""
+    if gen.model is not None:
+        raise click.UsageError("--model is a local checkpoint; --engine openai evaluates "
+                               "--api-model NAME at --base-url URL")
+    if not api.model:
+        raise click.UsageError("--engine openai needs --api-model NAME (the model the API serves)")
+    if not api.base_url:
+        raise click.UsageError("--engine openai needs --base-url URL (e.g. "
+                               "http://127.0.0.1:8000/v1 for vllm serve)")
+    if problem := url_problem(api.base_url):
+        raise click.UsageError(problem)
+    # one process sends every request (--concurrency in flight): ranks would only repeat them
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise click.UsageError(
+            f"--engine openai runs in one process (WORLD_SIZE={os.environ['WORLD_SIZE']}): run it "
+            "with python, not torchrun; --concurrency sets the requests in flight")
 
 
 evaluate.add_command(compare_command, "compare")

@@ -8,6 +8,8 @@ per benchmark and per task, for any local Hugging Face checkpoint.
     RUN_A)
     python evaluate.py lengths RUN_A [RUN_B] --out fig6.png        (RQ5 / Figure 6)
     psyrl evaluate ... / torchrun --nproc_per_node N -m psyrl evaluate ...   (installed)
+    python evaluate.py --engine openai --base-url URL --api-model NAME ...   (an API baseline, one
+    process: `evaluate_api`)
 
 Its command line (the options below are the trainers' config keys, psyrl.core.generation_options)
 is psyrl.programs.commands.evaluate; `main` below is the program.
@@ -18,8 +20,10 @@ resume (its logits can, in their last bits, with the batch's shapes). Prediction
 `<out>/predictions.jsonl` as they finish; a second run with the same --out and generation settings
 skips the items already there (an interrupted evaluation resumes; SIGTERM or SIGUSR1 stops it after
 the round in flight, exit status 75). At the end: predictions.jsonl in
-item order, results.json, results.md. ToMbench's licence says "evaluation only": `psyrl self-label`
-leaves its items out unless told otherwise.
+item order, results.json, results.md. `--engine openai` sends each item's chat messages to an
+OpenAI-compatible endpoint instead (psyrl.eval.openai_engine) and keeps the same files and resume.
+ToMbench's licence says "evaluation only": `psyrl self-label` leaves its items out unless told
+otherwise.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -50,6 +55,7 @@ from psyrl.eval.benchmarks import (
     task_of,
 )
 from psyrl.eval.lengths import counts_markdown, lengths_by_index
+from psyrl.eval.openai_engine import ApiError, ApiOptions, Client, complete_all, request_body
 from psyrl.eval.report import results_markdown
 from psyrl.runtime.distributed import all_gather_lists, broadcast_object, cleanup, print0
 from psyrl.runtime.generation import load_generation, start_generation
@@ -69,7 +75,8 @@ GENERATION_KEYS = (
     # what a resume must share with the run it continues
     "max_new_tokens",
     "dtype",
-    "engine")
+    "engine",
+    "base_url")
 # settings absent from the eval.json of an older psyrl: what it used
 DEFAULTS_BEFORE = {"engine": "torch"}
 
@@ -90,14 +97,25 @@ def split_specs(values) -> list[str]:
 
 
 def main(gen: GenerationOptions, benchmarks, benchmark_dir, mode, limit, half, split_seed,
-         out_dir, overwrite) -> None:
+         out_dir, overwrite, api: ApiOptions | None = None) -> None:
     """Evaluate --model (options checked by the command line): join the ranks, evaluate, report;
-    every error is one message from rank 0."""
+    every error is one message from rank 0. With `api` (--engine openai): one process, no model."""
+    specs = split_specs(benchmarks) or list(PAPER_BENCHMARKS)
+    if api is not None:
+        out = Path(out_dir or Path("runs") / "eval" / api.model.replace("/", "-"))
+        try:
+            evaluate_api(gen, api, specs, benchmark_dir, mode, limit, half, split_seed, out,
+                         overwrite)
+        except Preempted as e:
+            click.echo(str(e))
+            raise SystemExit(EXIT_PREEMPTED) from None
+        except (EvalError, DataError, OSError, ValueError, ApiError) as e:
+            raise click.ClickException(str(e)) from None
+        return
     default_out = Path("runs") / "eval" / model_label(Path(gen.model)).replace("/", "-")
     out = Path(out_dir) if out_dir else default_out
     try:
         dist = start_generation(gen)
-        specs = split_specs(benchmarks) or list(PAPER_BENCHMARKS)
         evaluate(dist, gen, specs, benchmark_dir, mode, limit, half, split_seed, out, overwrite)
         cleanup(dist)
     except Preempted as e:
@@ -111,11 +129,7 @@ def main(gen: GenerationOptions, benchmarks, benchmark_dir, mode, limit, half, s
 def evaluate(dist, gen: GenerationOptions, specs, benchmark_dir, mode, limit, half, split_seed,
              out: Path, overwrite) -> None:
     # ------------------------------------------------------------- inputs, checked before any write
-    sources = resolve_sources(specs, benchmark_dir)
-    items = [(s, r) for s in sources for r in select_items(s.records, limit, half, split_seed)]
-    if not items:
-        raise EvalError(
-            f"no item to evaluate in {', '.join(s.name for s in sources)} (split {half})")
+    sources, items = selection(specs, benchmark_dir, limit, half, split_seed)
     generation = load_generation(dist, gen)  # the tokenizer; the model loads after the resume check
     tokenizer, model_dir = generation.tokenizer, Path(gen.model)
     # the model directory too, before eval.json is written: its config (no remote code), weights
@@ -124,24 +138,15 @@ def evaluate(dist, gen: GenerationOptions, specs, benchmark_dir, mode, limit, ha
         raise EvalError(f"{model_dir} holds no weights (*.safetensors or *.bin)")
     given = {**generation.settings, "prompt": mode}
     recorded = (*GENERATION_KEYS, "tensor_parallel", "gpu_memory_utilization")
-    settings = {**{k: given[k] for k in recorded}, "split": half, "split_seed": split_seed,
-                "limit": limit, "options": PromptConfig().options,
-                "sources": [{"name": s.name, "path": str(s.path.resolve()), "schema": s.schema}
-                            for s in sources]}
+    settings = {**{k: given[k] for k in recorded if k in given},
+                **selection_settings(sources, limit, half, split_seed)}
     predictions = out / "predictions.jsonl"
     done: dict[str, dict] = {}
     problem = None
     # rank 0 decides and writes; the others learn the outcome (no rank left waiting alone)
     if dist.is_main:
         try:
-            done = {} if overwrite else previous_predictions(out, settings, items)
-            out.mkdir(parents=True, exist_ok=True)
-            # only evaluate.py's own files: --out may hold others
-            for name in OUTPUT_FILES if overwrite else ():
-                (out / name).unlink(missing_ok=True)
-            write_text(out / "eval.json", json.dumps(settings, indent=2) + "\n")
-            # no torn last line
-            write_text(predictions, "".join(json.dumps(row) + "\n" for row in done.values()))
+            done = start_output(out, settings, items, overwrite)
         except (EvalError, OSError) as e:
             problem = str(e)
     problem, done_ids = broadcast_object((problem, set(done)), dist)
@@ -204,31 +209,135 @@ def evaluate(dist, gen: GenerationOptions, specs, benchmark_dir, mode, limit, ha
         return
 
     # ---------------------------------------------------------------- results
-    # item order: the same file for any ranks, batch or resume
-    rows = [done[r.id] for _, r in items]
-    write_text(predictions, "".join(json.dumps(row) + "\n" for row in rows))
-    results = aggregate(rows)
     perf = {
         "ranks": dist.world, "device": str(dist.device), "generated_items": len(pending),
         "wall_s": wall, "items_per_s": len(pending) / wall if pending and wall > 0 else None,
         "per_rank": per_rank
     }
-    write_text(
-        out / "results.json",
-        json.dumps({"settings": settings, "results": results, "perf": perf}, indent=2) + "\n")
-    markdown = results_markdown(model_label(model_dir), results, settings)
-    try:
-        markdown += "\n## RQ5: Unexpected Outcome Test (ToMbench)\n\n" + counts_markdown(
-            [model_label(model_dir)], [lengths_by_index(rows)]) + "\n"
-    except EvalError:
-        pass  # no ToMbench Unexpected Outcome Test item in this evaluation
-    write_text(out / "results.md", markdown)
-    click.echo(markdown)
+    write_results(out, model_label(model_dir), items, done, settings, perf)
     speed = f"{perf['items_per_s']:.2f} items/s over {dist.world} rank(s)" if perf[
         "items_per_s"] else "nothing new"
     print0(
         f"evaluate: {len(pending)} items generated in {wall:.1f} s ({speed}); {out}/results.md, "
         "results.json, predictions.jsonl", dist)
+
+
+def evaluate_api(gen: GenerationOptions, api: ApiOptions, specs, benchmark_dir, mode, limit,
+                 half, split_seed, out: Path, overwrite) -> None:
+    """`--engine openai`: the same items, prompts, seeds, scoring, files and resume as `evaluate`,
+    each response one chat-completions request (`api.concurrency` in flight, one process)."""
+    # ------------------------------------------------------------- inputs, checked before any write
+    sources, items = selection(specs, benchmark_dir, limit, half, split_seed)
+    # the key's variable by name only: its value never reaches a file or the screen
+    settings = {"model": api.model, "engine": "openai", "base_url": api.base_url,
+                "api_key_env": api.key_env, "prompt": mode, "temperature": gen.temperature,
+                "top_p": gen.top_p, "seed": gen.seed, "max_new_tokens": gen.max_new_tokens,
+                "concurrency": api.concurrency, "request_timeout": api.timeout,
+                "retries": api.retries, **selection_settings(sources, limit, half, split_seed)}
+    done = start_output(out, settings, items, overwrite)
+    predictions = out / "predictions.jsonl"
+    prompt_cfg = PromptConfig(mode=mode)
+    pending = [(s, r, prompts.messages(r, prompt_cfg)) for s, r in items if r.id not in done]
+    client = Client(api)
+    key = "an API key" if client.has_key else "no API key"
+    click.echo(
+        f"evaluate: {api.model} at {api.url} ({key} from ${api.key_env}), {api.concurrency} "
+        f"requests in flight: {len(items)} items "
+        f"({', '.join(f'{s.name} {sum(1 for x, _ in items if x is s)}' for s in sources)}); "
+        f"{len(done)} already in {predictions}, {len(pending)} to request")
+
+    # ------------------------------------------- request and score, appending each as it finishes
+    def body(job) -> dict:
+        _, record, messages = job
+        return request_body(api.model, messages, gen.temperature, gen.top_p, gen.max_new_tokens,
+                            item_seed(gen.seed, record.id))
+
+    stats = {"items": 0, "response_tokens": 0}
+    t0 = time.perf_counter()
+    with (predictions.open("a", encoding="utf-8") as sink,
+          Preemption(RunConfig().preempt_signals) as preemption,
+          tqdm(total=len(items), initial=len(done), desc="evaluate", unit="item",
+               dynamic_ncols=True, disable=not gen.progress) as bar):
+        # a signal: no new request; those in flight finish and are kept
+        finished = complete_all(client, pending, body, lambda: preemption.received != 0)
+        for (source, record, messages), answer in finished:
+            row = score_response(record, source.name, answer.text, answer.tokens, answer.finish,
+                                 None, mode)  # no log-probs: not every API returns them
+            row["prompt"] = json.dumps(messages, ensure_ascii=False)  # what was sent
+            # on disk at once: a crash loses only the requests in flight
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+            os.fsync(sink.fileno())
+            done[record.id] = row
+            stats["items"] += 1
+            stats["response_tokens"] += answer.tokens
+            bar.update(1)
+        stop = preemption.received
+    wall = time.perf_counter() - t0
+    if stop and len(done) < len(items):
+        raise Preempted(
+            f"evaluate: preempted by {signal.Signals(stop).name} after {len(done)} of "
+            f"{len(items)} items, all in {predictions}; run the same command to resume")
+
+    # ---------------------------------------------------------------- results
+    perf = {"ranks": 1, "device": api.url, "generated_items": stats["items"], "wall_s": wall,
+            "items_per_s": stats["items"] / wall if stats["items"] and wall > 0 else None,
+            "concurrency": api.concurrency, "per_rank": [{"rank": 0, **stats}]}
+    write_results(out, api.model, items, done, settings, perf)
+    speed = f"{perf['items_per_s']:.2f} items/s" if perf["items_per_s"] else "nothing new"
+    click.echo(f"evaluate: {stats['items']} items requested in {wall:.1f} s ({speed}); "
+               f"{out}/results.md, results.json, predictions.jsonl")
+
+
+def selection(specs, benchmark_dir, limit, half, split_seed) -> tuple[list, list]:
+    """(sources, items): the items evaluated, as (source, record) in source and file order."""
+    sources = resolve_sources(specs, benchmark_dir)
+    items = [(s, r) for s in sources for r in select_items(s.records, limit, half, split_seed)]
+    if not items:
+        raise EvalError(
+            f"no item to evaluate in {', '.join(s.name for s in sources)} (split {half})")
+    return sources, items
+
+
+def selection_settings(sources, limit, half, split_seed) -> dict:
+    """What eval.json records of the selection, whatever generates."""
+    return {"split": half, "split_seed": split_seed, "limit": limit,
+            "options": PromptConfig().options,
+            "sources": [{"name": s.name, "path": str(s.path.resolve()), "schema": s.schema}
+                        for s in sources]}
+
+
+def start_output(out: Path, settings: dict, items: list, overwrite: bool) -> dict[str, dict]:
+    """The finished rows of an earlier run (none with `overwrite`, which deletes evaluate.py's own
+    files: --out may hold others), then eval.json and predictions.jsonl rewritten without a torn
+    last line."""
+    done = {} if overwrite else previous_predictions(out, settings, items)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in OUTPUT_FILES if overwrite else ():
+        (out / name).unlink(missing_ok=True)
+    write_text(out / "eval.json", json.dumps(settings, indent=2) + "\n")
+    write_text(out / "predictions.jsonl", "".join(json.dumps(row) + "\n" for row in done.values()))
+    return done
+
+
+def write_results(out: Path, label: str, items: list, done: dict[str, dict], settings: dict,
+                  perf: dict) -> None:
+    """predictions.jsonl in item order (the same file for any ranks, batch, engine order or
+    resume), results.json, results.md (printed)."""
+    rows = [done[r.id] for _, r in items]
+    write_text(out / "predictions.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    results = aggregate(rows)
+    write_text(
+        out / "results.json",
+        json.dumps({"settings": settings, "results": results, "perf": perf}, indent=2) + "\n")
+    markdown = results_markdown(label, results, settings)
+    try:
+        markdown += "\n## RQ5: Unexpected Outcome Test (ToMbench)\n\n" + counts_markdown(
+            [label], [lengths_by_index(rows)]) + "\n"
+    except EvalError:
+        pass  # no ToMbench Unexpected Outcome Test item in this evaluation
+    write_text(out / "results.md", markdown)
+    click.echo(markdown)
 
 
 def previous_predictions(out: Path, settings: dict, items: list) -> dict[str, dict]:
@@ -247,9 +356,9 @@ def previous_predictions(out: Path, settings: dict, items: list) -> dict[str, di
     except ValueError as e:
         raise EvalError(f"{saved}: {e}; use --overwrite to start again") from None
     before = {**DEFAULTS_BEFORE, **before}
-    changed = [
-        f"{k}: {before.get(k)!r} -> {settings[k]!r}" for k in GENERATION_KEYS
-        if before.get(k) != settings[k]
+    changed = [  # a key an engine does not record is None (--engine openai: no dtype)
+        f"{k}: {before.get(k)!r} -> {settings.get(k)!r}" for k in GENERATION_KEYS
+        if before.get(k) != settings.get(k)
     ]
     if changed:
         raise EvalError(
