@@ -3,8 +3,8 @@ program in its own process (torchrun when `nproc` > 1), skip the finished ones, 
 interrupted ones, then write experiments/<name>/results.{md,json}.
 
 A unit is finished when its outputs are: a trainer's `hf/config.json` (and its evaluation's
-results.json), an evaluation's results.json, a psyrl command's `creates` file. A trainer run that was
-cut off resumes from its newest complete checkpoint (`--resume`); one cut off before its first
+results.json), an evaluation's results.json, a psyrl command's `creates` file. A trainer run that
+was cut off resumes from its newest complete checkpoint (`--resume`); one cut off before its first
 checkpoint starts over (`--overwrite`: nothing of it could be kept). An evaluation resumes by itself
 from its predictions.jsonl. So after a crash, a kill or a preemption the same command continues.
 """
@@ -88,8 +88,8 @@ def substitute(experiment: Experiment, unit: Unit, text: str, dry: bool) -> str:
     return PLACEHOLDER.sub(one, text).replace("{dir}", str(unit.dir))
 
 
-def steps(experiment: Experiment, unit: Unit, extra_sets: tuple[str, ...], limit: int | None,
-          dry: bool) -> list[tuple[str, list[str]]]:
+def steps(experiment: Experiment, unit: Unit, extra_sets: tuple[str, ...],
+          extra_eval: tuple[str, ...], dry: bool) -> list[tuple[str, list[str]]]:
     """The unit's (what, argv) still to run; [] when it is finished."""
     run, seed, out = unit.run, unit.seed, []
     seeded = ["--seed", str(seed)] if seed is not None else []
@@ -99,11 +99,12 @@ def steps(experiment: Experiment, unit: Unit, extra_sets: tuple[str, ...], limit
         model = str(e)
     evaluate = [*launcher(experiment), "evaluate", "--benchmarks",
                 ",".join(run.benchmarks or experiment.eval_benchmarks),
-                *experiment.eval_args, *seeded, *(["--limit", str(limit)] if limit else [])]
+                *experiment.eval_args, *seeded]
     if run.kind in ("sft", "tgrpo"):
         if not (unit.dir / "hf" / "config.json").is_file():
             argv = [*launcher(experiment), f"train-{run.kind}", "--config", run.config,
-                    "--set", f"run.output_dir={unit.dir.parent}", "--set", f"run.name={unit.dir.name}"]
+                    "--set", f"run.output_dir={unit.dir.parent}",
+                    "--set", f"run.name={unit.dir.name}"]
             argv += ["--set", f"run.seed={seed}"] if seed is not None else []
             argv += ["--set", f"model.path={model}"] if model else []
             for override in (*run.overrides, *extra_sets):
@@ -111,16 +112,24 @@ def steps(experiment: Experiment, unit: Unit, extra_sets: tuple[str, ...], limit
             argv += restart_flag(unit.dir)
             out.append(("train", argv))
         if run.evaluate and not (unit.eval_dir / "results.json").is_file():
-            out.append(("evaluate", [*evaluate, "--model", str(unit.dir / "hf"),
+            out.append(("evaluate", [*evaluate, "--model", str(unit.dir / "hf"), *extra_eval,
                                      "--out", str(unit.eval_dir)]))
     elif run.kind == "evaluate":
         if not (unit.dir / "results.json").is_file():
             args = [substitute(experiment, unit, a, dry) for a in run.args]
-            out.append(("evaluate", [*evaluate, "--model", model, *args, "--out", str(unit.dir)]))
+            chosen = ["--model", model] if model else []
+            out.append(("evaluate", [*evaluate, *chosen, *args, *extra_eval, "--out",
+                                     str(unit.dir)]))
     elif not (unit.dir / run.creates).is_file():
         out.append(("psyrl", [sys.executable, "-m", "psyrl",
                               *(substitute(experiment, unit, a, dry) for a in run.args)]))
     return out
+
+
+def shell_line(argv: list[str]) -> str:
+    """A command to paste into a shell: a pending `$(psyrl select-checkpoint ...)` is left to
+    expand, inside double quotes."""
+    return " ".join(f'"{a}"' if "$(" in a else shlex.quote(a) for a in argv)
 
 
 def restart_flag(run_dir: Path) -> list[str]:
@@ -172,7 +181,7 @@ class Runner:
 
 
 def run_experiment(experiment: Experiment, only: tuple[str, ...] = (), dry_run: bool = False,
-                   extra_sets: tuple[str, ...] = (), limit: int | None = None) -> int:
+                   extra_sets: tuple[str, ...] = (), extra_eval: tuple[str, ...] = ()) -> int:
     """Run the units still to run; returns the exit status (0, or 75 when preempted)."""
     units = plan(experiment)
     chosen = select(units, only)
@@ -180,15 +189,15 @@ def run_experiment(experiment: Experiment, only: tuple[str, ...] = (), dry_run: 
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
     if dry_run:
         for unit in chosen:
-            todo = steps(experiment, unit, extra_sets, limit, dry=True)
+            todo = steps(experiment, unit, extra_sets, extra_eval, dry=True)
             print(f"# {unit.title}: " + ("done" if not todo else ", ".join(w for w, _ in todo)))
             for _, argv in todo:
-                print(shlex.join(argv).replace("'$(", "\"$(").replace(")'", ")\""))
+                print(shell_line(argv))
         return 0
     started = time.monotonic()
     with Runner(experiment.run_root / "logs") as runner:
         for number, unit in enumerate(chosen, 1):
-            todo = steps(experiment, unit, extra_sets, limit, dry=False)
+            todo = steps(experiment, unit, extra_sets, extra_eval, dry=False)
             if not todo:
                 print(f"psyrl experiment: [{number}/{len(chosen)}] {unit.title}: done, skipped",
                       flush=True)
@@ -215,6 +224,45 @@ def run_experiment(experiment: Experiment, only: tuple[str, ...] = (), dry_run: 
     return 0
 
 
+def root_model(experiment: Experiment, reference: str) -> str:
+    """The model a chain of run references starts from: a path, or "" for the first run's config's
+    own model.path (what `--plan` plans with: a run's outputs do not exist before it runs)."""
+    run = experiment.runs.get(reference.partition("@")[0])
+    if run is None:
+        return reference
+    return root_model(experiment, run.model) if run.model else ""
+
+
+def plan_memory(experiment: Experiment, extra_sets: tuple[str, ...], gpu_memory_gib: float) -> int:
+    """`psyrl plan` for every trainer run (model.path: the model its chain starts from) on
+    `nproc` GPUs; returns 3 when one does not fit, as `psyrl plan` does."""
+    from psyrl.core.config import load_config
+    from psyrl.runtime.memory_plan import format_plan, load_architecture
+    from psyrl.runtime.memory_plan import plan as memory_plan
+
+    worst = 0
+    for unit in plan(experiment):
+        run = unit.run
+        if run.kind not in ("sft", "tgrpo") or unit.seed not in (None, *run.seeds[:1]):
+            continue
+        sets = [substitute(experiment, unit, o, dry=True) for o in (*run.overrides, *extra_sets)]
+        start = root_model(experiment, run.model) if run.model else ""
+        sets += [f"model.path={start}"] if start else []
+        try:
+            cfg = load_config(run.config, sets)
+            architecture, source = load_architecture(cfg.model)
+            result = memory_plan(cfg, architecture, experiment.nproc, gpu_memory_gib, None,
+                                 trainer=run.kind)
+        except (ValueError, OSError) as e:
+            raise SystemExit(f"psyrl experiment --plan: run {run.name!r}: {e}") from None
+        verdict = "fits" if result.fits else "DOES NOT FIT"
+        print(f"# {run.name} ({run.kind}, {run.config}; architecture from {source}): {verdict}")
+        if not result.fits:
+            print(format_plan(result))
+            worst = 3
+    return worst
+
+
 def _save_record(path: Path, record: dict) -> None:
     from psyrl.core.atomic import write_text
 
@@ -231,7 +279,7 @@ def collect(experiment: Experiment) -> tuple[list[dict], list[dict]]:
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
     runs = []
     for unit in units:
-        finished = not steps(experiment, unit, (), None, dry=True)
+        finished = not steps(experiment, unit, (), (), dry=True)
         wall = sum(v for k, v in record.items() if k.split("/")[0] == unit.dir.name)
         runs.append({"run": unit.run.name, "seed": unit.seed, "title": unit.title,
                      "dir": str(unit.dir), "status": "done" if finished else "not finished",
@@ -252,14 +300,22 @@ def collect(experiment: Experiment) -> tuple[list[dict], list[dict]]:
               help="Add this override to every trainer run (e.g. run.steps=1); repeatable.")
 @click.option("--limit", type=int, default=None,
               help="At most N items per task in every evaluation (evaluate's --limit).")
+@click.option("--eval-args", default="", metavar="'ARGS'",
+              help="Append these options to every evaluation (one string, shell-quoted; e.g. "
+                   "'--max-new-tokens 8'): the last value of an option wins.")
 @click.option("--nproc", type=int, default=None,
               help="Ranks per run instead of the file's [experiment] nproc.")
 @click.option("--output-dir", default=None, type=click.Path(file_okay=False),
               help="Where the runs go instead of the file's output_dir.")
+@click.option("--plan", "plan_only", is_flag=True,
+              help="`psyrl plan` for every trainer run on [experiment] nproc GPUs; run nothing "
+                   "(exit status 3 when one does not fit).")
+@click.option("--gpu-memory-gib", type=float, default=48.0, show_default=True,
+              help="With --plan: the memory of one GPU (48: RTX A6000).")
 @click.option("--tables-only", is_flag=True,
               help="Write results.md/.json from what is on disk; run nothing.")
-def experiment_command(path, only, dry_run, seeds, extra_sets, limit, nproc, output_dir,
-                       tables_only):
+def experiment_command(path, only, dry_run, seeds, extra_sets, limit, eval_args, nproc,
+                       output_dir, plan_only, gpu_memory_gib, tables_only):
     """Run an experiment file (experiments/*.toml): its runs in dependency order, finished ones
     skipped, interrupted ones resumed; then its tables with 95 % bootstrap intervals over seeds and
     items, in experiments/<name>/results.md and results.json.
@@ -272,8 +328,10 @@ def experiment_command(path, only, dry_run, seeds, extra_sets, limit, nproc, out
         if seeds is not None:
             try:
                 chosen = tuple(int(s) for s in seeds.split(","))
+                if any(s < 0 for s in chosen) or len(set(chosen)) != len(chosen):
+                    raise ValueError
             except ValueError:
-                raise click.BadParameter(f"{seeds!r}: expected S[,S...], integers",
+                raise click.BadParameter(f"{seeds!r}: expected S[,S...], distinct integers >= 0",
                                          param_hint="--seeds") from None
             experiment = with_seeds(experiment, chosen)
         if nproc is not None:
@@ -290,10 +348,18 @@ def experiment_command(path, only, dry_run, seeds, extra_sets, limit, nproc, out
                                          param_hint="--set")
         if limit is not None and limit < 1:
             raise click.BadParameter("must be >= 1", param_hint="--limit")
+        try:
+            extra_eval = tuple(shlex.split(eval_args))
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--eval-args") from None
+        if limit is not None:
+            extra_eval += ("--limit", str(limit))
     except ExperimentError as e:
         raise click.ClickException(str(e)) from None
+    if plan_only:
+        raise SystemExit(plan_memory(experiment, extra_sets, gpu_memory_gib))
     if not tables_only:
-        code = run_experiment(experiment, only, dry_run, extra_sets, limit)
+        code = run_experiment(experiment, only, dry_run, extra_sets, extra_eval)
         if code or dry_run:
             raise SystemExit(code)
     from psyrl.experiment.tables import table_markdown, write_results

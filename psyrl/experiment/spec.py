@@ -184,6 +184,12 @@ def load_experiment(path: str | Path, output_dir: str | None = None) -> Experime
         eval_args=tuple(_strings(evaluation, ("evaluate", "args"), fail)),
         runs=runs, tables=tables)
     for run in runs.values():
+        for arg in (*run.args, *run.overrides):
+            for _, target in PLACEHOLDER.findall(arg):
+                if target.partition("@")[0] not in runs:
+                    fail(("runs", run.name, "args" if arg in run.args else "set"),
+                         f"{arg!r}: no run named {target.partition('@')[0]!r} (runs: "
+                         f"{', '.join(runs)})")
         for reference in _references(run):
             target = reference.partition("@")[0]
             where = ("runs", run.name, "model" if reference == run.model else
@@ -236,6 +242,9 @@ def _run(name: str, value, fail) -> RunSpec:
     if not isinstance(value, dict):
         fail(where, f"[runs.{name}] must be a table")
     kind = value.get("kind")
+    if kind is None and value and all(isinstance(v, dict) for v in value.values()):
+        fail(where, f"[runs.{name}.{next(iter(value))}] is a table inside run {name!r}: a run "
+             f"name with a '.' is quoted in TOML ([runs.\"{name}.{next(iter(value))}\"])")
     if kind not in KINDS:
         fail(where + (("kind",) if "kind" in value else ()),
              f"run {name!r}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
@@ -256,8 +265,10 @@ def _run(name: str, value, fail) -> RunSpec:
         fail(where + ("config",), f"run {name!r}: no config file {config} (paths are relative "
              "to the directory psyrl experiment runs in: the repository root)")
     model = _get(value, where + ("model",), str, "", fail)
-    if kind == "evaluate" and not model:
-        fail(where, f"run {name!r}: an evaluate run needs model = a run name or a path")
+    api = "openai" in value.get("args", [])  # evaluate.py --engine openai: the endpoint's model
+    if kind == "evaluate" and not model and not api:
+        fail(where, f"run {name!r}: an evaluate run needs model = a run name or a path (or "
+             "args with --engine openai)")
     if "@" in model and model.partition("@")[2] not in RULES:
         fail(where + ("model",), f"run {name!r}: {model!r}: after '@' comes one of "
              f"{', '.join(RULES)}")

@@ -1,12 +1,12 @@
 """Seed spread and paired comparisons for the experiment tables (issue 22; the paper reports single
 runs): a two-level percentile bootstrap, seeds first, then items within each drawn seed.
 
-A row of a table is `scores[seed] = [item scores]`. Its value is the mean over seeds of the mean over
-items. The interval resamples both sources of spread: B times, draw S seeds with replacement, and for
-each drawn seed N_s of its items with replacement; the 2.5th and 97.5th percentiles of the B means
-bound the 95 % interval (Efron & Tibshirani 1993, ch. 13, the percentile method; Davison & Hinkley
-1997, §3.8, resampling both stages of a two-stage sample). With one seed it is the ordinary item
-bootstrap; with one item per seed, the seed bootstrap.
+A row of a table is `scores[seed] = [item scores]`. Its value is the mean over seeds of the mean
+over items. The interval resamples both sources of spread: B times, draw S seeds with replacement,
+and for each drawn seed N_s of its items with replacement; the 2.5th and 97.5th percentiles of the
+B means bound the 95 % interval (Efron & Tibshirani 1993, ch. 13, the percentile method; Davison &
+Hinkley 1997, §3.8, resampling both stages of a two-stage sample). With one seed it is the ordinary
+item bootstrap; with one item per seed, the seed bootstrap.
 
 A paired comparison of rows A and B uses the per-seed, per-item differences A - B on the seeds and
 items both have: the same draws for both rows, so what they share (the seed's data order, an item's
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 LEVEL = 0.95
+UNSEEDED = -1  # the seed key of a run without seeds
 
 
 @dataclass(frozen=True)
@@ -65,16 +66,13 @@ def bootstrap(scores: Mapping[int, Sequence[float]], resamples: int = 2000,
 
 def paired(a: Mapping[int, Mapping[str, float]], b: Mapping[int, Mapping[str, float]],
            resamples: int = 2000, seed: int = 0) -> Estimate:
-    """A - B over the seeds both rows have (a row with one run, e.g. an evaluation of a fixed
-    model, pairs with every seed of the other) and, within a seed, the items both scored."""
-    if len(a) == 1 and len(b) > 1:
-        only = next(iter(a.values()))
-        a = {s: only for s in b}
-    if len(b) == 1 and len(a) > 1:
-        only = next(iter(b.values()))
-        b = {s: only for s in a}
-    if len(a) == 1 and len(b) == 1:  # two single runs: pair them whatever their seeds
-        a, b = {0: next(iter(a.values()))}, {0: next(iter(b.values()))}
+    """A - B over the seeds both rows have and, within a seed, the items both scored. Seed -1 marks
+    a run without seeds (e.g. an evaluation of a fixed model): it pairs with every seed of the
+    other row."""
+    if list(a) == [UNSEEDED] and list(b) != [UNSEEDED]:
+        a = dict.fromkeys(b, a[UNSEEDED])
+    if list(b) == [UNSEEDED] and list(a) != [UNSEEDED]:
+        b = dict.fromkeys(a, b[UNSEEDED])
     seeds = sorted(set(a) & set(b))
     if not seeds:
         raise ValueError(f"no seed in common (seeds {sorted(a)} and {sorted(b)})")

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from psyrl.eval.benchmarks import read_predictions
 from psyrl.experiment.spec import Experiment, TableSpec, Unit
-from psyrl.experiment.stats import Estimate, bootstrap, paired
+from psyrl.experiment.stats import UNSEEDED, bootstrap, paired
 
 ALL = "all items"
-Scores = dict[int, dict[str, float]]  # seed (-1: a run without seeds) -> item id -> score
+Scores = dict[int, dict[str, float]]  # seed (UNSEEDED for a run without) -> item id -> score
 
 
 def row_scores(units: Sequence[Unit], table: TableSpec) -> dict[str, Scores]:
@@ -23,7 +23,7 @@ def row_scores(units: Sequence[Unit], table: TableSpec) -> dict[str, Scores]:
         if not (unit.eval_dir / "results.json").is_file():
             continue
         rows, _ = read_predictions(path)
-        seed = -1 if unit.seed is None else unit.seed
+        seed = UNSEEDED if unit.seed is None else unit.seed
         for r in rows:
             if table.columns == "tasks" and table.benchmark and r["benchmark"] != table.benchmark:
                 continue
