@@ -86,6 +86,10 @@ def self_label(rows: Sequence[dict], records: Mapping[str, BenchmarkRecord], tau
         if row["format"] != 1.0:
             counts["format_invalid"] += 1
             continue
+        if confidence == "logprob" and row.get("mean_logprob") is None:
+            raise EvalError(
+                f"prediction {row['id']!r} has no mean_logprob (an --engine openai run: APIs "
+                "return no log-probs here); use --confidence f1")
         # recomputed: the file's own copy is not trusted
         scores = option_scores(row["extracted"], record.options)
         if not confidence_of(scores, row["mean_logprob"], confidence) > tau:

@@ -263,6 +263,11 @@ def test_self_label_keeps_exactly_the_expected_items():
         "low_confidence": 0, "no_matching_option": 1
     }
     assert self_label(rows, records, 0.6, confidence="logprob")[1]["kept"] == 0
+    # an --engine openai run has no log-probs: f1 works on it, logprob is refused by name
+    api_rows = [{**r, "mean_logprob": None} for r in rows]
+    assert self_label(api_rows, records, 0.4) == (kept, counts)
+    with pytest.raises(EvalError, match="has no mean_logprob.*--confidence f1"):
+        self_label(api_rows, records, 0.4, confidence="logprob")
 
 
 def test_self_labelled_file_loads_as_sft_data(tmp_path):
