@@ -86,3 +86,54 @@ def test_every_run_config_loads(path, monkeypatch):
                         [substitute(experiment, unit, o, dry=True) for o in unit.run.overrides])
             checked += 1
     assert checked
+
+
+PREEMPTED_FILE = """
+[experiment]
+nproc = 1
+
+[evaluate]
+benchmarks = ["data/demo/test.jsonl"]
+args = ["--max-new-tokens", "4", "--limit", "1", "--no-progress"]
+
+[runs.sft]
+kind = "sft"
+config = "configs/sft/tiny.toml"
+set = ["run.steps=12", "checkpoint.every=3", "data.valid_items=2", "log.progress=false",
+       "model.num_layers=1", "model.hidden_size=64", "model.intermediate_size=128",
+       "rollout.max_new_tokens=4"]
+
+[[tables]]
+rows = ["sft"]
+"""
+
+
+@pytest.mark.slow
+def test_preempted_experiment_exits_75_and_the_same_command_finishes(tmp_path):
+    """SIGTERM to `psyrl experiment` reaches the trainer (forwarded), which checkpoints at the end of
+    its step and exits 75; so does the experiment. The same command then resumes the run (not
+    starts it over) and finishes."""
+    import signal
+    import time
+
+    path = tmp_path / "preempt.toml"
+    path.write_text(PREEMPTED_FILE)
+    args = [sys.executable, "-m", "psyrl", "experiment", str(path), "--output-dir",
+            str(tmp_path / "runs")]
+    process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    run_dir = tmp_path / "runs" / "preempt" / "sft"
+    deadline = time.monotonic() + 300
+    while not (run_dir / "checkpoints" / "step-3").is_dir():  # training, past its first save
+        assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    output = process.communicate(timeout=300)[0]
+    assert process.returncode == 75, output
+    assert "sft: preempted by SIGTERM" in output and "run the same command" in output
+    assert not (run_dir / "hf").exists()
+    again = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "--resume" in again.stdout and "--overwrite" not in again.stdout
+    assert (run_dir / "hf" / "config.json").is_file()
+    assert (tmp_path / "preempt" / "results.md").is_file()
