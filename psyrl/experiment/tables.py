@@ -62,7 +62,7 @@ def build_table(experiment: Experiment, table: TableSpec, units: Sequence[Unit])
                 out[column] = None
             else:
                 estimate = paired(mine, theirs, resamples) if against else \
-                    bootstrap({s: list(v.values()) for s, v in mine.items()}, resamples)
+                    bootstrap(mine, resamples)
                 out[column] = estimate.as_dict()
         return out
 
