@@ -11,6 +11,7 @@ from its predictions.jsonl. So after a crash, a kill or a preemption the same co
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shlex
 import signal
@@ -97,12 +98,12 @@ def steps(experiment: Experiment, unit: Unit, extra_sets: tuple[str, ...],
         model = resolve(experiment, run.model, seed, dry) if run.model else ""
     except Pending as e:
         model = str(e)
-    evaluate = [*launcher(experiment), "evaluate", "--benchmarks",
+    evaluate = [*launcher(experiment, run.nproc), "evaluate", "--benchmarks",
                 ",".join(run.benchmarks or experiment.eval_benchmarks),
                 *experiment.eval_args, *seeded]
     if run.kind in ("sft", "tgrpo"):
         if not (unit.dir / "hf" / "config.json").is_file():
-            argv = [*launcher(experiment), f"train-{run.kind}", "--config", run.config,
+            argv = [*launcher(experiment, run.nproc), f"train-{run.kind}", "--config", run.config,
                     "--set", f"run.output_dir={unit.dir.parent}",
                     "--set", f"run.name={unit.dir.name}"]
             argv += ["--set", f"run.seed={seed}"] if seed is not None else []
@@ -121,7 +122,7 @@ def steps(experiment: Experiment, unit: Unit, extra_sets: tuple[str, ...],
             out.append(("evaluate", [*evaluate, *chosen, *args, *extra_eval, "--out",
                                      str(unit.dir)]))
     elif not (unit.dir / run.creates).is_file():
-        out.append(("psyrl", [sys.executable, "-m", "psyrl",
+        out.append(("psyrl", [*launcher(experiment, run.nproc or 1),
                               *(substitute(experiment, unit, a, dry) for a in run.args)]))
     return out
 
@@ -195,14 +196,39 @@ def run_experiment(experiment: Experiment, only: tuple[str, ...] = (), dry_run: 
                 print(shell_line(argv))
         return 0
     started = time.monotonic()
+    experiment.run_root.mkdir(parents=True, exist_ok=True)
+    with open(experiment.run_root / "experiment.lock", "w") as lock:  # closing it unlocks
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit(f"psyrl experiment: another psyrl experiment is running the runs "
+                             f"in {experiment.run_root} (it holds experiment.lock)") from None
+        return _run_units(experiment, chosen, record, record_path, extra_sets, extra_eval,
+                          started)
+
+
+def _run_units(experiment: Experiment, chosen: list[Unit], record: dict, record_path: Path,
+               extra_sets: tuple[str, ...], extra_eval: tuple[str, ...], started: float) -> int:
+    settings = record.setdefault("_settings", {})  # the --set/--eval-args each unit ran with
+    wanted = {"set": list(extra_sets), "eval": list(extra_eval)}
     with Runner(experiment.run_root / "logs") as runner:
         for number, unit in enumerate(chosen, 1):
             todo = steps(experiment, unit, extra_sets, extra_eval, dry=False)
+            ran_with = settings.get(unit.dir.name, wanted)
+            if ran_with != wanted:  # e.g. a 1-step check's run would stand in a full table
+                raise SystemExit(
+                    f"psyrl experiment: {unit.title} in {unit.dir} ran with --set "
+                    f"{ran_with['set']} and evaluation options {ran_with['eval']}, not "
+                    f"{wanted['set']} and {wanted['eval']}: use another --output-dir, or delete "
+                    "that run directory to run it again")
             if not todo:
                 print(f"psyrl experiment: [{number}/{len(chosen)}] {unit.title}: done, skipped",
                       flush=True)
                 continue
+            settings[unit.dir.name] = wanted
             for what, argv in todo:
+                if runner.signalled:  # a signal between two commands: start no other
+                    return _preempted(unit, what)
                 print(f"psyrl experiment: [{number}/{len(chosen)}] {unit.title}: {what}\n$ "
                       f"{shlex.join(argv)}", flush=True)
                 begin = time.monotonic()
@@ -211,17 +237,26 @@ def run_experiment(experiment: Experiment, only: tuple[str, ...] = (), dry_run: 
                 record[key] = record.get(key, 0) + time.monotonic() - begin
                 _save_record(record_path, record)
                 if code == EXIT_PREEMPTED or runner.signalled:
-                    print(f"psyrl experiment: preempted during {unit.title} ({what}); finished "
-                          "runs are kept: run the same command to continue", flush=True)
-                    return EXIT_PREEMPTED
+                    return _preempted(unit, what)
                 if code != 0:
                     raise SystemExit(
                         f"psyrl experiment: {unit.title} ({what}) failed with exit status {code}; "
                         f"its output is in {runner.log_dir / (unit.dir.name + '.log')}. Fix it "
                         "and run the same command: finished runs are skipped")
+                if what == "psyrl" and not (unit.dir / unit.run.creates).is_file():
+                    raise SystemExit(
+                        f"psyrl experiment: {unit.title} exited 0 but wrote no "
+                        f"{unit.dir / unit.run.creates} (its `creates`); its output is in "
+                        f"{runner.log_dir / (unit.dir.name + '.log')}")
     print(f"psyrl experiment: {len(chosen)} units in {time.monotonic() - started:.0f} s",
           flush=True)
     return 0
+
+
+def _preempted(unit: Unit, what: str) -> int:
+    print(f"psyrl experiment: preempted during {unit.title} ({what}); finished runs are kept: run "
+          "the same command to continue", flush=True)
+    return EXIT_PREEMPTED
 
 
 def root_model(experiment: Experiment, reference: str) -> str:
@@ -280,7 +315,8 @@ def collect(experiment: Experiment) -> tuple[list[dict], list[dict]]:
     runs = []
     for unit in units:
         finished = not steps(experiment, unit, (), (), dry=True)
-        wall = sum(v for k, v in record.items() if k.split("/")[0] == unit.dir.name)
+        wall = sum(v for k, v in record.items()
+                   if not k.startswith("_") and k.split("/")[0] == unit.dir.name)
         runs.append({"run": unit.run.name, "seed": unit.seed, "title": unit.title,
                      "dir": str(unit.dir), "status": "done" if finished else "not finished",
                      "wall_s": round(wall, 1) if wall else None})

@@ -23,10 +23,10 @@ import tomli
 KINDS = ("sft", "tgrpo", "evaluate", "psyrl")
 RULES = ("median", "best", "last")
 RUN_KEYS = {
-    "sft": {"kind", "config", "set", "model", "seeds", "evaluate", "label"},
-    "tgrpo": {"kind", "config", "set", "model", "seeds", "evaluate", "label"},
-    "evaluate": {"kind", "model", "args", "seeds", "benchmarks", "label"},
-    "psyrl": {"kind", "args", "creates", "seeds", "label"},
+    "sft": {"kind", "config", "set", "model", "seeds", "evaluate", "label", "nproc"},
+    "tgrpo": {"kind", "config", "set", "model", "seeds", "evaluate", "label", "nproc"},
+    "evaluate": {"kind", "model", "args", "seeds", "benchmarks", "label", "nproc"},
+    "psyrl": {"kind", "args", "creates", "seeds", "label", "nproc"},
 }
 EXPERIMENT_KEYS = {"description", "output_dir", "nproc", "torchrun_args", "bootstrap"}
 EVALUATE_KEYS = {"benchmarks", "args"}
@@ -51,6 +51,7 @@ class RunSpec:
     benchmarks: tuple[str, ...] = ()  # an evaluate run's own, else [evaluate]'s
     creates: str = ""  # a psyrl run is done when this file exists (relative to its directory)
     label: str = ""
+    nproc: int = 0  # ranks of this run; 0: [experiment] nproc (an API evaluation: 1)
 
 
 @dataclass(frozen=True)
@@ -269,6 +270,13 @@ def _run(name: str, value, fail) -> RunSpec:
     if kind == "evaluate" and not model and not api:
         fail(where, f"run {name!r}: an evaluate run needs model = a run name or a path (or "
              "args with --engine openai)")
+    if api and model:
+        fail(where + ("model",), f"run {name!r}: --engine openai evaluates --api-model at "
+             "--base-url, not a model directory: leave model out")
+    nproc = _get(value, where + ("nproc",), int, 0, fail)
+    if nproc < 0 or (api and nproc > 1):
+        fail(where + ("nproc",), f"run {name!r}: nproc must be >= 1 (1 with --engine openai: "
+             f"one process sends the requests), got {nproc}")
     if "@" in model and model.partition("@")[2] not in RULES:
         fail(where + ("model",), f"run {name!r}: {model!r}: after '@' comes one of "
              f"{', '.join(RULES)}")
@@ -285,7 +293,7 @@ def _run(name: str, value, fail) -> RunSpec:
         args=tuple(_strings(value, where + ("args",), fail)), seeds=tuple(seeds),
         evaluate=_get(value, where + ("evaluate",), bool, True, fail),
         benchmarks=tuple(_strings(value, where + ("benchmarks",), fail)), creates=creates,
-        label=_get(value, where + ("label",), str, "", fail))
+        label=_get(value, where + ("label",), str, "", fail), nproc=1 if api else nproc)
 
 
 def _references(run: RunSpec) -> list[str]:
@@ -394,9 +402,8 @@ def select(units: list[Unit], only: tuple[str, ...]) -> list[Unit]:
     """The units of the runs in `only` and the units they read, transitively (all when empty)."""
     if not only:
         return units
-    by_key = {u.key: u for u in units}
     wanted = {u.key for u in units if u.run.name in only}
     for unit in reversed(units):  # dependents come after what they read
         if unit.key in wanted:
             wanted.update(unit.needs)
-    return [u for u in units if u.key in wanted and u.key in by_key]
+    return [u for u in units if u.key in wanted]

@@ -61,8 +61,12 @@ def build_table(experiment: Experiment, table: TableSpec, units: Sequence[Unit])
             if not mine or (against and not theirs):
                 out[column] = None
             else:
-                estimate = paired(mine, theirs, resamples) if against else \
-                    bootstrap(mine, resamples)
+                try:
+                    estimate = paired(mine, theirs, resamples) if against else \
+                        bootstrap(mine, resamples)
+                except ValueError:  # no seed or item in common (runs of other --seeds)
+                    out[column] = None
+                    continue
                 out[column] = estimate.as_dict()
         return out
 

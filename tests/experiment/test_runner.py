@@ -84,14 +84,15 @@ def test_dry_run_of_shipped_experiments(tmp_path, path):
         commands = dict(zip(whats, lines[cursor + 1:cursor + 1 + len(whats)]))
         cursor += 1 + len(whats)
         seeded = unit.seed is not None
-        if experiment.nproc > 1:
-            launcher = f"--standalone --nproc_per_node {experiment.nproc} " \
+        ranks = unit.run.nproc or (1 if unit.run.kind == "psyrl" else experiment.nproc)
+        if ranks > 1:
+            launcher = f"--standalone --nproc_per_node {ranks} " \
                 f"{shlex.join(experiment.torchrun_args)} -m psyrl".replace("  ", " ")
         else:
             launcher = f"{sys.executable} -m psyrl"
         if "train" in commands:
             line = commands["train"]
-            if experiment.nproc > 1:
+            if ranks > 1:
                 assert line.split()[0].endswith("torchrun")
             assert launcher in line
             assert has(line, f"train-{unit.run.kind} --config {unit.run.config}")
@@ -121,7 +122,11 @@ def test_dry_run_of_shipped_experiments(tmp_path, path):
                 assert line.endswith(f"--model {unit.dir / 'hf'} --out {unit.dir / 'eval'}")
         if "psyrl" in commands:
             args = [substitute(experiment, unit, a, dry=True) for a in unit.run.args]
-            assert commands["psyrl"] == shlex.join([sys.executable, "-m", "psyrl", *args])
+            if ranks == 1:
+                assert commands["psyrl"] == shlex.join([sys.executable, "-m", "psyrl", *args])
+            else:
+                assert launcher in commands["psyrl"] and commands["psyrl"].endswith(
+                    shlex.join(args))
     assert cursor == len(lines)
 
 
@@ -402,3 +407,31 @@ def test_rule_reference_without_checkpoints_is_a_clean_exit(small):
     touch(units[("sft", 0)].dir / "hf" / "config.json")
     with pytest.raises(SystemExit, match="run 'sft': .*no checkpoints/step-N/validation.json"):
         resolve(experiment, "sft@median", 0, dry=False)
+
+
+def test_a_finished_run_of_other_settings_is_refused(tmp_path):
+    # a 1-step check's run must not stand in a full table: the settings each unit ran with are
+    # kept in experiment.json and a different invocation is refused before anything runs
+    path = tmp_path / "e.toml"
+    path.write_text('[runs.data]\nkind = "psyrl"\nargs = ["demo-data", "--out", "{dir}"]\n'
+                    'creates = "train.jsonl"\n')
+    root = tmp_path / "runs" / "e"
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "train.jsonl").write_text("{}\n")
+    (root / "experiment.json").write_text(json.dumps(
+        {"_settings": {"data": {"set": ["run.steps=1"], "eval": []}}}))
+    result = invoke(path, "--output-dir", tmp_path / "runs")
+    assert result.exit_code == 1, result.output
+    assert "ran with --set ['run.steps=1']" in result.output
+    assert "another --output-dir" in result.output
+    again = invoke(path, "--output-dir", tmp_path / "runs", "--set", "run.steps=1")
+    assert again.exit_code == 0 and "done, skipped" in again.output, again.output
+
+
+def test_a_psyrl_run_that_writes_no_creates_file_stops_the_experiment(tmp_path):
+    path = tmp_path / "e.toml"
+    path.write_text('[runs.data]\nkind = "psyrl"\nargs = ["demo-data", "--out", "{dir}"]\n'
+                    'creates = "nothing.jsonl"\n')
+    result = invoke(path, "--output-dir", tmp_path / "runs")
+    assert result.exit_code == 1
+    assert "exited 0 but wrote no" in result.output and "nothing.jsonl" in result.output

@@ -43,6 +43,12 @@ def marked_line(text: str) -> int:
 
 # (id, file text with `# <-` on the line the error must name, a fragment of the message)
 CASES = [
+    ("api-with-model", EVALUATE + '[runs.a]\nkind = "evaluate"\nmodel = "m"  # <-\n'
+     'args = ["--engine", "openai"]\n', "leave model out"),
+    ("api-on-ranks", EVALUATE + '[runs.a]\nkind = "evaluate"\nnproc = 4  # <-\n'
+     'args = ["--engine", "openai"]\n', "1 with --engine openai"),
+    ("negative-run-nproc", EVALUATE + '[runs.a]\n' + SFT + 'nproc = -1  # <-\n',
+     "nproc must be >= 1"),
     ("invalid-toml", EVALUATE + '[runs.a]\nkind = = "sft"  # <-\n', "invalid TOML"),
     ("unknown-table", EVALUATE + "[run.a]  # <-\n" + SFT,
      "unknown table [run] (valid: experiment, evaluate, runs, tables)"),
