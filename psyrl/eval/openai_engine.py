@@ -99,9 +99,9 @@ def request_body(model: str, messages: list[dict], temperature: float, top_p: fl
             "max_tokens": max_tokens, "seed": seed, "n": 1, "stream": False}
 
 
-def parse_completion(payload: bytes) -> Completion:
+def parse_completion(payload: bytes, mask: Callable[[bytes], bytes] = lambda b: b) -> Completion:
     """The fields of a chat-completions answer; a _Retryable if it is not one (a proxy's error
-    page, a body cut short)."""
+    page, a body cut short), showing the body through `mask`."""
     try:
         answer = json.loads(payload)
         choice = answer["choices"][0]
@@ -109,10 +109,10 @@ def parse_completion(payload: bytes) -> Completion:
         tokens = answer["usage"]["completion_tokens"]
     except (ValueError, KeyError, IndexError, TypeError) as e:
         raise _Retryable(f"not a chat completion ({type(e).__name__}: {e}): "
-                         f"{_shown(payload)}") from None
+                         f"{_shown(mask(payload))}") from None
     if not isinstance(tokens, int) or not isinstance(text, (str, type(None))):
         raise _Retryable(f"not a chat completion (usage.completion_tokens {tokens!r}): "
-                         f"{_shown(payload)}")
+                         f"{_shown(mask(payload))}")
     return Completion(text or "", tokens, finish or "unknown")
 
 
@@ -137,7 +137,12 @@ class Client:
 
     def __init__(self, options: ApiOptions, environ=os.environ):
         self.options = options
-        self._key = environ.get(options.key_env) or None
+        key = (environ.get(options.key_env) or "").strip()  # a CRLF .env file leaves a \r
+        if any(ord(c) < 32 or ord(c) == 127 for c in key):
+            raise ApiError(f"${options.key_env} holds control characters: not a usable key")
+        self._key = key or None
+        # a redirect would re-send the Authorization header to the host it names: refused
+        self._opener = urllib.request.build_opener(_NoRedirect)
         self._stop = threading.Event()  # set on the first failure: the other threads give up
         self._rng = random.Random()
 
@@ -161,10 +166,14 @@ class Client:
                 raise ApiError(f"{opts.url}: stopped after another request failed")
             request = urllib.request.Request(opts.url, data=data, headers=headers, method="POST")
             try:
-                with urllib.request.urlopen(request, timeout=opts.timeout) as response:
-                    return parse_completion(response.read())
+                with self._opener.open(request, timeout=opts.timeout) as response:
+                    return parse_completion(response.read(), self._masked_text)
             except urllib.error.HTTPError as e:  # before URLError: it is one
-                problem = f"HTTP {e.code}: {_shown(_read(e))}"
+                if 300 <= e.code < 400:
+                    raise ApiError(f"{opts.url}: HTTP {e.code} redirect to "
+                                   f"{e.headers.get('Location')!r}: not followed (it would send "
+                                   "the key there); use the final URL as --base-url") from None
+                problem = f"HTTP {e.code}: {_shown(self._masked_text(_read(e)))}"
                 if e.code != 429 and not 500 <= e.code < 600:
                     raise ApiError(self._masked(f"{opts.url}: {problem}")) from None
                 failure = _Retryable(problem, retry_after(e.headers.get("Retry-After")))
@@ -184,6 +193,11 @@ class Client:
             if self._stop.wait(backoff(attempt, opts.retry_wait, failure.retry_after, self._rng)):
                 raise ApiError(f"{opts.url}: stopped after another request failed")
         raise AssertionError("unreachable")
+
+    def _masked_text(self, payload: bytes) -> bytes:
+        """The body with the key masked before it is cut to BODY_SHOWN characters (a cut key
+        would print its prefix)."""
+        return payload.replace(self._key.encode(), b"***") if self._key else payload
 
     def _masked(self, message: str) -> str:
         """An error body may echo the key (a proxy, a debug server): never print it."""
@@ -233,6 +247,11 @@ def complete_all(client: Client, jobs: Iterable, body_of: Callable[[object], dic
             submit()
     finally:
         client.stop()
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # the 3xx then surfaces as an HTTPError
 
 
 def _read(error: urllib.error.HTTPError) -> bytes:

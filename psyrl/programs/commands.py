@@ -5,6 +5,7 @@ its program (torch, transformers) when it runs, so `--help` answers at once."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -167,6 +168,10 @@ def api_problems(gen: GenerationOptions, api: ApiOptions) -> None:
                                "http://127.0.0.1:8000/v1 for vllm serve)")
     if problem := url_problem(api.base_url):
         raise click.UsageError(problem)
+    # a key passed where its variable's name goes would be written to eval.json: never echo it
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", api.key_env):
+        raise click.UsageError("--api-key-env takes the NAME of an environment variable (e.g. "
+                               "OPENAI_API_KEY), not the key itself")
     # one process sends every request (--concurrency in flight): ranks would only repeat them
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise click.UsageError(

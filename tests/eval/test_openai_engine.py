@@ -80,6 +80,11 @@ class Stub:
             return reply(handler, 500, {"error": "x" * 189 + "AFTER-200" + "y" * 100})
         if what == "400":
             return reply(handler, 400, {"error": {"message": "this model does not exist"}})
+        if what == "redirect":  # a misconfigured proxy: the key must not follow it
+            return reply(handler, 307, {"error": "moved"},
+                         {"Location": "http://evil.example/v1/chat/completions"})
+        if what == "401_long":  # the key straddles the 200-character cut
+            return reply(handler, 401, {"error": "x" * 180 + handler.headers["Authorization"]})
         if what == "401":  # echoes the header, as a debugging proxy might
             return reply(handler, 401, {"error": f"bad key {handler.headers['Authorization']}"})
         if what == "malformed":
@@ -346,6 +351,7 @@ def unused_port() -> int:
     ({"--concurrency": "0"}, {}, "Invalid value for '--concurrency'"),
     ({"--request-timeout": "0"}, {}, "Invalid value for '--request-timeout'"),
     ({}, {"WORLD_SIZE": "2"}, "--engine openai runs in one process (WORLD_SIZE=2)"),
+    ({"--api-key-env": KEY}, {}, "takes the NAME of an environment variable"),
 ])
 def test_bad_options_are_refused_before_anything_is_written(tmp_path, changes, env, message):
     argv = args("http://127.0.0.1:9/v1", tmp_path / "eval")
@@ -358,6 +364,7 @@ def test_bad_options_are_refused_before_anything_is_written(tmp_path, changes, e
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
     assert list(tmp_path.iterdir()) == []
+    assert KEY not in result.output
 
 
 def test_the_openai_options_need_the_openai_engine(tmp_path):
@@ -372,3 +379,30 @@ def test_an_unreachable_server_is_one_message(tmp_path):
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert f"{url}/chat/completions: no connection (" in result.output
     assert "(after 2 attempts)" in result.output
+
+
+def test_a_redirect_is_not_followed_with_the_key(stub, tmp_path):
+    server = stub(lambda seed, attempt, answered: "redirect")
+    result = invoke(*args(server.url, tmp_path / "eval", "--concurrency", "1"))
+    assert result.exit_code == 1 and "HTTP 307 redirect to 'http://evil.example" in result.output
+    assert "not followed" in result.output and len(server.log) == 1
+    assert_no_key_on_disk(tmp_path, result.output)
+
+
+def test_a_key_cut_by_the_body_limit_is_masked_before_the_cut(stub, tmp_path):
+    # 11 + 180 characters come before "Bearer sk-...": the 200-character cut falls inside the key
+    server = stub(lambda seed, attempt, answered: "401_long")
+    result = invoke(*args(server.url, tmp_path / "eval", "--concurrency", "1"))
+    assert result.exit_code == 1 and "HTTP 401" in result.output
+    assert KEY[:6] not in result.output.replace("Bearer ***", "")
+    assert_no_key_on_disk(tmp_path, result.output)
+
+
+def test_a_key_with_a_carriage_return_is_trimmed_and_control_characters_refused(stub, tmp_path):
+    server = stub(clean)
+    result = invoke(*args(server.url, tmp_path / "a"), env={"OPENAI_API_KEY": KEY + "\r\n"})
+    assert result.exit_code == 0, result.output
+    assert {entry[4] for entry in server.log} == {f"Bearer {KEY}"}
+    bad = invoke(*args(server.url, tmp_path / "b"), env={"OPENAI_API_KEY": KEY[:5] + "\x01" + KEY})
+    assert bad.exit_code == 1 and "holds control characters" in bad.output
+    assert KEY not in bad.output and KEY[:5] + "\x01" not in bad.output
