@@ -12,6 +12,7 @@ from psyrl.experiment.spec import Experiment, TableSpec, Unit
 from psyrl.experiment.stats import UNSEEDED, bootstrap, paired
 
 ALL = "all items"
+SEP = " / "  # benchmark / task, where a table's tasks come from several benchmarks
 Scores = dict[int, dict[str, float]]  # seed (UNSEEDED for a run without) -> item id -> score
 
 
@@ -30,7 +31,8 @@ def row_scores(units: Sequence[Unit], table: TableSpec) -> dict[str, Scores]:
             value = _metric(r, table.metric)
             if value is None:
                 continue
-            column = r["task"] if table.columns == "tasks" else r["benchmark"]
+            column = r["benchmark"] if table.columns == "benchmarks" else r["task"] \
+                if table.benchmark else f"{r['benchmark']}{SEP}{r['task']}"
             item = f"{r['benchmark']}/{r['id']}"
             columns.setdefault(column, {}).setdefault(seed, {})[item] = value
             columns.setdefault(ALL, {}).setdefault(seed, {})[item] = value
@@ -50,6 +52,12 @@ def build_table(experiment: Experiment, table: TableSpec, units: Sequence[Unit])
     by_run = {name: [u for u in units if u.run.name == name]
               for name in {*table.rows, *table.deltas, *(x for p in table.compare for x in p)}}
     scores = {name: row_scores(group, table) for name, group in by_run.items()}
+    if table.columns == "tasks" and not table.benchmark:
+        # one benchmark (the usual case): its tasks by their own names
+        named = {c.partition(SEP)[0] for run in scores.values() for c in run if c != ALL}
+        if len(named) <= 1:
+            scores = {name: {c.partition(SEP)[2] if c != ALL else c: v for c, v in run.items()}
+                      for name, run in scores.items()}
     columns = [c for c in _first_seen(scores[name] for name in table.rows) if c != ALL] + [ALL]
     resamples = experiment.resamples
 

@@ -2,6 +2,7 @@
 predictions.jsonl files (2 seeds x 4 items), checked against means computed by hand; a missing
 run; accuracy from `correct`; the markdown; results.md/.json through `--tables-only`."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -274,3 +275,14 @@ def test_delta_of_a_partly_finished_run_pairs_by_seed(experiment):
     d = next(r for r in table["deltas"]["b"] if r["run"] == "d")["cells"]
     assert d[ALL]["seeds"] == 1
     assert d["T1"]["mean"] == pytest.approx(50.0)
+
+
+def test_tasks_of_several_benchmarks_are_named_with_their_benchmark(experiment):
+    # a "tasks" table without `benchmark` over predictions of x and y: T1 and T2 are x's, T3 is
+    # y's; with two benchmarks present, a column names its benchmark too (a task of the same name
+    # in both would otherwise merge); a's seeds: T3 (y/7) scores 100 on both
+    spec = dataclasses.replace(experiment.tables[0], benchmark="", deltas=(), compare=())
+    table = build_table(experiment, spec, plan(experiment))
+    assert table["columns"] == [f"{X} / T1", f"{X} / T2", f"{Y} / T3", ALL]
+    assert cells_of(table, "a")[f"{Y} / T3"]["mean"] == 100.0
+    assert cells_of(table, "b")[f"{Y} / T3"] is None
