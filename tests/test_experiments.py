@@ -110,8 +110,8 @@ rows = ["sft"]
 
 @pytest.mark.slow
 def test_preempted_experiment_exits_75_and_the_same_command_finishes(tmp_path):
-    """SIGTERM to `psyrl experiment` reaches the trainer (forwarded), which checkpoints at the end of
-    its step and exits 75; so does the experiment. The same command then resumes the run (not
+    """SIGTERM to `psyrl experiment` reaches the trainer (forwarded), which checkpoints at the end
+    of its step and exits 75; so does the experiment. The same command then resumes the run (not
     starts it over) and finishes."""
     import signal
     import time

@@ -28,8 +28,10 @@ from psyrl.experiment.spec import (
     ExperimentError,
     Unit,
     load_experiment,
+    partner_seed,
     plan,
     select,
+    unit_dir,
     with_seeds,
 )
 
@@ -56,9 +58,7 @@ def resolve(experiment: Experiment, reference: str, seed: int | None, dry: bool)
     run = experiment.runs.get(name)
     if run is None:
         return reference
-    from psyrl.experiment.spec import unit_dir
-
-    directory = unit_dir(experiment, run, seed if run.seeds else None)
+    directory = unit_dir(experiment, run, partner_seed(run, seed))
     if not rule:
         return str(directory / "hf")
     if dry and not (directory / "hf" / "config.json").is_file():
@@ -72,8 +72,6 @@ def resolve(experiment: Experiment, reference: str, seed: int | None, dry: bool)
 
 
 def substitute(experiment: Experiment, unit: Unit, text: str, dry: bool) -> str:
-    from psyrl.experiment.spec import unit_dir
-
     def one(match) -> str:
         kind, target = match.groups()
         if kind == "model":
@@ -82,8 +80,8 @@ def substitute(experiment: Experiment, unit: Unit, text: str, dry: bool) -> str:
             except Pending as e:
                 return str(e)
         run = experiment.runs[target]
-        other = Unit(run, unit.seed if run.seeds else None,
-                     unit_dir(experiment, run, unit.seed if run.seeds else None))
+        seed = partner_seed(run, unit.seed)
+        other = Unit(run, seed, unit_dir(experiment, run, seed))
         return str(other.dir if kind == "run" else other.eval_dir)
 
     return PLACEHOLDER.sub(one, text).replace("{dir}", str(unit.dir))

@@ -363,6 +363,11 @@ def with_seeds(experiment: Experiment, seeds: tuple[int, ...] | None) -> Experim
     return Experiment(**{**experiment.__dict__, "runs": runs})
 
 
+def partner_seed(run: RunSpec, seed: int | None) -> int | None:
+    """The seed of `run` that a unit of `seed` reads: the same one, or None for an unseeded run."""
+    return seed if run.seeds else None
+
+
 def unit_dir(experiment: Experiment, run: RunSpec, seed: int | None) -> Path:
     return experiment.run_root / (run.name if seed is None else f"{run.name}-seed{seed}")
 
@@ -377,7 +382,7 @@ def plan(experiment: Experiment) -> list[Unit]:
             for reference in _references(run):
                 target = experiment.runs.get(reference.partition("@")[0])
                 if target is not None:
-                    unit.needs.append((target.name, seed if target.seeds else None))
+                    unit.needs.append((target.name, partner_seed(target, seed)))
             units[unit.key] = unit
     ordered, state = [], {}
 
