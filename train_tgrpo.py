@@ -4,10 +4,10 @@
     torchrun --nproc_per_node 4 train_tgrpo.py --config configs/tgrpo/qwen2.5-3b.toml   (FSDP2)
 
 The same command as `psyrl train-tgrpo`. The program, read top to bottom:
-psyrl/programs/train_tgrpo.py.
+psyrl/recipes/tgrpo.py.
 """
 
-from psyrl.programs.commands import train_tgrpo as main
+from psyrl.cli.commands import train_tgrpo as main
 
 if __name__ == "__main__":
     main()

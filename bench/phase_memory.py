@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from psyrl.core.config import load_config  # noqa: E402
 from psyrl.core.runlog import read_metrics  # noqa: E402
-from psyrl.runtime.memory_plan import GIB, load_architecture, plan  # noqa: E402
+from psyrl.plan.memory import GIB, load_architecture, plan  # noqa: E402
 
 SHAPE_05B = [
     "model.tokenizer=qwen2.5", "model.hidden_size=896", "model.num_layers=24", "model.num_heads=14",

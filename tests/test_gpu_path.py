@@ -19,7 +19,7 @@ from test_train_tgrpo import TORCHRUN, run_cli, run_in_process
 
 from psyrl.core.config import ModelConfig, load_config
 from psyrl.core.runlog import read_metrics
-from psyrl.programs import train_tgrpo
+from psyrl.recipes import tgrpo as train_tgrpo
 from psyrl.rl.rollout import RolloutBatch
 from psyrl.rl.update import micro_batches, update
 from psyrl.runtime import distributed, vllm_sampler
@@ -286,7 +286,7 @@ def test_start_up_memory_check_refuses_what_cannot_fit(monkeypatch, capsys):
     import click
 
     from psyrl.runtime.distributed import Dist
-    from psyrl.train import run
+    from psyrl.run import directory as run
     gib = {"value": 8}
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(
         total_memory=gib["value"] * 2**30))

@@ -23,15 +23,15 @@ from psyrl.runtime.preemption import EXIT_PREEMPTED, Preemption
 # process) of the phase's function, then lets the call finish.
 DRIVER = """
 import os, signal, sys
-import psyrl.train.run as run_module
+import psyrl.run.directory as run_module
 program_name = sys.argv.pop(1)
 if program_name == "tgrpo":
-    import psyrl.programs.train_tgrpo as program
-    from psyrl.programs.commands import train_tgrpo as command
+    import psyrl.recipes.tgrpo as program
+    from psyrl.cli.commands import train_tgrpo as command
     update_name = "update"
 else:
-    import psyrl.programs.train_sft as program
-    from psyrl.programs.commands import train_sft as command
+    import psyrl.recipes.sft as program
+    from psyrl.cli.commands import train_sft as command
     update_name = "clipped_step"
 phase, at, rank = os.environ.get("PSYRL_TEST_PREEMPT", "none:0:0").split(":")
 calls = [0]
@@ -165,7 +165,7 @@ def signalling_sampler(self):
     return sampler
 
 generation.Generation.make_sampler = signalling_sampler
-from psyrl.programs.commands import evaluate
+from psyrl.cli.commands import evaluate
 evaluate(prog_name="evaluate.py")
 """
 

@@ -16,8 +16,8 @@ from psyrl.core.config import load_config
 from psyrl.core.records import load_stimuliqa
 from psyrl.core.runlog import read_metrics
 from psyrl.runtime.model import collate, token_logprobs
-from psyrl.train.sft import build_examples, response_tokens, sft_loss
-from psyrl.train.validation import sample_items
+from psyrl.sft.loss import build_examples, response_tokens, sft_loss
+from psyrl.run.validation import sample_items
 
 SHORT = [  # a smaller, shorter version of configs/sft/tiny.toml
     "model.hidden_size=64",

@@ -21,7 +21,7 @@ import train_tgrpo
 from psyrl.core.config import load_config
 from psyrl.core.records import load_stimuliqa
 from psyrl.core.runlog import read_metrics
-from psyrl.programs import train_tgrpo as program
+from psyrl.recipes import tgrpo as program
 from psyrl.rl import rollout, update
 from psyrl.rl.rewards import reward_metrics, score_batch
 from psyrl.rl.tgrpo import advantages
@@ -341,7 +341,7 @@ def test_a_reward_plugin_drives_the_reward_and_the_cache(start, tmp_path):
 CRASH_BEFORE_STEP_2_CHECKPOINT = """
 import sys
 import train_tgrpo
-from psyrl.train.run import Run
+from psyrl.run.directory import Run
 save = Run.save
 def crash(self, step, *args, **kwargs):
     if step == 2:

@@ -270,8 +270,8 @@ def plan_memory(experiment: Experiment, extra_sets: tuple[str, ...], gpu_memory_
     """`psyrl plan` for every trainer run (model.path: the model its chain starts from) on
     `nproc` GPUs; returns 3 when one does not fit, as `psyrl plan` does."""
     from psyrl.core.config import load_config
-    from psyrl.runtime.memory_plan import format_plan, load_architecture
-    from psyrl.runtime.memory_plan import plan as memory_plan
+    from psyrl.plan.memory import format_plan, load_architecture
+    from psyrl.plan.memory import plan as memory_plan
 
     worst = 0
     for unit in plan(experiment):

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from psyrl.cli import README_END, README_START, main
 from psyrl.core.config import ConfigError, config_reference, dump_config, load_config
-from psyrl.runtime.memory_plan import load_architecture, plan
+from psyrl.plan.memory import load_architecture, plan
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(ROOT.glob("configs/**/*.toml"))

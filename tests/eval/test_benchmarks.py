@@ -38,7 +38,7 @@ from psyrl.eval.report import (
 )
 from psyrl.eval.self_label import self_label
 from psyrl.runtime.model import load_tokenizer
-from psyrl.train.sft import build_examples
+from psyrl.sft.loss import build_examples
 
 FEELINGS = ("very happy", "sad", "angry")
 HALVES_PINNED = ["eval", "selftrain", "eval", "eval", "eval", "selftrain"]

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from psyrl.eval.benchmarks import item_seed, resolve_sources, select_items
-from psyrl.programs.commands import evaluate as evaluate_command
+from psyrl.cli.commands import evaluate as evaluate_command
 
 KEY = "sk-test-4f1c9e0b7a2d"  # the value no file or message may hold
 BENCHMARK = "data/demo/mc.jsonl"

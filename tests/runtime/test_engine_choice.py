@@ -18,7 +18,7 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 def test_no_entry_point_imports_vllm():
     code = (
-        "import sys, train_tgrpo, train_sft, evaluate, psyrl.cli, psyrl.train.run, "
+        "import sys, train_tgrpo, train_sft, evaluate, psyrl.cli, psyrl.run.directory, "
         "psyrl.runtime.vllm_sampler; print('vllm' in sys.modules or any(m.startswith('vllm.') for "
         "m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

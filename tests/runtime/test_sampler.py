@@ -201,7 +201,7 @@ def test_bad_input_is_refused(setup):
 
 
 def test_sample_items_is_fixed_and_in_file_order():
-    from psyrl.train.validation import sample_items
+    from psyrl.run.validation import sample_items
     items = list(range(100))
     picked = sample_items(items, 10, seed=0)
     assert picked == sorted(picked) and len(set(picked)) == 10 and sample_items(items, 10,
@@ -223,7 +223,7 @@ class ScriptedSampler:
 def test_validation_on_a_benchmark_file_scores_f1_accuracy(setup):
     from psyrl.core.config import load_config
     from psyrl.core.records import load_benchmark
-    from psyrl.train.validation import validate
+    from psyrl.run.validation import validate
 
     _, tokenizer, model, _ = setup
     records = load_benchmark("data/benchmarks/simpletom/test.jsonl")[:4]
@@ -247,7 +247,7 @@ def model_policy(model):
 def test_validation_reward_is_the_variants_final_reward_on_the_same_items(setup):
     from psyrl.core.config import load_config
     from psyrl.core.records import load_stimuliqa
-    from psyrl.train.validation import validate
+    from psyrl.run.validation import validate
 
     _, tokenizer, model, _ = setup
     records = load_stimuliqa("data/demo/test.jsonl")[:2]

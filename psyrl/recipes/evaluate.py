@@ -1,0 +1,380 @@
+"""Evaluation on the OOD benchmarks (paper §4.1 "Metrics", appendix B, SPEC §7): F1 and F1-accuracy
+per benchmark and per task, for any local Hugging Face checkpoint.
+
+    python evaluate.py --model runs/tiny-tgrpo/hf --limit 10 --out runs/eval/tiny
+    torchrun --nproc_per_node N evaluate.py --model DIR ...        (items split across ranks, one
+    model per rank)
+    python evaluate.py compare RUN_A RUN_B ...                     (Table 2/3-style, deltas against
+    RUN_A)
+    python evaluate.py lengths RUN_A [RUN_B] --out fig6.png        (RQ5 / Figure 6)
+    psyrl evaluate ... / torchrun --nproc_per_node N -m psyrl evaluate ...   (installed)
+    python evaluate.py --engine openai --base-url URL --api-model NAME ...   (an API baseline, one
+    process: `evaluate_api`)
+
+Its command line (the options below are the trainers' config keys, psyrl.core.generation_options)
+is psyrl.cli.commands.evaluate; `main` below is the program.
+
+Responses come from the sampler interface of the trainers (`psyrl.runtime.sampler`), one per item,
+seeded per item id: an item's random draws do not depend on the ranks, the batch, --limit or a
+resume (its logits can, in their last bits, with the batch's shapes). Predictions are appended to
+`<out>/predictions.jsonl` as they finish; a second run with the same --out and generation settings
+skips the items already there (an interrupted evaluation resumes; SIGTERM or SIGUSR1 stops it after
+the round in flight, exit status 75). At the end: predictions.jsonl in
+item order, results.json, results.md. `--engine openai` sends each item's chat messages to an
+OpenAI-compatible endpoint instead (psyrl.eval.openai_engine) and keeps the same files and resume.
+ToMbench's licence says "evaluation only": `psyrl self-label` leaves its items out unless told
+otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import click
+from tqdm import tqdm
+
+from psyrl.core import prompts
+from psyrl.core.atomic import write_text
+from psyrl.core.config import PromptConfig, RunConfig
+from psyrl.core.generation_options import GenerationOptions, fail_once
+from psyrl.core.records import DataError
+from psyrl.eval.benchmarks import (
+    PAPER_BENCHMARKS,
+    EvalError,
+    aggregate,
+    item_seed,
+    read_predictions,
+    resolve_sources,
+    score_response,
+    select_items,
+    task_of,
+)
+from psyrl.eval.lengths import counts_markdown, lengths_by_index
+from psyrl.eval.openai_engine import ApiError, ApiOptions, Client, complete_all, request_body
+from psyrl.eval.report import results_markdown
+from psyrl.runtime.distributed import all_gather_lists, broadcast_object, cleanup, print0
+from psyrl.runtime.generation import load_generation, start_generation
+from psyrl.runtime.model import model_config, weight_files
+from psyrl.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption
+from psyrl.runtime.vllm_sampler import VLLMUnavailable  # imports no vLLM until one is built
+
+OUTPUT_FILES = ("predictions.jsonl", "eval.json", "results.json", "results.md", "lengths.png")
+GENERATION_KEYS = (
+    "model",
+    "model_fingerprint",
+    "tokenizer",
+    "prompt",
+    "temperature",
+    "top_p",
+    "seed",
+    # what a resume must share with the run it continues
+    "max_new_tokens",
+    "dtype",
+    "engine",
+    "base_url")
+# settings absent from the eval.json of an older psyrl: what it used
+DEFAULTS_BEFORE = {"engine": "torch"}
+
+
+def model_label(model_dir: Path) -> str:
+    """A row label: `tiny-tgrpo` for runs/tiny-tgrpo/hf, `tiny-sft/step-200` for a checkpoint's
+    hf/."""
+    path = Path(os.path.abspath(model_dir))  # not resolve(): a symlinked hf/ keeps its run's name
+    if path.name != "hf":
+        return path.name
+    if path.parent.parent.name == "checkpoints":
+        return f"{path.parent.parent.parent.name}/{path.parent.name}"
+    return path.parent.name
+
+
+def split_specs(values) -> list[str]:
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def main(gen: GenerationOptions, benchmarks, benchmark_dir, mode, limit, half, split_seed,
+         out_dir, overwrite, api: ApiOptions | None = None) -> None:
+    """Evaluate --model (options checked by the command line): join the ranks, evaluate, report;
+    every error is one message from rank 0. With `api` (--engine openai): one process, no model."""
+    specs = split_specs(benchmarks) or list(PAPER_BENCHMARKS)
+    if api is not None:
+        out = Path(out_dir or Path("runs") / "eval" / api.model.replace("/", "-"))
+        try:
+            evaluate_api(gen, api, specs, benchmark_dir, mode, limit, half, split_seed, out,
+                         overwrite)
+        except Preempted as e:
+            click.echo(str(e))
+            raise SystemExit(EXIT_PREEMPTED) from None
+        except (EvalError, DataError, OSError, ValueError, ApiError) as e:
+            raise click.ClickException(str(e)) from None
+        return
+    default_out = Path("runs") / "eval" / model_label(Path(gen.model)).replace("/", "-")
+    out = Path(out_dir) if out_dir else default_out
+    try:
+        dist = start_generation(gen)
+        evaluate(dist, gen, specs, benchmark_dir, mode, limit, half, split_seed, out, overwrite)
+        cleanup(dist)
+    except Preempted as e:
+        print0(str(e), dist)
+        cleanup(dist)
+        raise SystemExit(EXIT_PREEMPTED) from None
+    except (EvalError, DataError, OSError, ValueError, VLLMUnavailable) as e:
+        fail_once(e, "evaluate", (EvalError, DataError, VLLMUnavailable))
+
+
+def evaluate(dist, gen: GenerationOptions, specs, benchmark_dir, mode, limit, half, split_seed,
+             out: Path, overwrite) -> None:
+    # ------------------------------------------------------------- inputs, checked before any write
+    sources, items = selection(specs, benchmark_dir, limit, half, split_seed)
+    generation = load_generation(dist, gen)  # the tokenizer; the model loads after the resume check
+    tokenizer, model_dir = generation.tokenizer, Path(gen.model)
+    # the model directory too, before eval.json is written: its config (no remote code), weights
+    model_config(generation.model_cfg, tokenizer)
+    if not weight_files(model_dir):
+        raise EvalError(f"{model_dir} holds no weights (*.safetensors or *.bin)")
+    given = {**generation.settings, "prompt": mode}
+    recorded = (*GENERATION_KEYS, "tensor_parallel", "gpu_memory_utilization")
+    settings = {**{k: given[k] for k in recorded if k in given},
+                **selection_settings(sources, limit, half, split_seed)}
+    predictions = out / "predictions.jsonl"
+    done: dict[str, dict] = {}
+    problem = None
+    # rank 0 decides and writes; the others learn the outcome (no rank left waiting alone)
+    if dist.is_main:
+        try:
+            done = start_output(out, settings, items, overwrite)
+        except (EvalError, OSError) as e:
+            problem = str(e)
+    problem, done_ids = broadcast_object((problem, set(done)), dist)
+    if problem:
+        raise EvalError(problem)
+    sampler = generation.make_sampler()
+    prompt_cfg = PromptConfig(mode=mode)
+    pending = [(s, r) for s, r in items if r.id not in done_ids]
+    # similar lengths per batch: less padding
+    pending.sort(key=lambda item: len(prompts.content(item[1])))
+    print0(f"evaluate: {model_dir} on {dist.world} x {dist.device}: {len(items)} items "
+           f"({', '.join(f'{s.name} {sum(1 for x, _ in items if x is s)}' for s in sources)}); "
+           f"{len(done_ids)} already in {predictions}, {len(pending)} to generate", dist)
+
+    # ------------------------------------------------------- generate and score, appending as we go
+    stats = {"rank": dist.rank, "items": 0, "response_tokens": 0, "generate_s": 0.0}
+    t0 = time.perf_counter()
+    per_round = gen.batch * dist.world
+    bar = tqdm(total=len(items), initial=len(done_ids), desc="evaluate", unit="item",
+               dynamic_ncols=True, disable=not (gen.progress and dist.is_main))
+    with (predictions.open("a", encoding="utf-8") if dist.is_main else contextlib.nullcontext()
+          as sink, Preemption(RunConfig().preempt_signals) as preemption):
+        for start in range(0, len(pending), per_round):
+            # strided: each rank gets short and long
+            mine = pending[start:start + per_round][dist.rank::dist.world]
+            texts = [prompts.render(tokenizer, r, prompt_cfg) for _, r in mine]
+            ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+            t = time.perf_counter()
+            seeds = [item_seed(gen.seed, r.id) for _, r in mine]
+            samples = sampler.generate(  # collective: even with no item
+                ids, 1, gen.temperature, gen.top_p, gen.max_new_tokens, seeds)
+            stats["generate_s"] += time.perf_counter() - t
+            rows = []
+            for (source, record), text, group in zip(mine, texts, samples):
+                s = group[0]
+                row = score_response(record, source.name, s.text, len(s.token_ids), s.finish_reason,
+                                     sum(s.logprobs) / len(s.logprobs), mode)
+                rows.append({**row, "prompt": text})
+                stats["items"] += 1
+                stats["response_tokens"] += len(s.token_ids)
+            rows = all_gather_lists(rows, dist)
+            if dist.is_main:  # on disk at once: a crash loses at most the round in flight
+                sink.write("".join(json.dumps(row) + "\n" for row in rows))
+                sink.flush()
+                os.fsync(sink.fileno())
+                done.update((row["id"], row) for row in rows)  # only rank 0 writes the results
+            bar.update(len(rows))
+            # a scheduler's signal on any rank: stop here, every finished round on disk
+            if (stop := preemption.requested(dist)) and start + per_round < len(pending):
+                bar.close()
+                sampler.close()
+                raise Preempted(
+                    f"evaluate: preempted by {stop} after {len(done_ids) + start + per_round} of "
+                    f"{len(items)} items, all in {predictions}; run the same command to resume")
+    bar.close()
+    wall = time.perf_counter() - t0
+    per_rank = all_gather_lists([stats], dist)
+    sampler.close()  # after the last collective
+    if not dist.is_main:
+        return
+
+    # ---------------------------------------------------------------- results
+    perf = {
+        "ranks": dist.world, "device": str(dist.device), "generated_items": len(pending),
+        "wall_s": wall, "items_per_s": len(pending) / wall if pending and wall > 0 else None,
+        "per_rank": per_rank
+    }
+    write_results(out, model_label(model_dir), items, done, settings, perf)
+    speed = f"{perf['items_per_s']:.2f} items/s over {dist.world} rank(s)" if perf[
+        "items_per_s"] else "nothing new"
+    print0(
+        f"evaluate: {len(pending)} items generated in {wall:.1f} s ({speed}); {out}/results.md, "
+        "results.json, predictions.jsonl", dist)
+
+
+def evaluate_api(gen: GenerationOptions, api: ApiOptions, specs, benchmark_dir, mode, limit,
+                 half, split_seed, out: Path, overwrite) -> None:
+    """`--engine openai`: the same items, prompts, seeds, scoring, files and resume as `evaluate`,
+    each response one chat-completions request (`api.concurrency` in flight, one process)."""
+    # ------------------------------------------------------------- inputs, checked before any write
+    sources, items = selection(specs, benchmark_dir, limit, half, split_seed)
+    # the key's variable by name only: its value never reaches a file or the screen
+    settings = {"model": api.model, "engine": "openai", "base_url": api.base_url,
+                "api_key_env": api.key_env, "prompt": mode, "temperature": gen.temperature,
+                "top_p": gen.top_p, "seed": gen.seed, "max_new_tokens": gen.max_new_tokens,
+                "concurrency": api.concurrency, "request_timeout": api.timeout,
+                "retries": api.retries, **selection_settings(sources, limit, half, split_seed)}
+    done = start_output(out, settings, items, overwrite)
+    predictions = out / "predictions.jsonl"
+    prompt_cfg = PromptConfig(mode=mode)
+    pending = [(s, r, prompts.messages(r, prompt_cfg)) for s, r in items if r.id not in done]
+    client = Client(api)
+    key = "an API key" if client.has_key else "no API key"
+    click.echo(
+        f"evaluate: {api.model} at {api.url} ({key} from ${api.key_env}), {api.concurrency} "
+        f"requests in flight: {len(items)} items "
+        f"({', '.join(f'{s.name} {sum(1 for x, _ in items if x is s)}' for s in sources)}); "
+        f"{len(done)} already in {predictions}, {len(pending)} to request")
+
+    # ------------------------------------------- request and score, appending each as it finishes
+    def body(job) -> dict:
+        _, record, messages = job
+        return request_body(api.model, messages, gen.temperature, gen.top_p, gen.max_new_tokens,
+                            item_seed(gen.seed, record.id))
+
+    stats = {"items": 0, "response_tokens": 0}
+    t0 = time.perf_counter()
+    with (predictions.open("a", encoding="utf-8") as sink,
+          Preemption(RunConfig().preempt_signals) as preemption,
+          tqdm(total=len(items), initial=len(done), desc="evaluate", unit="item",
+               dynamic_ncols=True, disable=not gen.progress) as bar):
+        # a signal: no new request; those in flight finish and are kept
+        finished = complete_all(client, pending, body, lambda: preemption.received != 0)
+        for (source, record, messages), answer in finished:
+            row = score_response(record, source.name, answer.text, answer.tokens, answer.finish,
+                                 None, mode)  # no log-probs: not every API returns them
+            row["prompt"] = json.dumps(messages, ensure_ascii=False)  # what was sent
+            # on disk at once: a crash loses only the requests in flight
+            sink.write(json.dumps(row) + "\n")
+            sink.flush()
+            os.fsync(sink.fileno())
+            done[record.id] = row
+            stats["items"] += 1
+            stats["response_tokens"] += answer.tokens
+            bar.update(1)
+        stop = preemption.received
+    wall = time.perf_counter() - t0
+    if stop and len(done) < len(items):
+        raise Preempted(
+            f"evaluate: preempted by {signal.Signals(stop).name} after {len(done)} of "
+            f"{len(items)} items, all in {predictions}; run the same command to resume")
+
+    # ---------------------------------------------------------------- results
+    perf = {"ranks": 1, "device": api.url, "generated_items": stats["items"], "wall_s": wall,
+            "items_per_s": stats["items"] / wall if stats["items"] and wall > 0 else None,
+            "concurrency": api.concurrency, "per_rank": [{"rank": 0, **stats}]}
+    write_results(out, api.model, items, done, settings, perf)
+    speed = f"{perf['items_per_s']:.2f} items/s" if perf["items_per_s"] else "nothing new"
+    click.echo(f"evaluate: {stats['items']} items requested in {wall:.1f} s ({speed}); "
+               f"{out}/results.md, results.json, predictions.jsonl")
+
+
+def selection(specs, benchmark_dir, limit, half, split_seed) -> tuple[list, list]:
+    """(sources, items): the items evaluated, as (source, record) in source and file order."""
+    sources = resolve_sources(specs, benchmark_dir)
+    items = [(s, r) for s in sources for r in select_items(s.records, limit, half, split_seed)]
+    if not items:
+        raise EvalError(
+            f"no item to evaluate in {', '.join(s.name for s in sources)} (split {half})")
+    return sources, items
+
+
+def selection_settings(sources, limit, half, split_seed) -> dict:
+    """What eval.json records of the selection, whatever generates."""
+    return {"split": half, "split_seed": split_seed, "limit": limit,
+            "options": PromptConfig().options,
+            "sources": [{"name": s.name, "path": str(s.path.resolve()), "schema": s.schema}
+                        for s in sources]}
+
+
+def start_output(out: Path, settings: dict, items: list, overwrite: bool) -> dict[str, dict]:
+    """The finished rows of an earlier run (none with `overwrite`, which deletes evaluate.py's own
+    files: --out may hold others), then eval.json and predictions.jsonl rewritten without a torn
+    last line."""
+    done = {} if overwrite else previous_predictions(out, settings, items)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in OUTPUT_FILES if overwrite else ():
+        (out / name).unlink(missing_ok=True)
+    write_text(out / "eval.json", json.dumps(settings, indent=2) + "\n")
+    write_text(out / "predictions.jsonl", "".join(json.dumps(row) + "\n" for row in done.values()))
+    return done
+
+
+def write_results(out: Path, label: str, items: list, done: dict[str, dict], settings: dict,
+                  perf: dict) -> None:
+    """predictions.jsonl in item order (the same file for any ranks, batch, engine order or
+    resume), results.json, results.md (printed)."""
+    rows = [done[r.id] for _, r in items]
+    write_text(out / "predictions.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    results = aggregate(rows)
+    write_text(
+        out / "results.json",
+        json.dumps({"settings": settings, "results": results, "perf": perf}, indent=2) + "\n")
+    markdown = results_markdown(label, results, settings)
+    try:
+        markdown += "\n## RQ5: Unexpected Outcome Test (ToMbench)\n\n" + counts_markdown(
+            [label], [lengths_by_index(rows)]) + "\n"
+    except EvalError:
+        pass  # no ToMbench Unexpected Outcome Test item in this evaluation
+    write_text(out / "results.md", markdown)
+    click.echo(markdown)
+
+
+def previous_predictions(out: Path, settings: dict, items: list) -> dict[str, dict]:
+    """The finished rows of an earlier run in `out`, by id, after checking it generated the same
+    way; their benchmark and task labels re-derived from this run's sources (a file may have
+    moved)."""
+    predictions, saved = out / "predictions.jsonl", out / "eval.json"
+    if not predictions.exists():
+        return {}
+    if not saved.is_file():
+        raise EvalError(
+            f"{out} holds predictions.jsonl but no eval.json: not an evaluate.py directory, or "
+            "damaged; use another --out or --overwrite")
+    try:
+        before = json.loads(saved.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise EvalError(f"{saved}: {e}; use --overwrite to start again") from None
+    before = {**DEFAULTS_BEFORE, **before}
+    changed = [  # a key an engine does not record is None (--engine openai: no dtype)
+        f"{k}: {before.get(k)!r} -> {settings.get(k)!r}" for k in GENERATION_KEYS
+        if before.get(k) != settings.get(k)
+    ]
+    if changed:
+        raise EvalError(
+            f"{out} holds predictions made differently ({'; '.join(changed)}); use another --out, "
+            "or --overwrite to delete them")
+    rows, _ = read_predictions(predictions, tolerate_torn_end=True)
+    selected = {r.id: (s, r) for s, r in items}
+    outside = sorted({r["id"] for r in rows} - set(selected))
+    if outside:
+        raise EvalError(
+            f"{predictions} holds {len(outside)} predictions for items outside this selection "
+            f"(e.g. {outside[0]!r}); choose a selection that includes them, another --out, or "
+            "--overwrite"
+        )
+    for row in rows:
+        source, record = selected[row["id"]]
+        row["benchmark"], row["task"] = source.name, task_of(record)
+    return {r["id"]: r for r in rows}
+
