@@ -17,8 +17,18 @@ import sys
 import time
 from pathlib import Path
 
-COMMANDS = [[], ["train-sft"], ["train-tgrpo"], ["evaluate"], ["build"], ["build", "qa"],
-            ["data", "convert"], ["report"], ["plan"], ["config", "show"]]
+COMMANDS = [
+    [],
+    ["train-sft"],
+    ["train-tgrpo"],
+    ["evaluate"],
+    ["build"],
+    ["build", "qa"],
+    ["data", "convert"],
+    ["report"],
+    ["plan"],
+    ["config", "show"],
+]
 
 
 def wall(args: list[str], cwd: Path) -> float | None:
@@ -32,12 +42,18 @@ def wall(args: list[str], cwd: Path) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7, help="runs per command (median, min)")
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
-                        help="checkout whose psyrl is timed")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=Path(__file__).resolve().parents[1],
+        help="checkout whose psyrl is timed",
+    )
     args = parser.parse_args()
     rows = [("import torch", [sys.executable, "-c", "import torch"])]
-    rows += [(" ".join(["psyrl", *c, "--help"]), [sys.executable, "-m", "psyrl", *c, "--help"])
-             for c in COMMANDS]
+    rows += [
+        (" ".join(["psyrl", *c, "--help"]), [sys.executable, "-m", "psyrl", *c, "--help"])
+        for c in COMMANDS
+    ]
     print(f"| command ({args.root}) | median s | min s |\n| --- | ---: | ---: |")
     for label, command in rows:
         times = [wall(command, args.root) for _ in range(args.repeat)]

@@ -22,21 +22,38 @@ from pathlib import Path
 import click
 
 ROOT = Path(__file__).resolve().parent.parent
-WORKLOADS = {"demo mc (360 items)": ["--benchmarks", "data/demo/mc.jsonl"],
-             "five OOD benchmarks, 5 per task (140 items)": ["--limit", "5"]}
+WORKLOADS = {
+    "demo mc (360 items)": ["--benchmarks", "data/demo/mc.jsonl"],
+    "five OOD benchmarks, 5 per task (140 items)": ["--limit", "5"],
+}
 
 
 def run_eval(model: Path, out: Path, ranks: int, batch: int, workload: list[str]) -> dict:
     shutil.rmtree(out, ignore_errors=True)
-    launcher = [sys.executable] if ranks == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-        str(ranks)
-    ]
+    launcher = (
+        [sys.executable]
+        if ranks == 1
+        else [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(ranks),
+        ]
+    )
     cmd = launcher + [
-        "evaluate.py", "--model",
-        str(model), "--out",
-        str(out), "--max-new-tokens", "64", "--batch",
-        str(batch), "--no-progress", *workload
+        "evaluate.py",
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        "64",
+        "--batch",
+        str(batch),
+        "--no-progress",
+        *workload,
     ]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if result.returncode:
@@ -45,10 +62,15 @@ def run_eval(model: Path, out: Path, ranks: int, batch: int, workload: list[str]
 
 
 @click.command()
-@click.option("--model", type=click.Path(exists=True, file_okay=False),
-              default="runs/tiny-tgrpo/hf", show_default=True)
-@click.option("--out", type=click.Path(file_okay=False), default="/tmp/eval-speed",
-              show_default=True)
+@click.option(
+    "--model",
+    type=click.Path(exists=True, file_okay=False),
+    default="runs/tiny-tgrpo/hf",
+    show_default=True,
+)
+@click.option(
+    "--out", type=click.Path(file_okay=False), default="/tmp/eval-speed", show_default=True
+)
 def main(model, out):
     print(
         "| workload | ranks | batch / rank | items/s | wall s | per rank: items, generate s, "
@@ -60,11 +82,13 @@ def main(model, out):
             perf = run_eval(Path(model), Path(out) / f"{ranks}-{batch}", ranks, batch, workload)
             split = "; ".join(
                 f"rank {p['rank']}: {p['items']}, {p['generate_s']:.1f} s, {p['response_tokens']}"
-                for p in perf["per_rank"])
+                for p in perf["per_rank"]
+            )
             print(
                 f"| {name} | {ranks} | {batch} | {perf['items_per_s']:.2f} | {perf['wall_s']:.1f} "
                 f"| {split} |",
-                flush=True)
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -41,10 +41,11 @@ print(json.dumps({"way": way, "peak_above_baseline_gib": (peak - base) / 2**20,
 
 def measure(way: str, batch: int, seq: int, vocab: int, hidden: int) -> dict:
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, way,
-         str(batch),
-         str(seq), str(vocab),
-         str(hidden)], check=True, capture_output=True, text=True).stdout
+        [sys.executable, "-c", CHILD, way, str(batch), str(seq), str(vocab), str(hidden)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -60,7 +61,8 @@ def main(batch, seq, vocab, hidden):
         r = measure(way, batch, seq, vocab, hidden)
         print(
             f"{way:8s} {batch}x{seq} vocab {vocab}: peak {r['peak_above_baseline_gib']:.2f} GiB "
-            f"above baseline, {r['seconds']:.2f} s")
+            f"above baseline, {r['seconds']:.2f} s"
+        )
 
 
 if __name__ == "__main__":

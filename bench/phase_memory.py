@@ -31,12 +31,21 @@ from psyrl.core.runlog import read_metrics  # noqa: E402
 from psyrl.plan.memory import GIB, load_architecture, plan  # noqa: E402
 
 SHAPE_05B = [
-    "model.tokenizer=qwen2.5", "model.hidden_size=896", "model.num_layers=24", "model.num_heads=14",
-    "model.num_kv_heads=2", "model.intermediate_size=4864", "model.max_position_embeddings=4096"
+    "model.tokenizer=qwen2.5",
+    "model.hidden_size=896",
+    "model.num_layers=24",
+    "model.num_heads=14",
+    "model.num_kv_heads=2",
+    "model.intermediate_size=4864",
+    "model.max_position_embeddings=4096",
 ]
 SMALL = [
-    "model.tokenizer=qwen2.5", "model.hidden_size=64", "model.num_layers=2", "model.num_heads=2",
-    "model.num_kv_heads=1", "model.intermediate_size=128"
+    "model.tokenizer=qwen2.5",
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=128",
 ]
 # plan -> laps
 PHASES = {"rollout": "sample", "experience": "logprobs", "update": "update", "sync": "sync"}
@@ -44,29 +53,50 @@ PHASES = {"rollout": "sample", "experience": "logprobs", "update": "update", "sy
 
 def settings(mode: str, out: Path, device: str, shape: list[str], tokens: int) -> list[str]:
     return [
-        *shape, "model.path=", "model.dtype=" + ("bfloat16" if device == "cuda" else "float32"),
-        "model.gradient_checkpointing=true", f"fsdp.offload={mode}", "sampler.engine=torch",
-        "sampler.batch=40", "run.steps=2", "rollout.prompts=16", "rollout.samples=5",
-        "optim.global_batch=8", f"rollout.max_new_tokens={tokens}", "rollout.max_prompt_tokens=448",
-        "optim.micro_batch=4", "optim.logprob_micro_batch=16", "advantage.scope=cache",
-        "rollout.temperature=1.0", 'data.valid_file=""', "checkpoint.every=0", "log.progress=false",
-        "log.samples_every=0", "run.memory_check=false", f"run.device={device}",
-        f"run.output_dir={json.dumps(str(out))}", f"run.name={mode}"
+        *shape,
+        "model.path=",
+        "model.dtype=" + ("bfloat16" if device == "cuda" else "float32"),
+        "model.gradient_checkpointing=true",
+        f"fsdp.offload={mode}",
+        "sampler.engine=torch",
+        "sampler.batch=40",
+        "run.steps=2",
+        "rollout.prompts=16",
+        "rollout.samples=5",
+        "optim.global_batch=8",
+        f"rollout.max_new_tokens={tokens}",
+        "rollout.max_prompt_tokens=448",
+        "optim.micro_batch=4",
+        "optim.logprob_micro_batch=16",
+        "advantage.scope=cache",
+        "rollout.temperature=1.0",
+        'data.valid_file=""',
+        "checkpoint.every=0",
+        "log.progress=false",
+        "log.samples_every=0",
+        "run.memory_check=false",
+        f"run.device={device}",
+        f"run.output_dir={json.dumps(str(out))}",
+        f"run.name={mode}",
     ]
 
 
 @click.command()
-@click.option("--gpus", type=int, default=None,
-              help="Ranks (default: every visible GPU; 1 on a CPU).")
 @click.option(
-    "--modes", default=None,
-    help="Comma-separated fsdp.offload modes (default phase,always; 1 GPU: "
-    "phase,none).")
-@click.option("--out", default="runs/phase-memory", show_default=True,
-              type=click.Path(file_okay=False))
+    "--gpus", type=int, default=None, help="Ranks (default: every visible GPU; 1 on a CPU)."
+)
+@click.option(
+    "--modes",
+    default=None,
+    help="Comma-separated fsdp.offload modes (default phase,always; 1 GPU: phase,none).",
+)
+@click.option(
+    "--out", default="runs/phase-memory", show_default=True, type=click.Path(file_okay=False)
+)
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True)
-@click.option("--small", is_flag=True,
-              help="A 2-layer 64-wide model (plumbing check, e.g. on a CPU).")
+@click.option(
+    "--small", is_flag=True, help="A 2-layer 64-wide model (plumbing check, e.g. on a CPU)."
+)
 @click.option("--tokens", default=256, show_default=True, help="Response tokens per sample.")
 def main(gpus, modes, out, device, small, tokens):
     """Step time and peak memory per phase of 2 T-GRPO steps per offload mode, against psyrl
@@ -87,9 +117,11 @@ def main(gpus, modes, out, device, small, tokens):
         sets = settings(mode, Path(out), device, shape, tokens)
         args = [
             *launcher,
-            str(ROOT / "train_tgrpo.py"), "--config",
-            str(ROOT / "configs/tgrpo/tiny.toml"), "--overwrite",
-            *[a for s in sets for a in ("--set", s)]
+            str(ROOT / "train_tgrpo.py"),
+            "--config",
+            str(ROOT / "configs/tgrpo/tiny.toml"),
+            "--overwrite",
+            *[a for s in sets for a in ("--set", s)],
         ]
         result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
         if result.returncode:
@@ -99,8 +131,10 @@ def main(gpus, modes, out, device, small, tokens):
         architecture, _ = load_architecture(cfg.model)
         predicted = {p.name: p.total / GIB for p in plan(cfg, architecture, gpus, gpu_gib).phases}
         row = read_metrics(Path(out) / mode / "metrics.jsonl")[-1]  # step 2: caches warm
-        lines.append(f"fsdp.offload = {mode}: step {row['time/step']:.2f} s, offload moves "
-                     f"{row.get('time/offload', 0):.2f} s")
+        lines.append(
+            f"fsdp.offload = {mode}: step {row['time/step']:.2f} s, offload moves "
+            f"{row.get('time/offload', 0):.2f} s"
+        )
         for phase, lap in PHASES.items():
             measured = row.get(f"perf/peak_gib/{lap}")
             lines.append(

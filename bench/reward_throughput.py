@@ -49,10 +49,15 @@ def make_responses(n: int, words: int, seed: int) -> tuple[list[str], list[str],
 @click.command()
 @click.option("--n", default=10_000, show_default=True, help="Number of responses scored.")
 @click.option("--words", default=300, show_default=True, help="Approximate words per response.")
-@click.option("--repeats", default=3, show_default=True,
-              help="Timed repetitions; the best is reported.")
-@click.option("--config", default=str(ROOT / "configs/tgrpo/tiny.toml"), show_default=True,
-              help="Reward config.")
+@click.option(
+    "--repeats", default=3, show_default=True, help="Timed repetitions; the best is reported."
+)
+@click.option(
+    "--config",
+    default=str(ROOT / "configs/tgrpo/tiny.toml"),
+    show_default=True,
+    help="Reward config.",
+)
 def main(n, words, repeats, config):
     cfg = load_config(config, ["reward.variant=bilateral"]).reward
     responses, golds, lengths = make_responses(n, words, seed=0)

@@ -46,8 +46,10 @@ def main(rows, vocab, repeats):
         probs = torch.softmax(torch.randn(rows, vocab, generator=gen) * scale, dim=-1)
         fast = timed(lambda: draw(probs, top_p, generators), repeats)  # noqa: B023
         full = timed(lambda: sorted_draw(probs), repeats)  # noqa: B023
-        print(f"top-p {top_p}, {rows} x {vocab}, {label}: rejection draw {fast * 1e3:.1f} ms, "
-              f"full-sort nucleus {full * 1e3:.1f} ms")
+        print(
+            f"top-p {top_p}, {rows} x {vocab}, {label}: rejection draw {fast * 1e3:.1f} ms, "
+            f"full-sort nucleus {full * 1e3:.1f} ms"
+        )
 
     cfg = load_config("configs/sft/tiny.toml", ["model.path=''"])
     tokenizer = load_tokenizer(cfg.model)

@@ -35,11 +35,13 @@ def main(eval_dir):
     print("| --- | ---: | ---: | ---: | ---: |")
     for confidence, taus in TAUS.items():
         for tau in taus:
-            kept, _ = self_label(rows, records, tau, confidence, mode=settings["prompt"],
-                                 options=settings["options"])
+            kept, _ = self_label(
+                rows, records, tau, confidence, mode=settings["prompt"], options=settings["options"]
+            )
             good = sum(records[k.id.removeprefix("self/")].answer == k.answer for k in kept)
             print(
-                f"| {confidence} | {tau} | {len(kept)} | {good} | {good / max(1, len(kept)):.3f} |")
+                f"| {confidence} | {tau} | {len(kept)} | {good} | {good / max(1, len(kept)):.3f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -22,12 +22,14 @@ import click
 
 VARIANTS = {
     "1 process": ([sys.executable], []),
-    "2 ranks, FSDP2": ([
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"
-    ], []),
-    "2 ranks, FSDP2 + CPU offload": ([
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"
-    ], ["fsdp.offload=always"]),
+    "2 ranks, FSDP2": (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
+        [],
+    ),
+    "2 ranks, FSDP2 + CPU offload": (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
+        ["fsdp.offload=always"],
+    ),
 }
 
 
@@ -41,13 +43,18 @@ def main(steps: int) -> None:
         )
         for name, (launcher, extra) in VARIANTS.items():
             sets = [
-                f"run.output_dir={json.dumps(out)}", f"run.name=v{len(extra)}{len(launcher)}",
-                f"run.steps={steps}", 'data.valid_file=""', "checkpoint.every=0",
-                "log.progress=false", *extra
+                f"run.output_dir={json.dumps(out)}",
+                f"run.name=v{len(extra)}{len(launcher)}",
+                f"run.steps={steps}",
+                'data.valid_file=""',
+                "checkpoint.every=0",
+                "log.progress=false",
+                *extra,
             ]
             args = [*launcher, "train_sft.py", "--config", "configs/sft/tiny.toml"]
-            subprocess.run(args + [a for s in sets for a in ("--set", s)], check=True,
-                           capture_output=True)
+            subprocess.run(
+                args + [a for s in sets for a in ("--set", s)], check=True, capture_output=True
+            )
             rows = [
                 json.loads(line)
                 for line in Path(out, f"v{len(extra)}{len(launcher)}", "metrics.jsonl").open()

@@ -73,17 +73,32 @@ command(prog_name=trainer)
 
 
 def settings(trainer: str, work: Path, name: str, steps: int) -> list[str]:
-    common = [f"run.output_dir={json.dumps(str(work))}", f"run.name={name}",
-              f"run.steps={steps}", 'data.valid_file=""', "log.progress=false",
-              "checkpoint.keep_state=2"]
+    common = [
+        f"run.output_dir={json.dumps(str(work))}",
+        f"run.name={name}",
+        f"run.steps={steps}",
+        'data.valid_file=""',
+        "log.progress=false",
+        "checkpoint.keep_state=2",
+    ]
     if trainer == "sft":
         return common + ["checkpoint.every=5", "optim.global_batch=8", "optim.micro_batch=4"]
     return common + [
-        f"model.path={work / 'start' / 'hf'}", f"data.train_file={work / 'train.jsonl'}",
-        "checkpoint.every=2", "rollout.prompts=8", "rollout.samples=4", "optim.global_batch=4",
-        "rollout.max_new_tokens=24", "sampler.batch=4", "optim.micro_batch=4",
-        "optim.logprob_micro_batch=4", "optim.lr=1e-4", "advantage.scope=cache",
-        "rollout.temperature=1.0", "log.samples_every=0"]
+        f"model.path={work / 'start' / 'hf'}",
+        f"data.train_file={work / 'train.jsonl'}",
+        "checkpoint.every=2",
+        "rollout.prompts=8",
+        "rollout.samples=4",
+        "optim.global_batch=4",
+        "rollout.max_new_tokens=24",
+        "sampler.batch=4",
+        "optim.micro_batch=4",
+        "optim.logprob_micro_batch=4",
+        "optim.lr=1e-4",
+        "advantage.scope=cache",
+        "rollout.temperature=1.0",
+        "log.samples_every=0",
+    ]
 
 
 def command(trainer: str, ranks: int, sets: list[str], extra: list[str]) -> list[str]:
@@ -91,20 +106,37 @@ def command(trainer: str, ranks: int, sets: list[str], extra: list[str]) -> list
     if ranks > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
     config = f"configs/{trainer}/tiny.toml"
-    return [*launcher, str(WORKER_PATH), trainer, "--config", config,
-            *[a for s in sets for a in ("--set", s)], *extra]
+    return [
+        *launcher,
+        str(WORKER_PATH),
+        trainer,
+        "--config",
+        config,
+        *[a for s in sets for a in ("--set", s)],
+        *extra,
+    ]
 
 
 def environment(tear: int = 0) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "SOAK_TEAR": str(tear),
-            "SOAK_BENCH": str(ROOT / "bench")}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "SOAK_TEAR": str(tear),
+        "SOAK_BENCH": str(ROOT / "bench"),
+    }
 
 
 def launch(args: list[str], log: Path, tear: int = 0) -> subprocess.Popen:
     """torchrun and its workers in a process group of their own, output to `log`."""
     with log.open("w") as out:
-        return subprocess.Popen(args, cwd=ROOT, env=environment(tear), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            args,
+            cwd=ROOT,
+            env=environment(tear),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def descendants(root: int) -> list[int]:
@@ -141,14 +173,26 @@ def start_model(work: Path) -> None:
     rows = [json.loads(line) for line in (ROOT / "data/demo/train.jsonl").read_text().splitlines()]
     with (work / "train.jsonl").open("w") as f:
         for i, r in enumerate(rows[:64]):
-            f.write(json.dumps({**r, "answer": "yes" if i % 2 else "no",
-                                "reasoning": "it is so"}) + "\n")
-    sets = [f"run.output_dir={json.dumps(str(work))}", "run.name=start",
-            f"data.train_file={work / 'train.jsonl'}", 'data.valid_file=""', "run.steps=80",
-            "model.hidden_size=64", "model.num_layers=2", "model.intermediate_size=128",
-            "optim.lr=5e-3", "checkpoint.every=0", "log.progress=false"]
-    done = subprocess.run(command("sft", 1, sets, []), cwd=ROOT, env=environment(),
-                          capture_output=True, text=True)
+            f.write(
+                json.dumps({**r, "answer": "yes" if i % 2 else "no", "reasoning": "it is so"})
+                + "\n"
+            )
+    sets = [
+        f"run.output_dir={json.dumps(str(work))}",
+        "run.name=start",
+        f"data.train_file={work / 'train.jsonl'}",
+        'data.valid_file=""',
+        "run.steps=80",
+        "model.hidden_size=64",
+        "model.num_layers=2",
+        "model.intermediate_size=128",
+        "optim.lr=5e-3",
+        "checkpoint.every=0",
+        "log.progress=false",
+    ]
+    done = subprocess.run(
+        command("sft", 1, sets, []), cwd=ROOT, env=environment(), capture_output=True, text=True
+    )
     if done.returncode:
         sys.exit(done.stdout + done.stderr)
 
@@ -156,14 +200,16 @@ def start_model(work: Path) -> None:
 def resumable_step(run: Path) -> int:
     """The step --resume would continue after, 0 when there is no checkpoint to resume."""
     from psyrl.runtime.checkpoint import find_resumable
+
     found = find_resumable(run, lambda line: None) if run.exists() else None
     return int(found.name.split("-")[1]) if found else 0
 
 
 def checkpoint_in_write(run: Path) -> int:
     """The step of a checkpoint being written now (its temporary directory exists), or 0."""
-    steps = [int(d.name.split(".")[1].split("-")[1])
-             for d in (run / "checkpoints").glob(".step-*.tmp-*")]
+    steps = [
+        int(d.name.split(".")[1].split("-")[1]) for d in (run / "checkpoints").glob(".step-*.tmp-*")
+    ]
     return max(steps, default=0)
 
 
@@ -194,14 +240,23 @@ def compare(reference: Path, soaked: Path, last: int) -> list[str]:
     sa, sb = dict(flat(states[0])), dict(flat(states[1]))
     if sa.keys() != sb.keys():
         differences.append("optimiser/model state keys")
-    differences += [f"state {k}" for k in sa if k in sb and not (
-        torch.equal(sa[k], sb[k]) if isinstance(sa[k], torch.Tensor) else sa[k] == sb[k])]
+    differences += [
+        f"state {k}"
+        for k in sa
+        if k in sb
+        and not (torch.equal(sa[k], sb[k]) if isinstance(sa[k], torch.Tensor) else sa[k] == sb[k])
+    ]
     for name in ("trajectory_cache.json", "trainer.json"):
         files = [r / "checkpoints" / f"step-{last}" / name for r in (reference, soaked)]
         if files[0].exists() and files[0].read_text() != files[1].read_text():
             differences.append(name)
-    rows = [[{k: v for k, v in row.items() if not k.startswith(TIME_KEYS)}
-             for row in read_metrics(r / "metrics.jsonl")] for r in (reference, soaked)]
+    rows = [
+        [
+            {k: v for k, v in row.items() if not k.startswith(TIME_KEYS)}
+            for row in read_metrics(r / "metrics.jsonl")
+        ]
+        for r in (reference, soaked)
+    ]
     if rows[0] != rows[1]:
         differences.append(f"metrics rows ({len(rows[0])} vs {len(rows[1])})")
     return differences
@@ -211,8 +266,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trainer", choices=["tgrpo", "sft"], default="tgrpo")
     parser.add_argument("--kills", type=int, default=30)
-    parser.add_argument("--steps", type=int, default=None,
-                        help="steps of the run (default: 80 T-GRPO, 150 SFT)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="steps of the run (default: 80 T-GRPO, 150 SFT)"
+    )
     parser.add_argument("--ranks", type=int, default=2, help="torchrun ranks (1: one process)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill schedule")
     parser.add_argument("--work", type=Path, default=Path("/tmp/psyrl-soak"))
@@ -232,8 +288,12 @@ def main() -> None:
     reference = args.work / "reference"
     log = args.work / "logs" / "reference.log"
     began = time.perf_counter()
-    process = launch(command(args.trainer, args.ranks,
-                             settings(args.trainer, args.work, "reference", steps), []), log)
+    process = launch(
+        command(
+            args.trainer, args.ranks, settings(args.trainer, args.work, "reference", steps), []
+        ),
+        log,
+    )
     first_row = None
     while process.poll() is None:
         if first_row is None and (reference / "metrics.jsonl").exists():
@@ -243,8 +303,9 @@ def main() -> None:
         sys.exit(f"the reference run failed:\n{log.read_text()[-3000:]}")
     total = time.perf_counter() - began
     step_s = (total - first_row) / steps
-    print(f"reference: {steps} steps in {total:.1f} s (first row after {first_row:.1f} s)",
-          flush=True)
+    print(
+        f"reference: {steps} steps in {total:.1f} s (first row after {first_row:.1f} s)", flush=True
+    )
 
     # ------------------------------------------------------------ the soaked run: kill, resume
     soaked = args.work / "soaked"
@@ -255,8 +316,11 @@ def main() -> None:
     kills = launches = cut = 0
     while True:
         done = resumable_step(soaked)
-        extra = ["--resume"] if done else (
-            ["--overwrite"] if (soaked / "metrics.jsonl").exists() else [])
+        extra = (
+            ["--resume"]
+            if done
+            else (["--overwrite"] if (soaked / "metrics.jsonl").exists() else [])
+        )
         kind = ("time", "checkpoint", "metrics")[kills % 3] if kills < args.kills else None
         target = max(targets[kills], done + 1) if kind else 0
         # time: somewhere inside the target step; metrics: that step's row; checkpoint: the first
@@ -282,23 +346,31 @@ def main() -> None:
         if killed:
             kills += 1
             kinds[kind] += 1
-            print(f"kill {kills} ({kind}, aimed at step {target}): resumable after step "
-                  f"{resumable_step(soaked)}", flush=True)
+            print(
+                f"kill {kills} ({kind}, aimed at step {target}): resumable after step "
+                f"{resumable_step(soaked)}",
+                flush=True,
+            )
             continue
         if process.returncode:
-            sys.exit(f"launch {launches} failed (status {process.returncode}):\n"
-                     f"{log.read_text()[-3000:]}")
+            sys.exit(
+                f"launch {launches} failed (status {process.returncode}):\n"
+                f"{log.read_text()[-3000:]}"
+            )
         if kind is not None:  # the run ended before this launch's moment came
             print(f"launch {launches}: the run finished before its {kind} kill", flush=True)
         break
 
     differences = compare(reference, soaked, steps)
-    print(f"{args.trainer}: {kills} kills ({kinds['time']} at random times, "
-          f"{kinds['checkpoint']} while a checkpoint was written ({cut} cut it short, the "
-          f"others came after its rename), {kinds['metrics']} inside "
-          f"metrics.jsonl appends), {launches - 1} resumes, {len(differences)} differences"
-          f"{': ' + ', '.join(differences[:10]) if differences else ''}; "
-          f"{time.perf_counter() - t0:.0f} s in all (work: {args.work})", flush=True)
+    print(
+        f"{args.trainer}: {kills} kills ({kinds['time']} at random times, "
+        f"{kinds['checkpoint']} while a checkpoint was written ({cut} cut it short, the "
+        f"others came after its rename), {kinds['metrics']} inside "
+        f"metrics.jsonl appends), {launches - 1} resumes, {len(differences)} differences"
+        f"{': ' + ', '.join(differences[:10]) if differences else ''}; "
+        f"{time.perf_counter() - t0:.0f} s in all (work: {args.work})",
+        flush=True,
+    )
     sys.exit(1 if differences else 0)
 
 

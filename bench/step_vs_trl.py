@@ -59,9 +59,15 @@ def build_workload(work: Path) -> tuple[Path, Path]:
     from psyrl.runtime.model import shipped_tokenizer_dir
 
     torch.manual_seed(0)
-    config = Qwen2Config(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=256, vocab_size=151936,
-                         tie_word_embeddings=True)
+    config = Qwen2Config(
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    )
     model_dir = work / "model"
     Qwen2ForCausalLM(config).to(torch.float32).save_pretrained(model_dir)
     for f in shipped_tokenizer_dir("qwen2.5").iterdir():
@@ -72,9 +78,18 @@ def build_workload(work: Path) -> tuple[Path, Path]:
     ]
     data = work / "socialiqa.jsonl"
     with data.open("w", encoding="utf-8") as f:
-        for r in rows[:PROMPTS * (WARMUP + TIMED)]:
-            f.write(json.dumps({"id": r["id"], "stimuli": r["context"], "question": r["question"],
-                                "answer": r["answer"]}) + "\n")
+        for r in rows[: PROMPTS * (WARMUP + TIMED)]:
+            f.write(
+                json.dumps(
+                    {
+                        "id": r["id"],
+                        "stimuli": r["context"],
+                        "question": r["question"],
+                        "answer": r["answer"],
+                    }
+                )
+                + "\n"
+            )
     return model_dir, data
 
 
@@ -149,8 +164,9 @@ def run_trl(model_dir: Path, data: Path, work: Path) -> dict:
     tokenizer.padding_side = "left"
     records = load_stimuliqa(data)
     prompt_cfg, reward_cfg = PromptConfig(mode="direct"), RewardConfig(variant="base")
-    dataset = Dataset.from_list([{"prompt": render(tokenizer, r, prompt_cfg), "answer": r.answer}
-                                 for r in records])
+    dataset = Dataset.from_list(
+        [{"prompt": render(tokenizer, r, prompt_cfg), "answer": r.answer} for r in records]
+    )
 
     # psyrl's `base` reward: w_f1 F1 + w_fmt format
     def base_reward(prompts, completions, answer, **_):
@@ -196,15 +212,21 @@ def run_trl(model_dir: Path, data: Path, work: Path) -> dict:
         seed=0,
         dataloader_num_workers=0,
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=base_reward, args=args, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[StepTimer()])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=base_reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[StepTimer()],
+    )
     generate = trainer.model.generate
 
     def timed_generate(*a, **kw):
         start = time.perf_counter()
         out = generate(*a, **kw)
         generate_times.append(time.perf_counter() - start)
-        tokens.append(int((out[:, kw["input_ids"].shape[1]:] != tokenizer.pad_token_id).sum()))
+        tokens.append(int((out[:, kw["input_ids"].shape[1] :] != tokenizer.pad_token_id).sum()))
         return out
 
     trainer.model.generate = timed_generate
@@ -212,7 +234,7 @@ def run_trl(model_dir: Path, data: Path, work: Path) -> dict:
     return {
         "step": statistics.median(step_times[WARMUP:]),
         "sample": statistics.median(generate_times[WARMUP:]),
-        "generated_tokens": statistics.median(tokens[WARMUP:])
+        "generated_tokens": statistics.median(tokens[WARMUP:]),
     }
 
 
@@ -240,34 +262,52 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory(prefix="psyrl-vs-trl-") as tmp:
         work = Path(tmp)
-        subprocess.run([str(python), "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
-                        f"from bench.step_vs_trl import build_workload; from pathlib import Path; "
-                        f"build_workload(Path({tmp!r}))"], check=True, cwd=ROOT)
+        subprocess.run(
+            [
+                str(python),
+                "-c",
+                f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+                f"from bench.step_vs_trl import build_workload; from pathlib import Path; "
+                f"build_workload(Path({tmp!r}))",
+            ],
+            check=True,
+            cwd=ROOT,
+        )
         env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}
         for name in [a.only] if a.only else ["psyrl", "trl"]:
             print(f"running {name} ({WARMUP} warm-up + {TIMED} timed steps)...", flush=True)
-            proc = subprocess.run([str(python), __file__, "--side", name, "--work",
-                                   str(work)], cwd=ROOT, env=env, capture_output=True, text=True)
+            proc = subprocess.run(
+                [str(python), __file__, "--side", name, "--work", str(work)],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+            )
             line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
             if proc.returncode != 0 or line is None:
                 sys.exit(
                     f"{name} failed (exit "
                     f"{proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
                 )
-            results[name] = json.loads(line[len("RESULT "):])
+            results[name] = json.loads(line[len("RESULT ") :])
             print(f"{name}: {results[name]}", flush=True)
     print("\n| | step (median) | generation | generated tokens per step | peak RSS |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for name, r in results.items():
-        print(f"| {name} | {r['step']:.2f} s | {r['sample']:.2f} s | {r['generated_tokens']:.0f} | "
-              f"{r['peak_rss_gib']:.2f} GiB |")
+        print(
+            f"| {name} | {r['step']:.2f} s | {r['sample']:.2f} s | {r['generated_tokens']:.0f} | "
+            f"{r['peak_rss_gib']:.2f} GiB |"
+        )
     if len(results) == 2:
         print(f"\npsyrl / TRL step time: {results['psyrl']['step'] / results['trl']['step']:.3f}")
         if "update" in results["psyrl"]:
             p = results["psyrl"]
-            print("psyrl step parts: " +
-                  ", ".join(f"{k} {p[k]:.2f} s"
-                            for k in ("sample", "score", "logprobs", "update", "sync")))
+            print(
+                "psyrl step parts: "
+                + ", ".join(
+                    f"{k} {p[k]:.2f} s" for k in ("sample", "score", "logprobs", "update", "sync")
+                )
+            )
 
 
 if __name__ == "__main__":

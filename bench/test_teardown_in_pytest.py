@@ -23,8 +23,20 @@ LAUNCHES = int(os.environ.get("LAUNCHES", "200"))
 def test_a_launch_exits_cleanly(launch):
     torchrun = Path(sys.executable).parent / "torchrun"
     result = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc_per_node", "2", str(WORKER), "--worker", "--exit",
-         "cleanup"], capture_output=True, text=True, timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(WORKER),
+            "--worker",
+            "--exit",
+            "cleanup",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert ABORT not in result.stderr
     assert result.returncode == 0, result.stderr[-2000:]

@@ -32,13 +32,21 @@ def start(tmp_path_factory):
     with (out / "train.jsonl").open("w") as f:
         for i, r in enumerate(records):
             f.write(
-                json.dumps({**r, "answer": "yes" if i % 2 else "no", "reasoning": "it is so"}) +
-                "\n")
+                json.dumps({**r, "answer": "yes" if i % 2 else "no", "reasoning": "it is so"})
+                + "\n"
+            )
     sets = [
-        f"run.output_dir={json.dumps(str(out / 'runs'))}", "run.name=start",
-        f"data.train_file={out / 'train.jsonl'}", 'data.valid_file=""', "run.steps=80",
-        "model.hidden_size=64", "model.num_layers=2", "model.intermediate_size=128",
-        "optim.lr=5e-3", "checkpoint.every=0", "log.progress=false"
+        f"run.output_dir={json.dumps(str(out / 'runs'))}",
+        "run.name=start",
+        f"data.train_file={out / 'train.jsonl'}",
+        'data.valid_file=""',
+        "run.steps=80",
+        "model.hidden_size=64",
+        "model.num_layers=2",
+        "model.intermediate_size=128",
+        "optim.lr=5e-3",
+        "checkpoint.every=0",
+        "log.progress=false",
     ]
     args = [sys.executable, "train_sft.py", "--config", "configs/sft/tiny.toml"]
     args += [a for s in sets for a in ("--set", s)]

@@ -18,8 +18,14 @@ from psyrl.runtime.optim import build_optimizer
 
 # odd MLP width and one KV head: dim 0 of gate/up (129) does not split evenly over 2 ranks, so the
 # padding shows
-MODEL = ModelConfig(tokenizer="tiny", hidden_size=48, num_layers=2, num_heads=3, num_kv_heads=1,
-                    intermediate_size=129)
+MODEL = ModelConfig(
+    tokenizer="tiny",
+    hidden_size=48,
+    num_layers=2,
+    num_heads=3,
+    num_kv_heads=1,
+    intermediate_size=129,
+)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -34,11 +40,13 @@ def count(tensors) -> dict[str, int]:
 
 def check(dist, out: Path) -> None:
     tokenizer = load_tokenizer(MODEL)
-    policy = load_sharded(lambda empty: Policy(load_model(MODEL, tokenizer, seed=3, empty=empty)),
-                          dist)
+    policy = load_sharded(
+        lambda empty: Policy(load_model(MODEL, tokenizer, seed=3, empty=empty)), dist
+    )
     optimizer = build_optimizer(policy, OptimConfig())
-    ids = torch.randint(0, len(tokenizer), (2, 24),
-                        generator=torch.Generator().manual_seed(dist.rank))
+    ids = torch.randint(
+        0, len(tokenizer), (2, 24), generator=torch.Generator().manual_seed(dist.rank)
+    )
     policy(ids, torch.ones_like(ids)).sum().backward()
     params = list(policy.parameters())
     figures = {"params": count(params), "grads": count(p.grad for p in params)}

@@ -23,8 +23,15 @@ from psyrl.runtime.model import Policy
 
 
 def build(tied: bool, empty: bool) -> Policy:
-    config = Qwen2Config(vocab_size=101, hidden_size=24, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=37, tie_word_embeddings=tied)
+    config = Qwen2Config(
+        vocab_size=101,
+        hidden_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=37,
+        tie_word_embeddings=tied,
+    )
     with torch.device("meta" if empty else "cpu"), torch.random.fork_rng(devices=[]):
         torch.manual_seed(3)
         # odd sizes: shards of unequal rows, one rank's padded
@@ -35,19 +42,22 @@ def check(dist, out: Path) -> None:
     result = {}
     for tied in (True, False):
         policy = load_sharded(lambda empty, tied=tied: build(tied, empty), dist)
-        reference = [(n, t.to(torch.bfloat16))
-                     for n, t in gather_full_state_dict(policy, prefix="lm.")]
+        reference = [
+            (n, t.to(torch.bfloat16)) for n, t in gather_full_state_dict(policy, prefix="lm.")
+        ]
         for bucket in (1, 4096, 1 << 30):  # one tensor per bucket, a few, everything in one
             got = list(sync_buckets(policy, dist.device, torch.bfloat16, bucket, prefix="lm."))
             same = [n for n, _ in got] == [n for n, _ in reference] and all(
-                a.dtype == b.dtype and torch.equal(a, b) for (_, a), (_, b) in zip(got, reference))
+                a.dtype == b.dtype and torch.equal(a, b) for (_, a), (_, b) in zip(got, reference)
+            )
             result[f"sync tied={tied} bucket={bucket}"] = same
         full = [(n, t) for n, t in gather_full_state_dict(policy, prefix="lm.")]
         on_rank0 = list(gather_to_rank0(policy, prefix="lm."))
         names_match = [n for n, _ in on_rank0] == [n for n, _ in full]
         if dist.rank == 0:
             result[f"rank0 tied={tied}"] = names_match and all(
-                torch.equal(a, b) for (_, a), (_, b) in zip(on_rank0, full))
+                torch.equal(a, b) for (_, a), (_, b) in zip(on_rank0, full)
+            )
         else:
             result[f"rank0 tied={tied}"] = names_match and all(t is None for _, t in on_rank0)
         result[f"names tied={tied}"] = [n for n, _ in full]
@@ -72,9 +82,10 @@ def check(dist, out: Path) -> None:
     result["offload keeps parameters"] = kept
     result["offload moved storage"] = moved
     result["offload keeps values"] = all(
-        torch.equal(p.detach().to_local(), b) for p, b in zip(params, before)) and all(
-            torch.equal(optimizer.state[p]["exp_avg"].to_local(), m)
-            for p, m in zip(params, moments))
+        torch.equal(p.detach().to_local(), b) for p, b in zip(params, before)
+    ) and all(
+        torch.equal(optimizer.state[p]["exp_avg"].to_local(), m) for p, m in zip(params, moments)
+    )
     with torch.no_grad():  # a forward after the round trip all-gathers the re-registered shards
         result["offload forward"] = bool(torch.isfinite(policy(ids, torch.ones_like(ids))).all())
     (out / f"rank-{dist.rank}.json").write_text(json.dumps(result))

@@ -23,8 +23,11 @@ from psyrl.runtime.model import load_model, load_tokenizer
 
 GOOD_STIMULIQA = Path("data/demo/train.jsonl").read_text().splitlines()[:16]
 GOOD_BENCHMARK = Path("data/demo/mc.jsonl").read_text().splitlines()[:4]
-GOOD_TABLE = [json.dumps(dict(zip(("id", "stimuli", "B_disap", "B_anger"), row[:4])))
-              for row in csv.reader(Path("data/build/stimuli.csv").open()) if row[0] != "id"][:4]
+GOOD_TABLE = [
+    json.dumps(dict(zip(("id", "stimuli", "B_disap", "B_anger"), row[:4])))
+    for row in csv.reader(Path("data/build/stimuli.csv").open())
+    if row[0] != "id"
+][:4]
 TINY = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
 
 
@@ -44,7 +47,7 @@ def data_file(kind: str, ws: Path, good: list[str], huge: Path) -> tuple[Path, i
         path.write_bytes((good[0] + "\n").encode() + b'{"id": "\xff\xfe"}\n')
         line = 2
     elif kind == "truncated":
-        path.write_text(good[0] + "\n" + good[1][:len(good[1]) // 2] + "\n")
+        path.write_text(good[0] + "\n" + good[1][: len(good[1]) // 2] + "\n")
         line = 2
     elif kind == "wrong_schema":
         path.write_text(good[0] + "\n" + json.dumps({"id": "x", "text": "no question"}) + "\n")
@@ -58,17 +61,27 @@ def data_file(kind: str, ws: Path, good: list[str], huge: Path) -> tuple[Path, i
     return path, line
 
 
-DATA_KINDS = ["missing", "empty", "directory", "not_utf8", "truncated", "wrong_schema",
-              "duplicate_ids", "huge_line"]
+DATA_KINDS = [
+    "missing",
+    "empty",
+    "directory",
+    "not_utf8",
+    "truncated",
+    "wrong_schema",
+    "duplicate_ids",
+    "huge_line",
+]
 
 
 def config_file(kind: str, ws: Path) -> tuple[Path, int | None]:
     path = ws / "in" / f"{kind}.toml"
     path.parent.mkdir(exist_ok=True)
-    text = {"truncated_toml": '[run]\nname = "x"\n[optim\nlr = 1e-4\n',
-            "unknown_key": '[run]\nname = "x"\nstepz = 3\n',
-            "negative": '[run]\nname = "x"\n[optim]\nlr = -1e-4\n',
-            "non_finite": '[optim]\nlr = nan\n'}.get(kind)
+    text = {
+        "truncated_toml": '[run]\nname = "x"\n[optim\nlr = 1e-4\n',
+        "unknown_key": '[run]\nname = "x"\nstepz = 3\n',
+        "negative": '[run]\nname = "x"\n[optim]\nlr = -1e-4\n',
+        "non_finite": "[optim]\nlr = nan\n",
+    }.get(kind)
     line = {"truncated_toml": 3, "unknown_key": 3, "negative": 4, "non_finite": 2}.get(kind)
     if kind == "directory":
         path.mkdir()
@@ -80,10 +93,21 @@ def config_file(kind: str, ws: Path) -> tuple[Path, int | None]:
     return path, line
 
 
-CONFIG_KINDS = ["missing", "directory", "not_utf8", "truncated_toml", "unknown_key", "negative",
-                "non_finite"]
-SET_KINDS = {"set_without_value": "run.steps", "set_unknown_key": "run.stepz=3",
-             "set_bad_type": "run.steps=many", "set_negative": "optim.lr=-1"}
+CONFIG_KINDS = [
+    "missing",
+    "directory",
+    "not_utf8",
+    "truncated_toml",
+    "unknown_key",
+    "negative",
+    "non_finite",
+]
+SET_KINDS = {
+    "set_without_value": "run.steps",
+    "set_unknown_key": "run.stepz=3",
+    "set_bad_type": "run.steps=many",
+    "set_negative": "optim.lr=-1",
+}
 
 
 def model_dir(kind: str, ws: Path, good: Path) -> Path:
@@ -126,9 +150,13 @@ def run_dir(kind: str, ws: Path) -> tuple[Path, Path, int | None]:
     good = '{"step": 1, "steps": 2, "reward/final": 0.5, "reward/f1": 0.4}\n'
     if kind == "run_without_metrics":
         return run, metrics, None
-    metrics.write_bytes({"run_not_utf8": good.encode() + b'{"step": 2, "x": "\xff"}\n',
-                         "run_truncated": (good + good[:20] + "\n").encode(),
-                         "run_wrong_schema": (good + '{"reward/final": 0.5}\n').encode()}[kind])
+    metrics.write_bytes(
+        {
+            "run_not_utf8": good.encode() + b'{"step": 2, "x": "\xff"}\n',
+            "run_truncated": (good + good[:20] + "\n").encode(),
+            "run_wrong_schema": (good + '{"reward/final": 0.5}\n').encode(),
+        }[kind]
+    )
     return run, metrics, 2
 
 
@@ -141,6 +169,8 @@ def eval_dir(kind: str, ws: Path) -> tuple[Path, Path, int | None]:
     (out / "results.json").write_text('{"settings": {"prompt": "cot"}, "results": {"tomb')
     (out / "predictions.jsonl").write_text('{"id": "a", "benchmark": "tombench", "respo\n')
     return out, out, None
+
+
 OUT_KINDS = ["out_is_file", "out_read_only"]
 
 
@@ -165,70 +195,178 @@ NO_LINE = {("psyrl data convert", "huge_line")}
 
 
 # ---------------------------------------------------------------- the commands and their slots
-def trainer_args(script, config: str, ws: Path, data=None, model=None, out=None, cfg=None,
-                 sets=()):
-    args = ["--config", str(cfg or config),
-            "--set", f"run.output_dir={json.dumps(str(out or ws / 'runs'))}",
-            "--set", "run.name=fresh", "--set", "run.steps=1", "--set", "log.progress=false",
-            "--set", 'data.valid_file=""', "--set", f"data.train_file={data or ws / 'good.jsonl'}",
-            "--set", f"model.path={model or ws / 'model'}", "--set", 'model.tokenizer=""']
+def trainer_args(script, config: str, ws: Path, data=None, model=None, out=None, cfg=None, sets=()):
+    args = [
+        "--config",
+        str(cfg or config),
+        "--set",
+        f"run.output_dir={json.dumps(str(out or ws / 'runs'))}",
+        "--set",
+        "run.name=fresh",
+        "--set",
+        "run.steps=1",
+        "--set",
+        "log.progress=false",
+        "--set",
+        'data.valid_file=""',
+        "--set",
+        f"data.train_file={data or ws / 'good.jsonl'}",
+        "--set",
+        f"model.path={model or ws / 'model'}",
+        "--set",
+        'model.tokenizer=""',
+    ]
     for s in sets:
         args += ["--set", s]
     return script.main, args
 
 
 COMMANDS = {
-    "train_sft.py": (lambda ws, **k: trainer_args(train_sft, "configs/sft/tiny.toml", ws, **k),
-                     ["data", "config", "set", "model", "out"]),
-    "train_tgrpo.py": (lambda ws, **k: trainer_args(train_tgrpo, "configs/tgrpo/tiny.toml", ws,
-                                                    **k),
-                       ["data", "config", "set", "model", "out"]),
-    "evaluate.py": (lambda ws, data=None, model=None, out=None: (evaluate.main, [
-        "--model", str(model or ws / "model"), "--benchmarks", str(data or ws / "good-mc.jsonl"),
-        "--out", str(out or ws / "eval"), "--max-new-tokens", "4", "--no-progress"]),
-                    ["data", "model", "out"]),
+    "train_sft.py": (
+        lambda ws, **k: trainer_args(train_sft, "configs/sft/tiny.toml", ws, **k),
+        ["data", "config", "set", "model", "out"],
+    ),
+    "train_tgrpo.py": (
+        lambda ws, **k: trainer_args(train_tgrpo, "configs/tgrpo/tiny.toml", ws, **k),
+        ["data", "config", "set", "model", "out"],
+    ),
+    "evaluate.py": (
+        lambda ws, data=None, model=None, out=None: (
+            evaluate.main,
+            [
+                "--model",
+                str(model or ws / "model"),
+                "--benchmarks",
+                str(data or ws / "good-mc.jsonl"),
+                "--out",
+                str(out or ws / "eval"),
+                "--max-new-tokens",
+                "4",
+                "--no-progress",
+            ],
+        ),
+        ["data", "model", "out"],
+    ),
     # the tokenizer from elsewhere: the model directory is still checked before any write
-    "evaluate.py --tokenizer tiny": (lambda ws, model: (evaluate.main, [
-        "--model", str(model), "--tokenizer", "tiny", "--benchmarks", str(ws / "good-mc.jsonl"),
-        "--out", str(ws / "eval"), "--max-new-tokens", "4", "--no-progress"]), ["weights"]),
+    "evaluate.py --tokenizer tiny": (
+        lambda ws, model: (
+            evaluate.main,
+            [
+                "--model",
+                str(model),
+                "--tokenizer",
+                "tiny",
+                "--benchmarks",
+                str(ws / "good-mc.jsonl"),
+                "--out",
+                str(ws / "eval"),
+                "--max-new-tokens",
+                "4",
+                "--no-progress",
+            ],
+        ),
+        ["weights"],
+    ),
     "psyrl data check": (lambda ws, data: (psyrl, ["data", "check", str(data)]), ["data"]),
-    "psyrl data convert": (lambda ws, data=None, out=None: (psyrl, [
-        "data", "convert", str(data or ws / "good.jsonl"), "--to", "stimuliqa", "--map",
-        "question=question,answer=answer,stimuli=stimuli,id=id", "--out",
-        str((out / "x.jsonl") if out else ws / "converted.jsonl")]), ["data", "out"]),
-    "psyrl config show": (lambda ws, cfg=None, sets=(): (psyrl, [
-        "config", "show", *(["--config", str(cfg)] if cfg else []),
-        *[a for s in sets for a in ("--set", s)]]), ["config", "set"]),
-    "psyrl plan": (lambda ws, cfg=None, sets=(): (psyrl, [
-        "plan", "--config", str(cfg or "configs/tgrpo/tiny.toml"),
-        *[a for s in sets for a in ("--set", s)]]), ["config", "set"]),
+    "psyrl data convert": (
+        lambda ws, data=None, out=None: (
+            psyrl,
+            [
+                "data",
+                "convert",
+                str(data or ws / "good.jsonl"),
+                "--to",
+                "stimuliqa",
+                "--map",
+                "question=question,answer=answer,stimuli=stimuli,id=id",
+                "--out",
+                str((out / "x.jsonl") if out else ws / "converted.jsonl"),
+            ],
+        ),
+        ["data", "out"],
+    ),
+    "psyrl config show": (
+        lambda ws, cfg=None, sets=(): (
+            psyrl,
+            [
+                "config",
+                "show",
+                *(["--config", str(cfg)] if cfg else []),
+                *[a for s in sets for a in ("--set", s)],
+            ],
+        ),
+        ["config", "set"],
+    ),
+    "psyrl plan": (
+        lambda ws, cfg=None, sets=(): (
+            psyrl,
+            [
+                "plan",
+                "--config",
+                str(cfg or "configs/tgrpo/tiny.toml"),
+                *[a for s in sets for a in ("--set", s)],
+            ],
+        ),
+        ["config", "set"],
+    ),
     "psyrl demo-data": (lambda ws, out: (psyrl, ["demo-data", "--out", str(out)]), ["out"]),
     "psyrl summary": (lambda ws, run: (psyrl, ["summary", str(run)]), ["run"]),
-    "psyrl plot": (lambda ws, run: (psyrl, ["plot", str(run), "--out", str(ws / "p.png")]),
-                   ["run"]),
-    "psyrl report": (lambda ws, run: (psyrl, ["report", str(run), "--out", str(ws / "r.html")]),
-                     ["run"]),
-    "psyrl select-checkpoint": (lambda ws, run: (psyrl, ["select-checkpoint", str(run)]),
-                                ["ckpt"]),
+    "psyrl plot": (
+        lambda ws, run: (psyrl, ["plot", str(run), "--out", str(ws / "p.png")]),
+        ["run"],
+    ),
+    "psyrl report": (
+        lambda ws, run: (psyrl, ["report", str(run), "--out", str(ws / "r.html")]),
+        ["run"],
+    ),
+    "psyrl select-checkpoint": (lambda ws, run: (psyrl, ["select-checkpoint", str(run)]), ["ckpt"]),
     "psyrl compare": (lambda ws, run: (psyrl, ["compare", str(run)]), ["eval"]),
-    "psyrl lengths": (lambda ws, run: (psyrl, ["lengths", str(run), "--out", str(ws / "l.png")]),
-                      ["eval"]),
-    "psyrl self-label": (lambda ws, run: (psyrl, ["self-label", str(run), "--out",
-                                                  str(ws / "s.jsonl")]), ["eval"]),
-    "psyrl build qa": (lambda ws, data=None, cfg=None, model=None, out=None: (psyrl, [
-        "build", "qa", "--catalogue", str(cfg or "data/build/catalogue.toml"), "--table",
-        str(data or ws / "good-table.jsonl"), "--model", str(model or ws / "model"), "--out",
-        str(out or ws / "built"), "--max-new-tokens", "4", "--no-progress"]),
-                       ["data", "catalogue", "model", "out"]),
+    "psyrl lengths": (
+        lambda ws, run: (psyrl, ["lengths", str(run), "--out", str(ws / "l.png")]),
+        ["eval"],
+    ),
+    "psyrl self-label": (
+        lambda ws, run: (psyrl, ["self-label", str(run), "--out", str(ws / "s.jsonl")]),
+        ["eval"],
+    ),
+    "psyrl build qa": (
+        lambda ws, data=None, cfg=None, model=None, out=None: (
+            psyrl,
+            [
+                "build",
+                "qa",
+                "--catalogue",
+                str(cfg or "data/build/catalogue.toml"),
+                "--table",
+                str(data or ws / "good-table.jsonl"),
+                "--model",
+                str(model or ws / "model"),
+                "--out",
+                str(out or ws / "built"),
+                "--max-new-tokens",
+                "4",
+                "--no-progress",
+            ],
+        ),
+        ["data", "catalogue", "model", "out"],
+    ),
 }
 
 
 def cases():
     for command, (_, slots) in COMMANDS.items():
-        kinds = {"data": DATA_KINDS, "config": CONFIG_KINDS, "set": list(SET_KINDS),
-                 "model": MODEL_KINDS, "out": OUT_KINDS, "run": RUN_KINDS, "eval": EVAL_KINDS,
-                 "catalogue": CONFIG_KINDS[:4], "ckpt": ["no_checkpoints"],
-                 "weights": MODEL_KINDS[:3]}
+        kinds = {
+            "data": DATA_KINDS,
+            "config": CONFIG_KINDS,
+            "set": list(SET_KINDS),
+            "model": MODEL_KINDS,
+            "out": OUT_KINDS,
+            "run": RUN_KINDS,
+            "eval": EVAL_KINDS,
+            "catalogue": CONFIG_KINDS[:4],
+            "ckpt": ["no_checkpoints"],
+            "weights": MODEL_KINDS[:3],
+        }
         for slot in slots:
             for kind in kinds[slot]:
                 yield pytest.param(command, slot, kind, id=f"{command}-{kind}")

@@ -49,8 +49,20 @@ def test_every_help_answers_without_torch():
     assert out.returncode == 0, out.stderr[-3000:]
     walked = json.loads(out.stdout.splitlines()[-1])
     assert walked["heavy"] == []
-    for command in ("", "train-sft", "train-tgrpo", "evaluate", "evaluate compare", "build qa",
-                    "build reasoning", "data convert", "data check", "report", "plan", "demo-data"):
+    for command in (
+        "",
+        "train-sft",
+        "train-tgrpo",
+        "evaluate",
+        "evaluate compare",
+        "build qa",
+        "build reasoning",
+        "data convert",
+        "data check",
+        "report",
+        "plan",
+        "demo-data",
+    ):
         assert command in walked["commands"]
 
 
@@ -61,8 +73,9 @@ def test_programs_are_the_scripts_commands():
     assert main.get_command(ctx, "evaluate") is evaluate.main
 
 
-@pytest.mark.parametrize("group,table", [(main, COMMANDS),
-                                         (main.get_command(None, "data"), DATA_COMMANDS)])
+@pytest.mark.parametrize(
+    "group,table", [(main, COMMANDS), (main.get_command(None, "data"), DATA_COMMANDS)]
+)
 def test_listed_short_help_is_the_commands_own(group, table):
     assert isinstance(group, LazyGroup)
     for name, (_, listed) in table.items():
@@ -81,11 +94,17 @@ def test_listed_short_help_is_cut_to_the_terminal():
 @pytest.mark.slow
 def test_installed_console_script_trains(tmp_path):
     psyrl = Path(sys.executable).with_name("psyrl")  # the console script pip installed
-    sets = [f"run.output_dir={json.dumps(str(tmp_path))}", "run.steps=2", "checkpoint.every=0",
-            "data.valid_file=''", "log.progress=false"]
+    sets = [
+        f"run.output_dir={json.dumps(str(tmp_path))}",
+        "run.steps=2",
+        "checkpoint.every=0",
+        "data.valid_file=''",
+        "log.progress=false",
+    ]
     args = [str(psyrl), "train-sft", "--config", "configs/sft/tiny.toml"]
-    out = subprocess.run(args + [a for s in sets for a in ("--set", s)], capture_output=True,
-                         text=True, timeout=600)
+    out = subprocess.run(
+        args + [a for s in sets for a in ("--set", s)], capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = read_metrics(tmp_path / "tiny-sft" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]

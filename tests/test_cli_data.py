@@ -9,10 +9,11 @@ def test_data_check_reports_counts_and_bad_lines(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(
         '{"id": "x", "benchmark": "b", "task": "", "context": "", "question": "q", "options": '
-        '["a"], "answer_index": 0, "answer": "a"}\n')
+        '["a"], "answer_index": 0, "answer": "a"}\n'
+    )
     result = CliRunner().invoke(
-        main, ["data", "check", "data/demo/train.jsonl", "data/demo/mc.jsonl",
-               str(bad)])
+        main, ["data", "check", "data/demo/train.jsonl", "data/demo/mc.jsonl", str(bad)]
+    )
     assert result.exit_code == 1
     assert "data/demo/train.jsonl: 720 StimuliRecord records, all valid" in result.output
     assert "data/demo/mc.jsonl: 360 BenchmarkRecord records, all valid" in result.output

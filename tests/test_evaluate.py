@@ -19,8 +19,21 @@ run = partial(subprocess.run, capture_output=True, text=True)
 ALL = list(PAPER_BENCHMARKS) + ["emobench", "data/demo/test.jsonl", "data/demo/mc.jsonl"]
 FAST = ["--max-new-tokens", "6", "--no-progress"]
 FIELDS = {
-    "id", "benchmark", "task", "index", "prompt", "response", "extracted", "f1", "format", "tokens",
-    "finish", "mean_logprob", "option_f1", "choice", "correct"
+    "id",
+    "benchmark",
+    "task",
+    "index",
+    "prompt",
+    "response",
+    "extracted",
+    "f1",
+    "format",
+    "tokens",
+    "finish",
+    "mean_logprob",
+    "option_f1",
+    "choice",
+    "correct",
 }
 
 
@@ -28,8 +41,9 @@ FIELDS = {
 def tiny_model(tmp_path_factory):
     """A random-init tiny Qwen2 exported like a psyrl run's hf/ (weights, config, tokenizer)."""
     out = tmp_path_factory.mktemp("model") / "hf"
-    cfg = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                      intermediate_size=64)
+    cfg = ModelConfig(
+        hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
+    )
     tokenizer = load_tokenizer(cfg)
     load_model(cfg, tokenizer, seed=0).save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -37,10 +51,18 @@ def tiny_model(tmp_path_factory):
 
 
 def evaluate(*args, ranks=1):
-    launcher = [sys.executable] if ranks == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-        str(ranks)
-    ]
+    launcher = (
+        [sys.executable]
+        if ranks == 1
+        else [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(ranks),
+        ]
+    )
     return run(launcher + ["evaluate.py", *map(str, args)], timeout=600)
 
 
@@ -52,13 +74,23 @@ def lines(path: Path) -> list[dict]:
 def test_every_benchmark_on_two_ranks_then_resume(tiny_model, tmp_path):
     out = tmp_path / "eval"
     args = [
-        "--model", tiny_model, "--benchmarks", ",".join(ALL), "--limit", 1, "--out", out, "--batch",
-        4, *FAST
+        "--model",
+        tiny_model,
+        "--benchmarks",
+        ",".join(ALL),
+        "--limit",
+        1,
+        "--out",
+        out,
+        "--batch",
+        4,
+        *FAST,
     ]
     result = evaluate(*args, ranks=2)
     assert result.returncode == 0, result.stderr[-3000:]
     expected = [
-        r.id for s in resolve_sources(ALL, "data/benchmarks")
+        r.id
+        for s in resolve_sources(ALL, "data/benchmarks")
         for r in select_items(s.records, 1, "all", 0)
     ]
     rows = lines(out / "predictions.jsonl")
@@ -67,14 +99,24 @@ def test_every_benchmark_on_two_ranks_then_resume(tiny_model, tmp_path):
     assert all(set(r) == FIELDS for r in rows)
     results = json.loads((out / "results.json").read_text())
     assert list(results["results"]) == [
-        "tombench", "simpletom", "socialiqa", "cosmosqa", "bbh", "emobench", "demo/test", "demo"
+        "tombench",
+        "simpletom",
+        "socialiqa",
+        "cosmosqa",
+        "bbh",
+        "emobench",
+        "demo/test",
+        "demo",
     ]
-    assert results["results"]["tombench"]["count"] == 20 and len(
-        results["results"]["tombench"]["tasks"]) == 20
+    assert (
+        results["results"]["tombench"]["count"] == 20
+        and len(results["results"]["tombench"]["tasks"]) == 20
+    )
     # StimuliQA format: by subdimension, no options
     assert results["results"]["demo/test"]["accuracy"] is None
     assert sorted(p["items"] for p in results["perf"]["per_rank"]) == [
-        len(rows) // 2, len(rows) - len(rows) // 2
+        len(rows) // 2,
+        len(rows) - len(rows) // 2,
     ]
     markdown = (out / "results.md").read_text()
     assert "| run | ToMbench F1 | ToMbench Acc | SimpleToM F1 |" in markdown
@@ -89,15 +131,14 @@ def test_every_benchmark_on_two_ranks_then_resume(tiny_model, tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"{len(rows) - 5} already in" in again.stdout and "5 to generate" in again.stdout
     resumed = lines(out / "predictions.jsonl")
-    strip = lambda r: {k: v
-                       for k, v in r.items()
-                       if k != "mean_logprob"}  # noqa: E731  (last bits vary with batch)
+    strip = lambda r: {k: v for k, v in r.items() if k != "mean_logprob"}  # noqa: E731  (last bits vary with batch)
     assert [strip(r) for r in resumed] == [strip(r) for r in rows]
-    assert [r["mean_logprob"] for r in resumed] == pytest.approx([r["mean_logprob"] for r in rows],
-                                                                 abs=1e-5)
+    assert [r["mean_logprob"] for r in resumed] == pytest.approx(
+        [r["mean_logprob"] for r in rows], abs=1e-5
+    )
 
     # other generation settings are refused, not mixed in
-    changed = evaluate(*args[:-len(FAST)], "--max-new-tokens", 7, "--no-progress")
+    changed = evaluate(*args[: -len(FAST)], "--max-new-tokens", 7, "--no-progress")
     assert changed.returncode != 0 and "max_new_tokens: 6 -> 7" in changed.stderr
 
     # compare (deltas against the first) and the RQ5 plot read the outputs
@@ -113,15 +154,29 @@ def test_every_benchmark_on_two_ranks_then_resume(tiny_model, tmp_path):
 def test_self_train_round_pieces(tiny_model, tmp_path):
     # a random model keeps nothing at tau = 0.4, and says so instead of writing an empty set
     out = tmp_path / "label"
-    result = evaluate("--model", tiny_model, "--benchmarks", "data/demo/mc.jsonl", "--split",
-                      "selftrain", "--limit", 2, "--out", out, *FAST)
+    result = evaluate(
+        "--model",
+        tiny_model,
+        "--benchmarks",
+        "data/demo/mc.jsonl",
+        "--split",
+        "selftrain",
+        "--limit",
+        2,
+        "--out",
+        out,
+        *FAST,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     ids = [r["id"] for r in lines(out / "predictions.jsonl")]
     held = select_items(load_benchmark("data/demo/mc.jsonl"), 0, "eval", 0)
     assert ids and not set(ids) & {r.id for r in held}
     psyrl = [sys.executable, "-m", "psyrl.cli"]
-    labelled = subprocess.run(psyrl + ["self-label", str(out), "--out", str(tmp_path / "s.jsonl")],
-                              capture_output=True, text=True)
+    labelled = subprocess.run(
+        psyrl + ["self-label", str(out), "--out", str(tmp_path / "s.jsonl")],
+        capture_output=True,
+        text=True,
+    )
     assert labelled.returncode != 0 and "no prediction kept at tau = 0.4" in labelled.stderr
 
     # with answers that match their options (rewritten predictions), the set is written and
@@ -132,29 +187,60 @@ def test_self_train_round_pieces(tiny_model, tmp_path):
         row["response"] = f"<think>the cue</think><answer>{records[row['id']].options[1]}</answer>"
         row["extracted"], row["format"] = records[row["id"]].options[1], 1.0
     (out / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    labelled = subprocess.run(psyrl + ["self-label", str(out), "--out", str(tmp_path / "s.jsonl")],
-                              capture_output=True, text=True)
+    labelled = subprocess.run(
+        psyrl + ["self-label", str(out), "--out", str(tmp_path / "s.jsonl")],
+        capture_output=True,
+        text=True,
+    )
     assert labelled.returncode == 0, labelled.stderr
     assert f"kept {len(rows)} of {len(rows)}" in labelled.stdout
-    sft = subprocess.run([
-        sys.executable, "train_sft.py", "--config", "configs/sft/tiny-self-train.toml", "--set",
-        f"model.path={json.dumps(str(tiny_model))}", "--set",
-        f"data.train_file={json.dumps(str(tmp_path / 's.jsonl'))}", "--set",
-        f"run.output_dir={json.dumps(str(tmp_path / 'runs'))}", "--set", "run.steps=2", "--set",
-        "data.valid_items=4", "--set", "log.progress=false"
-    ], capture_output=True, text=True, timeout=600)
+    sft = subprocess.run(
+        [
+            sys.executable,
+            "train_sft.py",
+            "--config",
+            "configs/sft/tiny-self-train.toml",
+            "--set",
+            f"model.path={json.dumps(str(tiny_model))}",
+            "--set",
+            f"data.train_file={json.dumps(str(tmp_path / 's.jsonl'))}",
+            "--set",
+            f"run.output_dir={json.dumps(str(tmp_path / 'runs'))}",
+            "--set",
+            "run.steps=2",
+            "--set",
+            "data.valid_items=4",
+            "--set",
+            "log.progress=false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert sft.returncode == 0, sft.stderr[-3000:]
     assert f"{len(rows)} training examples" in sft.stdout
     assert (tmp_path / "runs" / "tiny-self-train" / "hf" / "config.json").is_file()
 
     # the eval half is refused: it would train on what is reported
-    result = evaluate("--model", tiny_model, "--benchmarks", "data/demo/mc.jsonl", "--split",
-                      "eval", "--limit", 1, "--out", tmp_path / "held", *FAST)
+    result = evaluate(
+        "--model",
+        tiny_model,
+        "--benchmarks",
+        "data/demo/mc.jsonl",
+        "--split",
+        "eval",
+        "--limit",
+        1,
+        "--out",
+        tmp_path / "held",
+        *FAST,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     refused = subprocess.run(
-        psyrl +
-        ["self-label", str(tmp_path / "held"), "--out",
-         str(tmp_path / "x.jsonl")], capture_output=True, text=True)
+        psyrl + ["self-label", str(tmp_path / "held"), "--out", str(tmp_path / "x.jsonl")],
+        capture_output=True,
+        text=True,
+    )
     assert refused.returncode != 0 and "--split selftrain" in refused.stderr
 
 
@@ -172,11 +258,21 @@ def test_overwrite_keeps_other_files_and_the_default_out_names_the_run(tiny_mode
     run_dir = tmp_path / "work"
     (run_dir / "runs" / "my-run").mkdir(parents=True)
     (run_dir / "runs" / "my-run" / "hf").symlink_to(tiny_model, target_is_directory=True)
-    named = run([
-        sys.executable,
-        str(Path("evaluate.py").resolve()), "--model", "runs/my-run/hf", "--benchmarks", "bbh",
-        "--limit", "1", *FAST
-    ], cwd=run_dir, timeout=600)
+    named = run(
+        [
+            sys.executable,
+            str(Path("evaluate.py").resolve()),
+            "--model",
+            "runs/my-run/hf",
+            "--benchmarks",
+            "bbh",
+            "--limit",
+            "1",
+            *FAST,
+        ],
+        cwd=run_dir,
+        timeout=600,
+    )
     assert named.returncode == 0, named.stderr[-2000:]
     assert (run_dir / "runs" / "eval" / "my-run" / "results.md").is_file()
 
@@ -184,12 +280,15 @@ def test_overwrite_keeps_other_files_and_the_default_out_names_the_run(tiny_mode
 def test_bad_input_is_refused_before_any_model_is_read(tmp_path):
     unknown = evaluate("--model", tmp_path, "--benchmarks", "tombench,tomb")
     assert unknown.returncode != 0
-    assert ("unknown benchmark 'tomb': expected one of tombench, simpletom, socialiqa, cosmosqa, "
-            "bbh, emobench") in unknown.stderr
+    assert (
+        "unknown benchmark 'tomb': expected one of tombench, simpletom, socialiqa, cosmosqa, "
+        "bbh, emobench"
+    ) in unknown.stderr
     bad = tmp_path / "bad.jsonl"
     bad.write_text(
         '{"id": "x/1", "benchmark": "x", "task": "", "context": "c", "question": "q", "options": '
-        '["a"], "answer_index": 0, "answer": "a"}\n')
+        '["a"], "answer_index": 0, "answer": "a"}\n'
+    )
     refused = evaluate("--model", tmp_path, "--benchmarks", bad)
     assert refused.returncode != 0
     assert f"{bad}:1: key 'options': expected at least 2 options" in refused.stderr
@@ -198,7 +297,9 @@ def test_bad_input_is_refused_before_any_model_is_read(tmp_path):
     assert evaluate("--benchmarks", "bbh").returncode == 2  # --model is required
     bounds = evaluate("--model", tmp_path, "--temperature", -1, "--top-p", 0, "--limit", -1)
     assert bounds.returncode == 2
-    assert ("--temperature must be >= 0; --top-p must be in (0, 1]; --limit must be >= 0"
-            in bounds.stderr)
+    assert (
+        "--temperature must be >= 0; --top-p must be in (0, 1]; --limit must be >= 0"
+        in bounds.stderr
+    )
     helped = evaluate("--help")
     assert helped.returncode == 0 and "compare" in helped.stdout and "--split" in helped.stdout

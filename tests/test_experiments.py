@@ -16,9 +16,17 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 TINY = sorted((REPO / "experiments").glob("*-tiny.toml"))
 ONE_STEP = [
-    "run.steps=1", "checkpoint.every=1", "data.valid_items=2", "rollout.prompts=2",
-    "rollout.samples=2", "rollout.max_new_tokens=4", "sampler.batch=4", "optim.global_batch=2",
-    "optim.micro_batch=2", "optim.logprob_micro_batch=2", "log.progress=false",
+    "run.steps=1",
+    "checkpoint.every=1",
+    "data.valid_items=2",
+    "rollout.prompts=2",
+    "rollout.samples=2",
+    "rollout.max_new_tokens=4",
+    "sampler.batch=4",
+    "optim.global_batch=2",
+    "optim.micro_batch=2",
+    "optim.logprob_micro_batch=2",
+    "log.progress=false",
 ]
 # a one-step model answers no multiple-choice item with confidence, so `psyrl self-label` would
 # keep nothing: rq4's label sets are put in place (a finished run is skipped) from the demo's own
@@ -34,9 +42,23 @@ def smoke(path: Path, out: Path) -> subprocess.CompletedProcess:
         (out / "runs" / path.stem / run).mkdir(parents=True, exist_ok=True)
         lines = (REPO / "data/demo/train.jsonl").read_text().splitlines()[:8]
         (out / "runs" / path.stem / run / "self-labelled.jsonl").write_text("\n".join(lines) + "\n")
-    args = [sys.executable, "-m", "psyrl", "experiment", str(copy), "--seeds", "0", "--nproc", "1",
-            "--limit", "1", "--eval-args", "--max-new-tokens 4 --batch 8", "--output-dir",
-            str(out / "runs")]
+    args = [
+        sys.executable,
+        "-m",
+        "psyrl",
+        "experiment",
+        str(copy),
+        "--seeds",
+        "0",
+        "--nproc",
+        "1",
+        "--limit",
+        "1",
+        "--eval-args",
+        "--max-new-tokens 4 --batch 8",
+        "--output-dir",
+        str(out / "runs"),
+    ]
     args += [a for s in ONE_STEP for a in ("--set", s)]
     args += [a for run in ONLY.get(path.stem, ()) for a in ("--only", run)]
     return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=900)
@@ -68,8 +90,9 @@ def test_tiny_experiment_runs_end_to_end(tmp_path, path):
     assert "$ " not in again.stdout and "done, skipped" in again.stdout
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "experiments").glob("*.toml")),
-                         ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", sorted((REPO / "experiments").glob("*.toml")), ids=lambda p: p.stem
+)
 def test_every_run_config_loads(path, monkeypatch):
     """Each trainer run's config with the file's overrides (placeholders filled in) is a valid
     config: a bad key or value in any run fails here, not hours into an experiment."""
@@ -82,8 +105,10 @@ def test_every_run_config_loads(path, monkeypatch):
     checked = 0
     for unit in plan(experiment):
         if unit.run.kind in ("sft", "tgrpo"):
-            load_config(unit.run.config,
-                        [substitute(experiment, unit, o, dry=True) for o in unit.run.overrides])
+            load_config(
+                unit.run.config,
+                [substitute(experiment, unit, o, dry=True) for o in unit.run.overrides],
+            )
             checked += 1
     assert checked
 
@@ -118,10 +143,18 @@ def test_preempted_experiment_exits_75_and_the_same_command_finishes(tmp_path):
 
     path = tmp_path / "preempt.toml"
     path.write_text(PREEMPTED_FILE)
-    args = [sys.executable, "-m", "psyrl", "experiment", str(path), "--output-dir",
-            str(tmp_path / "runs")]
-    process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+    args = [
+        sys.executable,
+        "-m",
+        "psyrl",
+        "experiment",
+        str(path),
+        "--output-dir",
+        str(tmp_path / "runs"),
+    ]
+    process = subprocess.Popen(
+        args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     run_dir = tmp_path / "runs" / "preempt" / "sft"
     deadline = time.monotonic() + 300
     while not (run_dir / "checkpoints" / "step-3").is_dir():  # training, past its first save

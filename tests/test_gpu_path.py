@@ -28,22 +28,34 @@ from psyrl.runtime.distributed import ONE_PROCESS
 from psyrl.runtime.model import Policy, load_model, load_tokenizer
 from psyrl.runtime.sampler import TorchSampler
 
-TINY = ModelConfig(tokenizer="tiny", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                   intermediate_size=128)
+TINY = ModelConfig(
+    tokenizer="tiny",
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=128,
+)
 
 
 @pytest.mark.slow
 def test_sync_buckets_rank0_gather_and_phase_offload_on_two_ranks(tmp_path):
     result = subprocess.run(
-        [*TORCHRUN, "tests/sync_check.py", str(tmp_path)], capture_output=True, text=True,
-        timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        [*TORCHRUN, "tests/sync_check.py", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):
         got = json.loads((tmp_path / f"rank-{rank}.json").read_text())
         failed = [k for k, v in got.items() if v is False]
         assert not failed, (rank, failed)
-        assert "lm_head.weight" not in got["names tied=True"] and "lm_head.weight" in got[
-            "names tied=False"]
+        assert (
+            "lm_head.weight" not in got["names tied=True"]
+            and "lm_head.weight" in got["names tied=False"]
+        )
 
 
 def test_micro_batches_pack_by_tokens():
@@ -58,8 +70,9 @@ def test_micro_batches_pack_by_tokens():
 
 
 def fake_cfg(**optim):
-    cfg = load_config("configs/tgrpo/tiny.toml",
-                      ["model.path=", "loss.kl_coef=0", "optim.grad_clip=0"])
+    cfg = load_config(
+        "configs/tgrpo/tiny.toml", ["model.path=", "loss.kl_coef=0", "optim.grad_clip=0"]
+    )
     for k, v in optim.items():
         setattr(cfg.optim, k, v)
     return cfg
@@ -71,7 +84,8 @@ def test_token_budget_gives_the_gradient_of_fixed_micro_batches():
     batch = RolloutBatch([], [], [], [])
     for i, (prompt, response) in enumerate([(7, 3), (5, 11), (9, 2), (6, 8), (4, 13), (8, 5)]):
         batch.token_ids.append(
-            tuple(torch.randint(10, 200, (prompt + response, ), generator=g).tolist()))
+            tuple(torch.randint(10, 200, (prompt + response,), generator=g).tolist())
+        )
         batch.prompt_lengths.append(prompt)
         batch.advantages.append(float(i % 3 - 1))
         batch.sampler_logprobs.append([-1.0] * response)
@@ -83,11 +97,14 @@ def test_token_budget_gives_the_gradient_of_fixed_micro_batches():
         before = [p.detach().clone() for p in policy.parameters()]
         optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)  # after = before - grad
         sums.append(
-            update(policy, optimizer, batch, tokenizer.pad_token_id, cfg, ONE_PROCESS,
-                   nullcontext())[2])
+            update(
+                policy, optimizer, batch, tokenizer.pad_token_id, cfg, ONE_PROCESS, nullcontext()
+            )[2]
+        )
         grads.append([b - p.detach() for b, p in zip(before, policy.parameters())])
-    assert micro_batches([len(ids) for ids in batch.token_ids], 2, 30) != micro_batches([0] * 6, 2,
-                                                                                        0)
+    assert micro_batches([len(ids) for ids in batch.token_ids], 2, 30) != micro_batches(
+        [0] * 6, 2, 0
+    )
     assert max((a - b).abs().max().item() for a, b in zip(*grads)) < 1e-6
     assert max(a.abs().max().item() for a in grads[0]) > 1e-4  # a real gradient
     for key in sums[0]:
@@ -101,14 +118,16 @@ def test_export_in_bfloat16_states_its_dtype(tmp_path):
     tensors = load_file(tmp_path / "hf" / "model.safetensors")
     assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
     assert all(
-        torch.equal(tensors[n],
-                    p.detach().bfloat16()) for n, p in policy.lm.state_dict().items()
-        if n in tensors)
+        torch.equal(tensors[n], p.detach().bfloat16())
+        for n, p in policy.lm.state_dict().items()
+        if n in tensors
+    )
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["dtype"] == "bfloat16"
     full = tmp_path / "hf32"
     export_hf(policy, tokenizer, full)
-    assert (tmp_path / "hf" /
-            "model.safetensors").stat().st_size < 0.6 * (full / "model.safetensors").stat().st_size
+    assert (tmp_path / "hf" / "model.safetensors").stat().st_size < 0.6 * (
+        full / "model.safetensors"
+    ).stat().st_size
 
 
 # --------------------------------------------------------- the phase order, with a recording engine
@@ -119,8 +138,9 @@ class RecordingEngine:
 
     def __init__(self, events, sampler: TorchSampler):
         self.events, self.sampler, self.sleeping = events, sampler, set()
-        self.llm_engine = SimpleNamespace(engine_core=SimpleNamespace(
-            shutdown=lambda: events.append("shutdown")))
+        self.llm_engine = SimpleNamespace(
+            engine_core=SimpleNamespace(shutdown=lambda: events.append("shutdown"))
+        )
 
     def sleep(self, level):
         assert level == 1
@@ -134,8 +154,11 @@ class RecordingEngine:
         return not self.sleeping
 
     def collective_rpc(self, method, kwargs):
-        assert method == "reload_weights" and kwargs[
-            "is_checkpoint_format"] and "weights" not in self.sleeping
+        assert (
+            method == "reload_weights"
+            and kwargs["is_checkpoint_format"]
+            and "weights" not in self.sleeping
+        )
         self.events.append("reload")
         self.sampler.load_weights(kwargs["weights_iterator"])
 
@@ -148,16 +171,25 @@ class RecordingEngine:
         self.events.append("generate")
         out = []
         for prompt, p in zip(prompts, params):
-            samples = self.sampler.generate([prompt["prompt_token_ids"]], p.n, p.temperature,
-                                            p.top_p, p.max_tokens, [p.seed])[0]
+            samples = self.sampler.generate(
+                [prompt["prompt_token_ids"]], p.n, p.temperature, p.top_p, p.max_tokens, [p.seed]
+            )[0]
             out.append(
-                SimpleNamespace(outputs=[
-                    SimpleNamespace(
-                        index=j, token_ids=list(s.token_ids), finish_reason=s.finish_reason,
-                        logprobs=[{t: SimpleNamespace(logprob=lp)}
-                                  for t, lp in zip(s.token_ids, s.logprobs)])
-                    for j, s in enumerate(samples)
-                ]))
+                SimpleNamespace(
+                    outputs=[
+                        SimpleNamespace(
+                            index=j,
+                            token_ids=list(s.token_ids),
+                            finish_reason=s.finish_reason,
+                            logprobs=[
+                                {t: SimpleNamespace(logprob=lp)}
+                                for t, lp in zip(s.token_ids, s.logprobs)
+                            ],
+                        )
+                        for j, s in enumerate(samples)
+                    ]
+                )
+            )
         return out
 
 
@@ -165,8 +197,9 @@ def recording_sampler(events, policy, cfg, tokenizer):
     """A VLLMSampler as `build_sampler` makes it on a GPU (sleep mode on), on the recording
     engine."""
     sampler = vllm_sampler.VLLMSampler.__new__(vllm_sampler.VLLMSampler)
-    inner = TorchSampler(load_model(cfg.model, tokenizer), tokenizer, torch.device("cpu"),
-                         cfg.sampler.batch)
+    inner = TorchSampler(
+        load_model(cfg.model, tokenizer), tokenizer, torch.device("cpu"), cfg.sampler.batch
+    )
     sampler.tokenizer, sampler.dist, sampler.tp, sampler.progress = tokenizer, ONE_PROCESS, 1, False
     sampler.stops, sampler.tied, sampler.sleeps = inner.stops, True, True
     sampler.dtype = torch.float32
@@ -184,32 +217,52 @@ def test_one_step_runs_the_node_phases_in_order(start, tmp_path, monkeypatch):
         def call(*args, **kwargs):
             events.append(name)
             return fn(*args, **kwargs)
+
         return call
 
     offload = distributed.PhaseOffload
     monkeypatch.setattr(offload, "to_host", recorded("shards to host", offload.to_host))
     monkeypatch.setattr(offload, "to_device", recorded("shards to device", offload.to_device))
     monkeypatch.setattr(vllm_sampler, "release_memory", lambda device: events.append("empty cache"))
-    monkeypatch.setattr(train_tgrpo, "sequence_logprobs",
-                        recorded("experience", train_tgrpo.sequence_logprobs))
+    monkeypatch.setattr(
+        train_tgrpo, "sequence_logprobs", recorded("experience", train_tgrpo.sequence_logprobs)
+    )
     monkeypatch.setattr(train_tgrpo, "update", recorded("update", train_tgrpo.update))
     monkeypatch.setattr(
-        train_tgrpo, "build_sampler",
-        lambda policy, cfg, tokenizer, dist, **_: recording_sampler(events, policy, cfg, tokenizer))
+        train_tgrpo,
+        "build_sampler",
+        lambda policy, cfg, tokenizer, dist, **_: recording_sampler(events, policy, cfg, tokenizer),
+    )
     # 2 steps of 2 updates
     result = run_in_process(start, tmp_path, "fsdp.offload=phase", "checkpoint.every=0")
     assert result.exit_code == 0, result.output
-    start_up = ["shards to host",  # before the engine starts: vLLM's pool must fit in what is free
-                # the first sync, engine awake
-                "empty cache", "reload", "reset prefix cache", "empty cache"]
-    step = ["generate", "sleep", "empty cache",  # the engine's memory back to the GPU
-            # phase offload: shards and AdamW state back for the experience and the update
-            "shards to device",
-            # reference log-probs, then logp_old of the second mini-batch only
-            "experience", "experience",
-            "update", "update", "shards to host",  # the device is the engine's again
-            # the weight sync
-            "empty cache", "wake weights", "reload", "reset prefix cache", "empty cache"]
+    start_up = [
+        "shards to host",  # before the engine starts: vLLM's pool must fit in what is free
+        # the first sync, engine awake
+        "empty cache",
+        "reload",
+        "reset prefix cache",
+        "empty cache",
+    ]
+    step = [
+        "generate",
+        "sleep",
+        "empty cache",  # the engine's memory back to the GPU
+        # phase offload: shards and AdamW state back for the experience and the update
+        "shards to device",
+        # reference log-probs, then logp_old of the second mini-batch only
+        "experience",
+        "experience",
+        "update",
+        "update",
+        "shards to host",  # the device is the engine's again
+        # the weight sync
+        "empty cache",
+        "wake weights",
+        "reload",
+        "reset prefix cache",
+        "empty cache",
+    ]
     # the next generate frees cached blocks before the KV cache returns
     between = ["empty cache", "wake kv_cache"]
     assert events == start_up + step + between + step + ["shutdown"], events
@@ -223,10 +276,9 @@ def test_modes_offload_train_identical_weights_on_two_ranks(start, tmp_path):
         run_cli(start, tmp_path / mode, f"fsdp.offload={mode}", "run.steps=3", ranks=2)
         finals[mode] = load_file(tmp_path / mode / "rl" / "hf" / "model.safetensors")
         rows = read_metrics(tmp_path / mode / "rl" / "metrics.jsonl")
-        finals[mode +
-               " rows"] = [{k: v
-                            for k, v in r.items() if not k.startswith(("time/", "perf/"))}
-                           for r in rows]
+        finals[mode + " rows"] = [
+            {k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in rows
+        ]
     for mode in ("phase", "always"):
         assert finals[mode].keys() == finals["none"].keys()
         assert all(torch.equal(finals[mode][k], finals["none"][k]) for k in finals["none"]), mode
@@ -234,20 +286,22 @@ def test_modes_offload_train_identical_weights_on_two_ranks(start, tmp_path):
 
 
 test_modes_offload_train_identical_weights_on_two_ranks = pytest.mark.slow(
-    test_modes_offload_train_identical_weights_on_two_ranks)
+    test_modes_offload_train_identical_weights_on_two_ranks
+)
 
 
 @pytest.mark.slow
-def test_token_budget_and_deferred_sync_on_two_ranks_give_the_same_first_update(
-        start, tmp_path):
+def test_token_budget_and_deferred_sync_on_two_ranks_give_the_same_first_update(start, tmp_path):
     # one update per step: each rank packs its 8 sequences by tokens, the ranks agree on a
     # micro-batch count
     # (fillers of weight 0 where a rank has fewer); the gradient norm is that of fixed micro-batches
     norms = {}
-    for name, extra in (("fixed", []), ("budget", ["optim.micro_batch_tokens=120",
-                                                  "optim.logprob_micro_batch_tokens=90"]),
-                        # one reduce-scatter at the last micro-batch
-                        ("deferred", ["fsdp.defer_grad_sync=true"])):
+    for name, extra in (
+        ("fixed", []),
+        ("budget", ["optim.micro_batch_tokens=120", "optim.logprob_micro_batch_tokens=90"]),
+        # one reduce-scatter at the last micro-batch
+        ("deferred", ["fsdp.defer_grad_sync=true"]),
+    ):
         run_cli(start, tmp_path / name, "rollout.prompts=4", "run.steps=1", *extra, ranks=2)
         norms[name] = read_metrics(tmp_path / name / "rl" / "metrics.jsonl")[0]["actor/grad_norm"]
     assert norms["budget"] == pytest.approx(norms["fixed"], rel=1e-5)
@@ -270,11 +324,14 @@ def test_phase_offload_frees_the_device():
     assert torch.cuda.memory_allocated() < held / 4 and next(model.parameters()).is_pinned()
     assert all(torch.equal(p.detach().cuda(), v) for p, v in zip(model.parameters(), values))
     offload.to_device()
-    assert next(model.parameters()).is_cuda and optimizer.state[next(
-        model.parameters())]["exp_avg"].is_cuda
+    assert (
+        next(model.parameters()).is_cuda
+        and optimizer.state[next(model.parameters())]["exp_avg"].is_cuda
+    )
     assert all(torch.equal(p.detach(), v) for p, v in zip(model.parameters(), values))
     assert all(
-        torch.equal(optimizer.state[p]["exp_avg"], m) for p, m in zip(model.parameters(), moments))
+        torch.equal(optimizer.state[p]["exp_avg"], m) for p, m in zip(model.parameters(), moments)
+    )
     assert model.lm.lm_head.weight is model.lm.model.embed_tokens.weight  # still tied
 
 
@@ -285,16 +342,21 @@ if __name__ == "__main__":
 def test_start_up_memory_check_refuses_what_cannot_fit(monkeypatch, capsys):
     import click
 
-    from psyrl.runtime.distributed import Dist
     from psyrl.run import directory as run
+    from psyrl.runtime.distributed import Dist
+
     gib = {"value": 8}
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(
-        total_memory=gib["value"] * 2**30))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda device: SimpleNamespace(total_memory=gib["value"] * 2**30),
+    )
     # read only by the planner here
     gpu = Dist(rank=0, world=4, local_world=4, device=torch.device("cuda", 0))
     cfg = load_config("configs/tgrpo/qwen2.5-3b.toml")
-    with pytest.raises(click.ClickException,
-                       match=r"memory plan: \w+ needs .* GiB of 8: set .*run.memory_check"):
+    with pytest.raises(
+        click.ClickException, match=r"memory plan: \w+ needs .* GiB of 8: set .*run.memory_check"
+    ):
         run.check_memory_plan(cfg, gpu, "tgrpo")
     cfg.run.memory_check = False  # printed, not refused
     run.check_memory_plan(cfg, gpu, "tgrpo")

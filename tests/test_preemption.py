@@ -89,21 +89,28 @@ def test_sigterm_on_one_rank_stops_both_and_the_resume_is_bitwise_identical(star
     # rank 0 in step 2's second update, to rank 1 while step 3's checkpoint is written; then
     # run.preempt_now with a SIGTERM while step 4 samples (step 3 is already saved)
     extra = ["run.steps=5", "checkpoint.every=3", "checkpoint.keep_state=0"]
-    whole = launch(tmp_path, "tgrpo", TORCHRUN, tgrpo_sets(start, tmp_path / "a", *extra),
-                   "none:0:0", False)
+    whole = launch(
+        tmp_path, "tgrpo", TORCHRUN, tgrpo_sets(start, tmp_path / "a", *extra), "none:0:0", False
+    )
     assert whole.returncode == 0, whole.stderr[-3000:]
     cut, sets = tmp_path / "b" / "rl", tgrpo_sets(start, tmp_path / "b", *extra)
-    plan = [("sample:1:1", [], 1), ("update:2:0", [], 2), ("save:1:1", [], 3),
-            ("sample:1:0", ["run.preempt_now=true"], 3)]
+    plan = [
+        ("sample:1:1", [], 1),
+        ("update:2:0", [], 2),
+        ("save:1:1", [], 3),
+        ("sample:1:0", ["run.preempt_now=true"], 3),
+    ]
     for i, (signal_at, more, kept) in enumerate(plan):
         result = launch(tmp_path, "tgrpo", TORCHRUN, sets + more, signal_at, resume=i > 0)
         assert result.returncode != 0, result.stdout[-2000:]
         # torchrun reports its workers' own status
         assert f"exitcode: {EXIT_PREEMPTED}" in result.stderr, result.stderr[-3000:]
         said = [line for line in result.stdout.splitlines() if "preempted by SIGTERM" in line]
-        assert said == [f"tgrpo: preempted by SIGTERM; checkpoint of step {kept} in "
-                        f"{cut / 'checkpoints' / f'step-{kept}'}; run the same command with "
-                        "--resume to continue"], result.stdout[-2000:]
+        assert said == [
+            f"tgrpo: preempted by SIGTERM; checkpoint of step {kept} in "
+            f"{cut / 'checkpoints' / f'step-{kept}'}; run the same command with "
+            "--resume to continue"
+        ], result.stdout[-2000:]
         # torchrun's own traceback (ChildFailedError) only: none from psyrl's code
         assert "/psyrl/" not in result.stderr and result.stderr.count("Traceback") == 1
         assert steps_of(cut)[-1] == ({1: 1, 2: 2, 3: 3, 4: 3}[i + 1])
@@ -117,9 +124,15 @@ def test_sigterm_on_one_rank_stops_both_and_the_resume_is_bitwise_identical(star
 
 @pytest.mark.slow
 def test_sft_preempted_in_one_process_resumes_bitwise(tmp_path):
-    sets = [f"run.output_dir={json.dumps(str(tmp_path / 'x'))}", "run.steps=4",
-            'data.valid_file=""', "checkpoint.every=0", "log.progress=false",
-            "optim.global_batch=8", "optim.micro_batch=4"]
+    sets = [
+        f"run.output_dir={json.dumps(str(tmp_path / 'x'))}",
+        "run.steps=4",
+        'data.valid_file=""',
+        "checkpoint.every=0",
+        "log.progress=false",
+        "optim.global_batch=8",
+        "optim.micro_batch=4",
+    ]
     whole = launch(tmp_path, "sft", [sys.executable], sets, "none:0:0", False)
     assert whole.returncode == 0, whole.stderr[-3000:]
     cut_sets = [s.replace(str(tmp_path / "x"), str(tmp_path / "y")) for s in sets]
@@ -134,6 +147,7 @@ def test_sft_preempted_in_one_process_resumes_bitwise(tmp_path):
 
 def test_a_recorded_signal_is_the_runs_answer_and_the_handlers_come_back():
     import signal
+
     before = signal.getsignal(signal.SIGUSR1)
     with Preemption(["SIGTERM", "SIGUSR1"]) as preemption:
         assert preemption.requested(ONE_PROCESS) is None
@@ -172,23 +186,49 @@ evaluate(prog_name="evaluate.py")
 
 @pytest.mark.slow
 def test_evaluate_stops_after_the_round_and_resumes_to_the_same_predictions(tiny_model, tmp_path):  # noqa: F811
-    args = ["--model", str(tiny_model), "--benchmarks", "data/demo/mc.jsonl", "--limit", "2",
-            "--batch", "2", "--max-new-tokens", "6", "--no-progress"]
-    whole = subprocess.run([sys.executable, "evaluate.py", *args, "--out", str(tmp_path / "a")],
-                           capture_output=True, text=True, timeout=600)
+    args = [
+        "--model",
+        str(tiny_model),
+        "--benchmarks",
+        "data/demo/mc.jsonl",
+        "--limit",
+        "2",
+        "--batch",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--no-progress",
+    ]
+    whole = subprocess.run(
+        [sys.executable, "evaluate.py", *args, "--out", str(tmp_path / "a")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert whole.returncode == 0, whole.stderr[-3000:]
     out = tmp_path / "b"
-    stopped = subprocess.run([sys.executable, "-c", EVAL_DRIVER, *args, "--out", str(out)],
-                             capture_output=True, text=True, timeout=600)
+    stopped = subprocess.run(
+        [sys.executable, "-c", EVAL_DRIVER, *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert stopped.returncode == EXIT_PREEMPTED, stopped.stderr[-3000:]
     total = len((tmp_path / "a" / "predictions.jsonl").read_text().splitlines())
-    assert (f"evaluate: preempted by SIGTERM after 4 of {total} items, all in "
-            f"{out / 'predictions.jsonl'}; run the same command to resume") in stopped.stdout
+    assert (
+        f"evaluate: preempted by SIGTERM after 4 of {total} items, all in "
+        f"{out / 'predictions.jsonl'}; run the same command to resume"
+    ) in stopped.stdout
     assert len((out / "predictions.jsonl").read_text().splitlines()) == 4
     assert not (out / "results.json").exists()
-    resumed = subprocess.run([sys.executable, "evaluate.py", *args, "--out", str(out)],
-                             capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        [sys.executable, "evaluate.py", *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "4 already in" in resumed.stdout
-    assert ((out / "predictions.jsonl").read_text() ==
-            (tmp_path / "a" / "predictions.jsonl").read_text())
+    assert (out / "predictions.jsonl").read_text() == (
+        tmp_path / "a" / "predictions.jsonl"
+    ).read_text()

@@ -15,9 +15,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from psyrl.core.config import load_config
 from psyrl.core.records import load_stimuliqa
 from psyrl.core.runlog import read_metrics
+from psyrl.run.validation import sample_items
 from psyrl.runtime.model import collate, token_logprobs
 from psyrl.sft.loss import build_examples, response_tokens, sft_loss
-from psyrl.run.validation import sample_items
 
 SHORT = [  # a smaller, shorter version of configs/sft/tiny.toml
     "model.hidden_size=64",
@@ -37,8 +37,9 @@ SHORT = [  # a smaller, shorter version of configs/sft/tiny.toml
 
 def run_sft(tmp_path, *extra, config="configs/sft/tiny.toml", resume=False):
     sets = [f"run.output_dir={json.dumps(str(tmp_path / 'runs'))}", *SHORT, *extra]
-    args = [sys.executable, "train_sft.py", "--config", config
-            ] + [a for s in sets for a in ("--set", s)]
+    args = [sys.executable, "train_sft.py", "--config", config] + [
+        a for s in sets for a in ("--set", s)
+    ]
     args += ["--resume"] if resume else []
     return subprocess.run(args, capture_output=True, text=True, timeout=600)
 
@@ -73,44 +74,58 @@ def test_tiny_sft_learns_and_exports(tmp_path):
         scores = json.loads((run / "checkpoints" / f"step-{step}" / "validation.json").read_text())
         assert scores["step"] == step and 0 <= scores["valid/f1"] <= 1
         lines = (run / "checkpoints" / f"step-{step}" / "validation.jsonl").read_text().splitlines()
-        assert len(lines) == 16 and {"id", "answer", "response", "tokens"} <= json.loads(
-            lines[0]).keys()
+        assert (
+            len(lines) == 16
+            and {"id", "answer", "response", "tokens"} <= json.loads(lines[0]).keys()
+        )
 
     # the export, loaded by transformers as it is, reproduces the run's own last held-out loss
     final = AutoModelForCausalLM.from_pretrained(run / "hf")
     tokenizer = AutoTokenizer.from_pretrained(run / "hf")
     records = sample_items(load_stimuliqa("data/demo/test.jsonl"), 16, seed=0)
     examples, _ = build_examples(records, tokenizer, resolved.prompt, resolved.data.max_length)
-    ids, mask, loss_mask = collate([e.input_ids for e in examples],
-                                   [e.prompt_len for e in examples], tokenizer.pad_token_id)
+    ids, mask, loss_mask = collate(
+        [e.input_ids for e in examples], [e.prompt_len for e in examples], tokenizer.pad_token_id
+    )
     with torch.no_grad():
-        loss = sft_loss(token_logprobs(final, ids, mask, 1.0, loss_mask), loss_mask,
-                        response_tokens(examples))
+        loss = sft_loss(
+            token_logprobs(final, ids, mask, 1.0, loss_mask), loss_mask, response_tokens(examples)
+        )
     assert loss.item() == pytest.approx(last["valid/loss"], rel=1e-5)
     last_checkpoint = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step-60" / "hf")
     with torch.no_grad():
         assert torch.equal(final(ids).logits, last_checkpoint(ids).logits)
-    assert (run / "checkpoints" / "step-60" / "config.resolved.toml").read_text() == \
-        (run / "config.resolved.toml").read_text()
+    assert (run / "checkpoints" / "step-60" / "config.resolved.toml").read_text() == (
+        run / "config.resolved.toml"
+    ).read_text()
 
-    chosen = subprocess.run([sys.executable, "-m", "psyrl.cli", "select-checkpoint", str(run)],
-                            capture_output=True, text=True)
-    assert chosen.returncode == 0 and Path(
-        chosen.stdout.strip()).parent.parent == run / "checkpoints"
+    chosen = subprocess.run(
+        [sys.executable, "-m", "psyrl.cli", "select-checkpoint", str(run)],
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        chosen.returncode == 0 and Path(chosen.stdout.strip()).parent.parent == run / "checkpoints"
+    )
 
     again = run_sft(tmp_path)  # an existing run is never overwritten silently
     assert again.returncode != 0 and "--overwrite" in again.stderr
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("content, expected", [
-    ('{"id": "a", "stimuli": "s"\n', ":1: invalid JSON"),
-    ('{"id": "a", "stimuli": "s", "question": "q", "answer": "a", "variable": "v", "dimension": '
-     '"emotional reactions", "subdimension": "specific emotions", "reasoning": 5}\n',
-     ":1: key 'reasoning': expected"),
-    ("", "holds no records"),
-    ('{"id": "a", "stimuli": "s", "question": "q"}\n', ":1: missing key 'answer'"),
-])
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        ('{"id": "a", "stimuli": "s"\n', ":1: invalid JSON"),
+        (
+            '{"id": "a", "stimuli": "s", "question": "q", "answer": "a", "variable": "v", "dimension": '
+            '"emotional reactions", "subdimension": "specific emotions", "reasoning": 5}\n',
+            ":1: key 'reasoning': expected",
+        ),
+        ("", "holds no records"),
+        ('{"id": "a", "stimuli": "s", "question": "q"}\n', ":1: missing key 'answer'"),
+    ],
+)
 def test_bad_training_data_trains_nothing(tmp_path, content, expected):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(content)
@@ -142,8 +157,12 @@ def test_resume_drops_a_cut_short_metrics_line_and_refuses_changed_data(tmp_path
     lines = Path("data/demo/train.jsonl").read_text().splitlines(keepends=True)
     data.write_text("".join(lines[:64]))
     quick = [
-        f"data.train_file={json.dumps(str(data))}", 'data.valid_file=""', "run.steps=3",
-        "checkpoint.every=1", "checkpoint.keep_state=0", "optim.micro_batch=8"
+        f"data.train_file={json.dumps(str(data))}",
+        'data.valid_file=""',
+        "run.steps=3",
+        "checkpoint.every=1",
+        "checkpoint.keep_state=0",
+        "optim.micro_batch=8",
     ]
     assert run_sft(tmp_path, *quick).returncode == 0
     run = tmp_path / "runs" / "tiny-sft"
@@ -164,8 +183,9 @@ def test_resume_drops_a_cut_short_metrics_line_and_refuses_changed_data(tmp_path
 
 
 def test_help_explains():
-    out = subprocess.run([sys.executable, "train_sft.py", "--help"], capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "train_sft.py", "--help"], capture_output=True, text=True
+    ).stdout
     assert "--config" in out
     assert "--set" in out
     assert "--overwrite" in out

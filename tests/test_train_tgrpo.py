@@ -53,7 +53,7 @@ def tgrpo_sets(start: Path, out: Path, *extra: str) -> list[str]:
         "advantage.scope=cache",
         "rollout.temperature=1.0",
         "log.samples_every=0",
-        *extra
+        *extra,
     ]
 
 
@@ -61,27 +61,32 @@ def run_cli(start, out, *extra, ranks=1, resume=False):
     """train_tgrpo.py in a subprocess (python, or torchrun with 2 gloo ranks)."""
     launcher = TORCHRUN if ranks == 2 else [sys.executable]
     args = [*launcher, "train_tgrpo.py", "--config", "configs/tgrpo/tiny.toml"]
-    args += [a for s in tgrpo_sets(start, out, *extra)
-             for a in ("--set", s)] + (["--resume"] if resume else [])
+    args += [a for s in tgrpo_sets(start, out, *extra) for a in ("--set", s)] + (
+        ["--resume"] if resume else []
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[:3000] + result.stderr[
-        -3000:]
+    assert result.returncode == 0, (
+        result.stdout[-2000:] + result.stderr[:3000] + result.stderr[-3000:]
+    )
     return result
 
 
 def run_in_process(start, out, *extra, resume=False):
     """The same CLI in this process (so a test can patch the module), returning click's result."""
-    args = ["--config", "configs/tgrpo/tiny.toml"
-            ] + [a for s in tgrpo_sets(start, out, *extra) for a in ("--set", s)]
-    return CliRunner().invoke(train_tgrpo.main, args + (["--resume"] if resume else []),
-                              catch_exceptions=False)
+    args = ["--config", "configs/tgrpo/tiny.toml"] + [
+        a for s in tgrpo_sets(start, out, *extra) for a in ("--set", s)
+    ]
+    return CliRunner().invoke(
+        train_tgrpo.main, args + (["--resume"] if resume else []), catch_exceptions=False
+    )
 
 
 def rows_without_timing(run: Path) -> list[dict]:
-    return [{k: v
-             for k, v in r.items() if not k.startswith(TIME_KEYS)}
-            for r in read_metrics(run / "metrics.jsonl")]
+    return [
+        {k: v for k, v in r.items() if not k.startswith(TIME_KEYS)}
+        for r in read_metrics(run / "metrics.jsonl")
+    ]
 
 
 def test_two_steps_update_every_parameter_and_checkpoint_the_cache(start, tmp_path):
@@ -90,13 +95,34 @@ def test_two_steps_update_every_parameter_and_checkpoint_the_cache(start, tmp_pa
     rows = read_metrics(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     expected = [
-        "reward/final", "reward/f1", "reward/format", "reward/repetition_penalty", "reward/br",
-        "reward/br_short_fraction", "reward/br_long_fraction", "response/length",
-        "response/length_max", "response/truncated", "rollout/zero_variance_groups",
-        "rollout/advantage_abs_mean", "rollout/logprob_gap", "actor/pg_loss", "actor/kl",
-        "actor/clip_frac_high", "actor/clip_frac_low", "actor/dual_clip_frac", "actor/ppo_kl",
-        "actor/entropy", "actor/grad_norm", "actor/skipped_updates", "time/sample", "time/score",
-        "time/logprobs", "time/update", "time/sync", "cache/steps"
+        "reward/final",
+        "reward/f1",
+        "reward/format",
+        "reward/repetition_penalty",
+        "reward/br",
+        "reward/br_short_fraction",
+        "reward/br_long_fraction",
+        "response/length",
+        "response/length_max",
+        "response/truncated",
+        "rollout/zero_variance_groups",
+        "rollout/advantage_abs_mean",
+        "rollout/logprob_gap",
+        "actor/pg_loss",
+        "actor/kl",
+        "actor/clip_frac_high",
+        "actor/clip_frac_low",
+        "actor/dual_clip_frac",
+        "actor/ppo_kl",
+        "actor/entropy",
+        "actor/grad_norm",
+        "actor/skipped_updates",
+        "time/sample",
+        "time/score",
+        "time/logprobs",
+        "time/update",
+        "time/sync",
+        "cache/steps",
     ]
     for row in rows:
         assert not [k for k in expected if k not in row]
@@ -118,8 +144,14 @@ def test_two_steps_update_every_parameter_and_checkpoint_the_cache(start, tmp_pa
     saved = run / "checkpoints" / "step-2" / "config.resolved.toml"
     saved.write_text(saved.read_text().replace("[rollout]\n", "[rollout]\nvalid_batch = 64\n"))
     write_manifest(saved.parent)
-    refused = run_in_process(start, tmp_path, "optim.weight_decay=0", "checkpoint.every=1",
-                             "log.samples_every=1", resume=True)
+    refused = run_in_process(
+        start,
+        tmp_path,
+        "optim.weight_decay=0",
+        "checkpoint.every=1",
+        "log.samples_every=1",
+        resume=True,
+    )
     assert refused.exit_code != 0
     assert "cannot read the config the run was started with" in refused.output
     assert "valid_batch" in refused.output
@@ -127,8 +159,9 @@ def test_two_steps_update_every_parameter_and_checkpoint_the_cache(start, tmp_pa
 
 @pytest.mark.parametrize("variant", ["base", "length", "short", "length_rp", "bilateral"])
 def test_every_variant_logs_what_psyrl_rewards_computes(start, tmp_path, variant):
-    result = run_in_process(start, tmp_path, f"reward.variant={variant}", "run.steps=1",
-                            "log.samples_every=1")
+    result = run_in_process(
+        start, tmp_path, f"reward.variant={variant}", "run.steps=1", "log.samples_every=1"
+    )
     assert result.exit_code == 0, result.output
     run = tmp_path / "rl"
     samples = [
@@ -139,8 +172,14 @@ def test_every_variant_logs_what_psyrl_rewards_computes(start, tmp_path, variant
     f1 = [s["f1"] for s in samples]
     cfg = load_config(run / "config.resolved.toml")
     # step 1: the cache holds this step only, so L-bar and r-bar_F1 are this step's means
-    final, parts = score_batch([s["response"] for s in samples], [golds[s["id"]] for s in samples],
-                               lengths, statistics.fmean(lengths), statistics.fmean(f1), cfg.reward)
+    final, parts = score_batch(
+        [s["response"] for s in samples],
+        [golds[s["id"]] for s in samples],
+        lengths,
+        statistics.fmean(lengths),
+        statistics.fmean(f1),
+        cfg.reward,
+    )
     for key in ("f1", "fmt", "rep", "br", "len", "short", "final"):
         assert [s[key] for s in samples] == pytest.approx(parts[key].tolist(), abs=1e-12), key
     logged = read_metrics(run / "metrics.jsonl")[0]
@@ -149,8 +188,9 @@ def test_every_variant_logs_what_psyrl_rewards_computes(start, tmp_path, variant
     # scope cache with one step = eq. 2 on the batch
     expected_adv = (final - final.mean()) / (final.std() + 1e-6)
     assert [s["advantage"] for s in samples] == pytest.approx(expected_adv.tolist(), abs=1e-9)
-    check_markdown(run / "samples" / "step-1.md", samples, logged,
-                   load_stimuliqa(start / "train.jsonl"), G=4)
+    check_markdown(
+        run / "samples" / "step-1.md", samples, logged, load_stimuliqa(start / "train.jsonl"), G=4
+    )
 
 
 def check_markdown(path: Path, samples: list[dict], logged: dict, records, G: int, shown: int = 4):
@@ -163,32 +203,36 @@ def check_markdown(path: Path, samples: list[dict], logged: dict, records, G: in
     sections = text.split("\n## Prompt ")[1:]
     assert len(sections) == shown
     for p, section in enumerate(sections):
-        group = samples[p * G:(p + 1) * G]
+        group = samples[p * G : (p + 1) * G]
         record = by_id[group[0]["id"]]
         assert section.startswith(f"{p + 1}: `{record.id}`")
         assert f"> **Q:** {record.question}" in section
         assert f"Gold answer: **{record.answer}**" in section
         for s in group:
-            row = next(line for line in section.splitlines()
-                       if line.startswith(f"| {s['sample']} |"))
+            row = next(
+                line for line in section.splitlines() if line.startswith(f"| {s['sample']} |")
+            )
             cells = [c.strip() for c in row.strip("|").split("|")]
             assert cells[1] == f"{s['f1']:.3f}" and cells[-4] == f"{s['final']:.3f}", row
-            assert cells[-3:] == [f"{s['advantage']:+.3f}",
-                                  str(s["tokens"]), s["finish_reason"]], row
+            assert cells[-3:] == [f"{s['advantage']:+.3f}", str(s["tokens"]), s["finish_reason"]], (
+                row
+            )
             assert f"```text\n{s['response']}\n```" in section
 
 
 def test_group_scope_with_cache_size_one_is_standard_grpo():
     cfg = load_config(
-        None, ["reward.variant=base", "advantage.scope=group", "cache.size=1", "rollout.samples=4"])
+        None, ["reward.variant=base", "advantage.scope=group", "cache.size=1", "rollout.samples=4"]
+    )
     cache = TrajectoryCache(cfg.cache.size)
     # a previous step: must not matter
     older = [{"f1": 1.0, "fmt": 1.0, "rep": 0.0, "length": 9}] * 8
     rollout.score(older, cache, cfg)
     f1 = [1.0, 0.5, 0.0, 0.0, 0.2, 0.2, 0.2, 0.2]
     fmt = [1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0]
-    samples = [{"f1": a, "fmt": b, "rep": 0.0, "length": 5 + i}
-               for i, (a, b) in enumerate(zip(f1, fmt))]
+    samples = [
+        {"f1": a, "fmt": b, "rep": 0.0, "length": 5 + i} for i, (a, b) in enumerate(zip(f1, fmt))
+    ]
     adv, parts = rollout.score(samples, cache, cfg)
     rewards = [0.5 * a + 0.5 * b for a, b in zip(f1, fmt)]  # eq. 11 with w_F1 = w_fmt = 0.5
     expected = []
@@ -210,8 +254,10 @@ def test_resume_is_bitwise_identical(start, tmp_path):
     shutil.rmtree(cut / "hf")
     result = run_cli(start, tmp_path / "b", *extra, resume=True)
     assert "resuming after step 2" in result.stdout
-    a, b = load_file(whole / "hf" / "model.safetensors"), load_file(cut / "hf" /
-                                                                    "model.safetensors")
+    a, b = (
+        load_file(whole / "hf" / "model.safetensors"),
+        load_file(cut / "hf" / "model.safetensors"),
+    )
     assert all(torch.equal(a[k], b[k]) for k in a)
     cache = "checkpoints/step-3/trajectory_cache.json"
     assert (whole / cache).read_text() == (cut / cache).read_text()
@@ -275,36 +321,46 @@ def test_reference_never_changes_and_a_nan_loss_skips_one_update(start, tmp_path
     policy, reference = built
     assert all(
         torch.equal(t, start_weights[name.removeprefix("lm.")])
-        for name, t in reference.state_dict().items() if name.removeprefix("lm.") in start_weights)
+        for name, t in reference.state_dict().items()
+        if name.removeprefix("lm.") in start_weights
+    )
     assert not any(p.requires_grad for p in reference.parameters())
     rows = read_metrics(tmp_path / "rl" / "metrics.jsonl")
-    assert [r["actor/skipped_updates"]
-            for r in rows] == [1, 1] and rows[0]["actor/grad_norm"] is None
+    assert [r["actor/skipped_updates"] for r in rows] == [1, 1] and rows[0][
+        "actor/grad_norm"
+    ] is None
     assert "step 1: non-finite gradient norm nan; update skipped" in result.output
     assert math.isfinite(rows[1]["actor/grad_norm"])
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["data.train_file=EMPTY"], "holds no records"),
-    (["rollout.max_prompt_tokens=5"], "longer than rollout.max_prompt_tokens = 5"),
-    (["advantage.scope=group", "rollout.samples=1"
-      ], "advantage.scope = 'group' needs rollout.samples >= 2"),
-    (["rollout.prompts=6"], "must be a multiple of optim.global_batch = 4"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["data.train_file=EMPTY"], "holds no records"),
+        (["rollout.max_prompt_tokens=5"], "longer than rollout.max_prompt_tokens = 5"),
+        (
+            ["advantage.scope=group", "rollout.samples=1"],
+            "advantage.scope = 'group' needs rollout.samples >= 2",
+        ),
+        (["rollout.prompts=6"], "must be a multiple of optim.global_batch = 4"),
+    ],
+)
 def test_bad_input_is_refused_with_one_message(start, tmp_path, extra, message):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     extra = [e.replace("EMPTY", str(empty)) for e in extra]
-    args = ["--config", "configs/tgrpo/tiny.toml"] + [a for s in tgrpo_sets(start, tmp_path, *extra)
-                                                      for a in ("--set", s)]
+    args = ["--config", "configs/tgrpo/tiny.toml"] + [
+        a for s in tgrpo_sets(start, tmp_path, *extra) for a in ("--set", s)
+    ]
     result = CliRunner().invoke(train_tgrpo.main, args)
     assert result.exit_code != 0 and message in result.output, result.output
     assert not (tmp_path / "rl").exists()  # refused before anything was written
 
 
 def test_help_explains():
-    out = subprocess.run([sys.executable, "train_tgrpo.py", "--help"], capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "train_tgrpo.py", "--help"], capture_output=True, text=True
+    ).stdout
     assert "--config" in out
     assert "--resume" in out
     assert "torchrun" in out
@@ -316,21 +372,30 @@ def test_a_reward_plugin_drives_the_reward_and_the_cache(start, tmp_path):
     logged reward/f1 are the plug-in's exact match; its extra component and the paper's F1 are
     logged beside them."""
     import importlib.util
+
     spec = importlib.util.spec_from_file_location("exact_match", "examples/exact_match.py")
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    result = run_in_process(start, tmp_path, 'reward.custom="examples/exact_match.py:exact_match"',
-                            "checkpoint.every=1", "log.samples_every=1")
+    result = run_in_process(
+        start,
+        tmp_path,
+        'reward.custom="examples/exact_match.py:exact_match"',
+        "checkpoint.every=1",
+        "log.samples_every=1",
+    )
     assert result.exit_code == 0, result.output
     run = tmp_path / "rl"
     golds = {r.id: r.answer for r in load_stimuliqa(start / "train.jsonl")}
     rows = read_metrics(run / "metrics.jsonl")
     cache = json.loads((run / "checkpoints" / "step-2" / "trajectory_cache.json").read_text())
     for step, row in enumerate(rows, 1):
-        samples = [json.loads(line)
-                   for line in (run / "samples" / f"step-{step}.jsonl").read_text().splitlines()]
-        scores, extra = example.exact_match([s["response"] for s in samples],
-                                            [golds[s["id"]] for s in samples], [])
+        samples = [
+            json.loads(line)
+            for line in (run / "samples" / f"step-{step}.jsonl").read_text().splitlines()
+        ]
+        scores, extra = example.exact_match(
+            [s["response"] for s in samples], [golds[s["id"]] for s in samples], []
+        )
         assert [s["f1"] for s in samples] == scores
         assert row["reward/f1"] == pytest.approx(sum(scores) / len(scores), abs=1e-12)
         assert row["reward/answered"] == pytest.approx(sum(extra["answered"]) / len(scores))
@@ -366,6 +431,7 @@ def wandb_records(path: Path):
     import struct
 
     from wandb.proto import wandb_internal_pb2
+
     data = path.read_bytes()
     assert data[:4] == b":W&B"
     pos, block, parts = 7, 32768, b""
@@ -374,11 +440,11 @@ def wandb_records(path: Path):
         if left < 7:  # a block's tail too short for a header is padding
             pos += left
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if length == 0 and kind == 0:
             pos += left
             continue
-        parts += data[pos + 7:pos + 7 + length]
+        parts += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # a full record, or the last fragment of one
             record = wandb_internal_pb2.Record()
@@ -398,26 +464,51 @@ def test_trackers_hold_every_row_once_across_a_crash_and_resume(start, tmp_path)
     # the reader TensorBoard's own server uses
     from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
     from tensorboard.util.tensor_util import make_ndarray
-    extra = ['log.report_to=["tensorboard", "wandb", "trackio"]', "run.steps=3",
-             "checkpoint.every=1", "checkpoint.keep_state=0", "log.samples_every=1"]
+
+    extra = [
+        'log.report_to=["tensorboard", "wandb", "trackio"]',
+        "run.steps=3",
+        "checkpoint.every=1",
+        "checkpoint.keep_state=0",
+        "log.samples_every=1",
+    ]
     sets = [a for s in tgrpo_sets(start, tmp_path, *extra) for a in ("--set", s)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true",
-           "TRACKIO_DIR": str(tmp_path / "trackio")}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "TRACKIO_DIR": str(tmp_path / "trackio"),
+    }
     args = ["--config", "configs/tgrpo/tiny.toml", *sets]
-    crashed = subprocess.run([sys.executable, "-c", CRASH_BEFORE_STEP_2_CHECKPOINT, *args],
-                             capture_output=True, text=True, timeout=600, env=env)
+    crashed = subprocess.run(
+        [sys.executable, "-c", CRASH_BEFORE_STEP_2_CHECKPOINT, *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert crashed.returncode != 0 and "simulated crash" in crashed.stderr, crashed.stderr[-2000:]
     run = tmp_path / "rl"
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]
-    resumed = subprocess.run([sys.executable, "train_tgrpo.py", *args, "--resume"],
-                             capture_output=True, text=True, timeout=600, env=env)
+    resumed = subprocess.run(
+        [sys.executable, "train_tgrpo.py", *args, "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming after step 1" in resumed.stdout
     assert "warning: tracker" not in resumed.stderr + crashed.stderr
     rows = read_metrics(run / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
-    keys = sorted(k for k in rows[0] if k != "step" and all(
-        isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool) for r in rows))
+    keys = sorted(
+        k
+        for k in rows[0]
+        if k != "step"
+        and all(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool) for r in rows)
+    )
     assert "reward/final" in keys and "actor/pg_loss" in keys
 
     # TensorBoard rewound to step 2 (purge_step) and got the redone rows: float32 of each value
@@ -439,8 +530,10 @@ def test_trackers_hold_every_row_once_across_a_crash_and_resume(start, tmp_path)
             if kind == "history":
                 step = record.history.step.num
                 assert step not in history, f"step {step} logged twice to wandb"
-                history[step] = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
-                                 for i in record.history.item}
+                history[step] = {
+                    (i.key or "/".join(i.nested_key)): json.loads(i.value_json)
+                    for i in record.history.item
+                }
             elif kind == "run" and config is None:
                 config = {u.key: json.loads(u.value_json) for u in record.run.config.update}
     assert len({p.name.rsplit("-", 1)[1] for p in run.glob("wandb/offline-run-*")}) == 1
@@ -454,8 +547,9 @@ def test_trackers_hold_every_row_once_across_a_crash_and_resume(start, tmp_path)
     assert config["reward"]["variant"] == "bilateral" and config["run"]["steps"] == 3
 
     # Trackio: the run continued by name, each step's scalars once
-    read = subprocess.run([sys.executable, "-c", TRACKIO_LOGS], capture_output=True, text=True,
-                          timeout=120, env=env)
+    read = subprocess.run(
+        [sys.executable, "-c", TRACKIO_LOGS], capture_output=True, text=True, timeout=120, env=env
+    )
     assert read.returncode == 0, read.stderr[-2000:]
     trackio = json.loads(read.stdout.strip().splitlines()[-1])
     scalar_logs = [log for log in trackio["logs"] if "reward/final" in log]

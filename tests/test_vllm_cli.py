@@ -27,19 +27,35 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 # head_dim 32
 TINY = [
-    "model.hidden_size=128", "model.intermediate_size=256", "model.max_position_embeddings=1024"
+    "model.hidden_size=128",
+    "model.intermediate_size=256",
+    "model.max_position_embeddings=1024",
 ]
 
 
 def tgrpo(out: Path, *extra: str, ranks: int = 1):
     sets = [
-        f"run.output_dir={json.dumps(str(out))}", "run.name=rl", 'model.path=""', *TINY,
-        "data.train_file=data/demo/train.jsonl", "data.valid_file=data/demo/test.jsonl",
-        "data.valid_items=8", "run.steps=2", "rollout.prompts=8", "rollout.samples=4",
-        "optim.global_batch=4", "rollout.max_new_tokens=24", "rollout.temperature=1.0",
-        "sampler.max_num_seqs=32", "optim.micro_batch=4", "optim.logprob_micro_batch=4",
-        "log.progress=false", "checkpoint.every=0", "sampler.engine=vllm",
-        "sampler.enforce_eager=true", *extra
+        f"run.output_dir={json.dumps(str(out))}",
+        "run.name=rl",
+        'model.path=""',
+        *TINY,
+        "data.train_file=data/demo/train.jsonl",
+        "data.valid_file=data/demo/test.jsonl",
+        "data.valid_items=8",
+        "run.steps=2",
+        "rollout.prompts=8",
+        "rollout.samples=4",
+        "optim.global_batch=4",
+        "rollout.max_new_tokens=24",
+        "rollout.temperature=1.0",
+        "sampler.max_num_seqs=32",
+        "optim.micro_batch=4",
+        "optim.logprob_micro_batch=4",
+        "log.progress=false",
+        "checkpoint.every=0",
+        "sampler.engine=vllm",
+        "sampler.enforce_eager=true",
+        *extra,
     ]
     launcher = TORCHRUN if ranks == 2 else [sys.executable]
     args = [*launcher, "train_tgrpo.py", "--config", "configs/tgrpo/tiny.toml"]
@@ -69,8 +85,14 @@ def test_tgrpo_on_vllm_one_process_equals_two_ranks_with_tensor_parallel(tmp_pat
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     out = tmp_path_factory.mktemp("model") / "hf"
-    cfg = ModelConfig(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                      intermediate_size=256, max_position_embeddings=1024)
+    cfg = ModelConfig(
+        hidden_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=256,
+        max_position_embeddings=1024,
+    )
     tokenizer = load_tokenizer(cfg)
     load_model(cfg, tokenizer, seed=0).save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -79,9 +101,18 @@ def tiny_model(tmp_path_factory):
 
 def test_evaluate_on_vllm_greedy_equals_the_torch_engine(tiny_model, tmp_path):
     common = [
-        "evaluate.py", "--model",
-        str(tiny_model), "--benchmarks", "data/demo/mc.jsonl", "--limit", "2", "--temperature", "0",
-        "--max-new-tokens", "12", "--no-progress"
+        "evaluate.py",
+        "--model",
+        str(tiny_model),
+        "--benchmarks",
+        "data/demo/mc.jsonl",
+        "--limit",
+        "2",
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "12",
+        "--no-progress",
     ]
     rows = {}
     for engine in ("torch", "vllm"):
@@ -95,20 +126,32 @@ def test_evaluate_on_vllm_greedy_equals_the_torch_engine(tiny_model, tmp_path):
         assert f"engine `{engine}`" in (out / "results.md").read_text()
     assert len(rows["vllm"]) == len(rows["torch"]) > 0
     for v, t in zip(rows["vllm"], rows["torch"]):
-        assert (v["id"], v["response"], v["tokens"], v["finish"]) == (t["id"], t["response"],
-                                                                      t["tokens"], t["finish"])
+        assert (v["id"], v["response"], v["tokens"], v["finish"]) == (
+            t["id"],
+            t["response"],
+            t["tokens"],
+            t["finish"],
+        )
         assert v["mean_logprob"] == pytest.approx(t["mean_logprob"], abs=1e-4)
-    refused = run([sys.executable, *common, "--engine", "torch", "--out",
-                   str(tmp_path / "vllm")], timeout=300)
+    refused = run(
+        [sys.executable, *common, "--engine", "torch", "--out", str(tmp_path / "vllm")], timeout=300
+    )
     # a resume keeps its engine
     assert refused.returncode != 0 and "engine: 'vllm' -> 'torch'" in refused.stderr
 
 
 def test_tensor_parallel_that_does_not_divide_the_ranks_is_refused(tmp_path):
     args = [
-        sys.executable, "train_tgrpo.py", "--config", "configs/tgrpo/tiny.toml", "--set",
-        "sampler.engine=vllm", "--set", "sampler.tensor_parallel=2", "--set",
-        f"run.output_dir={json.dumps(str(tmp_path))}"
+        sys.executable,
+        "train_tgrpo.py",
+        "--config",
+        "configs/tgrpo/tiny.toml",
+        "--set",
+        "sampler.engine=vllm",
+        "--set",
+        "sampler.tensor_parallel=2",
+        "--set",
+        f"run.output_dir={json.dumps(str(tmp_path))}",
     ]
     result = run(args, timeout=300)
     assert result.returncode == 1
@@ -125,7 +168,8 @@ def test_at_another_temperature_vllm_reports_the_logprob_after_the_nucleus_cut(t
     result = run([sys.executable, "tests/runtime/vllm_probe.py", "0.5", str(top_p)], timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     probe = json.loads(
-        next(line for line in result.stdout.splitlines() if line.startswith("PROBE "))[6:])
+        next(line for line in result.stdout.splitlines() if line.startswith("PROBE "))[6:]
+    )
     assert probe["mode"] == "processed_logprobs" and len(probe["differences"]) > 0
     low, high = min(probe["differences"]), max(probe["differences"])
     assert low > -1e-4 and high < -math.log(top_p) + 1e-4
@@ -135,9 +179,22 @@ def test_at_another_temperature_vllm_reports_the_logprob_after_the_nucleus_cut(t
 
 def test_build_on_vllm_greedy_equals_the_torch_engine(tiny_model, tmp_path):
     common = [
-        sys.executable, "-m", "psyrl", "build", "qa", "--catalogue", "data/build/catalogue.toml",
-        "--table", "data/build/stimuli.csv", "--model",
-        str(tiny_model), "--temperature", "0", "--max-new-tokens", "8", "--no-progress"
+        sys.executable,
+        "-m",
+        "psyrl",
+        "build",
+        "qa",
+        "--catalogue",
+        "data/build/catalogue.toml",
+        "--table",
+        "data/build/stimuli.csv",
+        "--model",
+        str(tiny_model),
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "8",
+        "--no-progress",
     ]
     generations = {}
     for engine in ("torch", "vllm"):

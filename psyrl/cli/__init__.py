@@ -42,8 +42,11 @@ class LazyGroup(click.Group):
 
     def format_commands(self, ctx, formatter):
         # click's own would import every command for its short help
-        names = [name for name in self.list_commands(ctx)
-                 if name in self.lazy or not self.commands[name].hidden]
+        names = [
+            name
+            for name in self.list_commands(ctx)
+            if name in self.lazy or not self.commands[name].hidden
+        ]
         limit = formatter.width - 6 - max(map(len, names))
         rows = [(name, self.listed_help(name, limit)) for name in names]
         with formatter.section("Commands"):
@@ -57,33 +60,47 @@ class LazyGroup(click.Group):
 
 
 COMMANDS = {
-    "train-sft": ("psyrl.cli.commands:train_sft",
-                  "Supervised fine-tuning on StimuliQA-format records (SFT target: "
-                  "<think>reasoning</think><answer>…)."),
-    "train-tgrpo": ("psyrl.cli.commands:train_tgrpo",
-                    "T-GRPO on StimuliQA-format records: the trajectory cache and the bilateral "
-                    'reward of "From Stimuli to Minds".'),
-    "evaluate": ("psyrl.cli.commands:evaluate",
-                 "Evaluate a checkpoint on the OOD benchmarks: F1 (x100) and F1-accuracy (%) per "
-                 "benchmark and per task, format rate, E choices and response length "
-                 "(results.md, results.json, predictions.jsonl)."),
-    "build": ("psyrl.cli.build:build_group",
-              "Build StimuliQA-format data with the paper's prompts (appendix A.1) and quality "
-              "control (appendix B), from any local model directory: QA pairs from labelled "
-              "stimuli (qa), topic expansion (topics), LlamaQA-style comparison sets "
-              "(comparison), reasoning samples for SFT (reasoning)."),
-    "experiment": ("psyrl.experiment.runner:experiment_command",
-                   "Run an experiment file (experiments/*.toml): its runs in dependency order, "
-                   "finished ones skipped, interrupted ones resumed; then its tables with 95 % "
-                   "bootstrap intervals over seeds and items, in experiments/<name>/results.md and "
-                   "results.json."),
-    "demo-data": ("psyrl.dataset.demo_data:demo_data_command",
-                  "Write the SYNTHETIC StimuliQA-format demo set (for the CPU demo and tests; NOT "
-                  "the paper's data)."),
+    "train-sft": (
+        "psyrl.cli.commands:train_sft",
+        "Supervised fine-tuning on StimuliQA-format records (SFT target: "
+        "<think>reasoning</think><answer>…).",
+    ),
+    "train-tgrpo": (
+        "psyrl.cli.commands:train_tgrpo",
+        "T-GRPO on StimuliQA-format records: the trajectory cache and the bilateral "
+        'reward of "From Stimuli to Minds".',
+    ),
+    "evaluate": (
+        "psyrl.cli.commands:evaluate",
+        "Evaluate a checkpoint on the OOD benchmarks: F1 (x100) and F1-accuracy (%) per "
+        "benchmark and per task, format rate, E choices and response length "
+        "(results.md, results.json, predictions.jsonl).",
+    ),
+    "build": (
+        "psyrl.cli.build:build_group",
+        "Build StimuliQA-format data with the paper's prompts (appendix A.1) and quality "
+        "control (appendix B), from any local model directory: QA pairs from labelled "
+        "stimuli (qa), topic expansion (topics), LlamaQA-style comparison sets "
+        "(comparison), reasoning samples for SFT (reasoning).",
+    ),
+    "experiment": (
+        "psyrl.experiment.runner:experiment_command",
+        "Run an experiment file (experiments/*.toml): its runs in dependency order, "
+        "finished ones skipped, interrupted ones resumed; then its tables with 95 % "
+        "bootstrap intervals over seeds and items, in experiments/<name>/results.md and "
+        "results.json.",
+    ),
+    "demo-data": (
+        "psyrl.dataset.demo_data:demo_data_command",
+        "Write the SYNTHETIC StimuliQA-format demo set (for the CPU demo and tests; NOT "
+        "the paper's data).",
+    ),
 }
 DATA_COMMANDS = {
-    "convert": ("psyrl.dataset.convert:convert_command",
-                "Convert SOURCE into psyrl's StimuliQA or benchmark JSONL, every row validated."),
+    "convert": (
+        "psyrl.dataset.convert:convert_command",
+        "Convert SOURCE into psyrl's StimuliQA or benchmark JSONL, every row validated.",
+    ),
 }
 
 
@@ -98,10 +115,20 @@ def config():
 
 
 @config.command("show")
-@click.option("--config", "path", type=click.Path(dir_okay=False), default=None,
-              help="TOML config file (default: all defaults).")
-@click.option("--set", "overrides", multiple=True, metavar="TABLE.KEY=VALUE",
-              help="Override one key; repeatable.")
+@click.option(
+    "--config",
+    "path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="TOML config file (default: all defaults).",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="TABLE.KEY=VALUE",
+    help="Override one key; repeatable.",
+)
 def show(path, overrides):
     """Validate a config and print it resolved (defaults and overrides applied), as TOML."""
     try:
@@ -115,8 +142,7 @@ def show(path, overrides):
     "--write-readme",
     type=click.Path(exists=True, dir_okay=False),
     default=None,
-    help=
-    f"Replace the text between {README_START} and {README_END} in this file instead of printing.",
+    help=f"Replace the text between {README_START} and {README_END} in this file instead of printing.",
 )
 def reference(write_readme):
     """Print the Markdown reference of every config table and key (generated from the code)."""
@@ -129,8 +155,9 @@ def reference(write_readme):
     pattern = re.compile(re.escape(README_START) + ".*?" + re.escape(README_END), re.DOTALL)
     if not pattern.search(readme):
         raise click.ClickException(f"{path}: markers {README_START} ... {README_END} not found")
-    path.write_text(pattern.sub(lambda _: f"{README_START}\n{text}\n{README_END}", readme),
-                    encoding="utf-8")
+    path.write_text(
+        pattern.sub(lambda _: f"{README_START}\n{text}\n{README_END}", readme), encoding="utf-8"
+    )
     click.echo(f"wrote the config reference into {path}", err=True)
 
 
@@ -160,8 +187,11 @@ def data_check(paths):
 @main.command("select-checkpoint")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option(
-    "--rule", type=click.Choice(["median", "best", "last"]), default="median", show_default=True,
-    help="median = appendix B's choice for the GRPO start: the checkpoint with the median valid F1."
+    "--rule",
+    type=click.Choice(["median", "best", "last"]),
+    default="median",
+    show_default=True,
+    help="median = appendix B's choice for the GRPO start: the checkpoint with the median valid F1.",
 )
 def select_checkpoint_command(run_dir, rule):
     """Print the HF directory of the chosen SFT checkpoint (by validation F1) of a train_sft.py
@@ -177,10 +207,19 @@ def select_checkpoint_command(run_dir, rule):
 
 
 @main.command("tiny-tokenizer")
-@click.option("--demo-dir", default="data/demo", show_default=True,
-              type=click.Path(file_okay=False), help="Demo set whose texts train the BPE.")
-@click.option("--out", default=None, type=click.Path(file_okay=False),
-              help="Output directory (default: the copy shipped in psyrl/assets/tokenizers/tiny).")
+@click.option(
+    "--demo-dir",
+    default="data/demo",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Demo set whose texts train the BPE.",
+)
+@click.option(
+    "--out",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Output directory (default: the copy shipped in psyrl/assets/tokenizers/tiny).",
+)
 def tiny_tokenizer_command(demo_dir, out):
     """Rebuild psyrl's small tokenizer: Qwen2.5's special tokens and chat template, a few thousand
     BPE tokens trained on data/demo/train.jsonl."""
@@ -192,10 +231,18 @@ def tiny_tokenizer_command(demo_dir, out):
 @main.command("plot")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option(
-    "--out", type=click.Path(dir_okay=False), default=None,
-    help="PNG to write (default: RUN_DIR/curves.png for one run, curves.png here for several).")
-@click.option("--smooth", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Trailing mean over this many steps for the per-step curves (1 = raw only).")
+    "--out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="PNG to write (default: RUN_DIR/curves.png for one run, curves.png here for several).",
+)
+@click.option(
+    "--smooth",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Trailing mean over this many steps for the per-step curves (1 = raw only).",
+)
 def plot_command(run_dirs, out, smooth):
     """Training curves of one or several runs overlaid, as one PNG: reward components, held-out F1,
     response
@@ -205,14 +252,16 @@ def plot_command(run_dirs, out, smooth):
     try:
         from psyrl.report.plot import plot_runs
 
-        out = out or (Path(run_dirs[0]) /
-                      "curves.png" if len(run_dirs) == 1 else Path("curves.png"))
+        out = out or (
+            Path(run_dirs[0]) / "curves.png" if len(run_dirs) == 1 else Path("curves.png")
+        )
         panels = plot_runs(run_dirs, out, smooth)
     except ModuleNotFoundError as e:
         if e.name != "matplotlib":
             raise
         raise click.ClickException(
-            "psyrl plot needs matplotlib: pip install -e '.[plot]'") from None
+            "psyrl plot needs matplotlib: pip install -e '.[plot]'"
+        ) from None
     except (OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"wrote {out} ({len(panels)} panels: {', '.join(panels)})")
@@ -220,8 +269,13 @@ def plot_command(run_dirs, out, smooth):
 
 @main.command("summary")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("--window", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Steps averaged at the start and at the end of the per-step metrics.")
+@click.option(
+    "--window",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Steps averaged at the start and at the end of the per-step metrics.",
+)
 def summary_command(run_dirs, window):
     """A Markdown table comparing the start and the end of T-GRPO runs: held-out F1 and final reward
     at the first and the last validation, and the mean training reward, F1 and response length over
@@ -237,17 +291,34 @@ def summary_command(run_dirs, window):
 @main.command("report")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option(
-    "--out", type=click.Path(dir_okay=False), default=None,
+    "--out",
+    type=click.Path(dir_okay=False),
+    default=None,
     help="HTML file to write (default: RUN_DIR/report.html for one run, report.html here for "
-    "several).")
-@click.option("--smooth", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Trailing mean over this many steps for the per-step curves (1 = raw only).")
-@click.option("--window", type=click.IntRange(min=1), default=5, show_default=True,
-              help="Steps averaged at the start and at the end in the summary table.")
+    "several).",
+)
 @click.option(
-    "--sample-steps", type=click.IntRange(min=0), default=0, show_default=True,
+    "--smooth",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Trailing mean over this many steps for the per-step curves (1 = raw only).",
+)
+@click.option(
+    "--window",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Steps averaged at the start and at the end in the summary table.",
+)
+@click.option(
+    "--sample-steps",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
     help="Embed at most this many sample steps per run, evenly spaced, first and last included "
-    "(0 = all): bounds the file size of a long run.")
+    "(0 = all): bounds the file size of a long run.",
+)
 def report_command(run_dirs, out, smooth, window, sample_steps):
     """One self-contained HTML page (no network: open it anywhere) on one or several train_sft.py /
     train_tgrpo.py runs: each resolved config, the start -> end table of `psyrl summary`, the
@@ -268,21 +339,48 @@ def report_command(run_dirs, out, smooth, window, sample_steps):
 
 
 @main.command("plan")
-@click.option("--config", "path", type=click.Path(dir_okay=False), required=True,
-              help="TOML run config, e.g. configs/tgrpo/qwen2.5-3b.toml.")
-@click.option("--set", "overrides", multiple=True, metavar="TABLE.KEY=VALUE",
-              help="Override one key; repeatable.")
-@click.option("--gpus", type=click.IntRange(min=1), default=4, show_default=True,
-              help="GPUs of the run (torchrun ranks), all on one node.")
-@click.option("--gpu-memory-gib", type=click.FloatRange(min=0, min_open=True), default=48.0,
-              show_default=True, help="Memory of one GPU in GiB (48: RTX A6000).")
-@click.option("--host-memory-gib", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Host RAM of the node in GiB; without it the need is printed but not judged.")
 @click.option(
-    "--trainer", type=click.Choice(["auto", "tgrpo",
-                                    "sft"]), default="auto", show_default=True, help=
-    "Which entry script runs the config: auto = sft when the config's path has a folder named "
-    "`sft` (configs/sft/...), else tgrpo. SFT has no rollout, experience or weight sync.")
+    "--config",
+    "path",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="TOML run config, e.g. configs/tgrpo/qwen2.5-3b.toml.",
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="TABLE.KEY=VALUE",
+    help="Override one key; repeatable.",
+)
+@click.option(
+    "--gpus",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="GPUs of the run (torchrun ranks), all on one node.",
+)
+@click.option(
+    "--gpu-memory-gib",
+    type=click.FloatRange(min=0, min_open=True),
+    default=48.0,
+    show_default=True,
+    help="Memory of one GPU in GiB (48: RTX A6000).",
+)
+@click.option(
+    "--host-memory-gib",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Host RAM of the node in GiB; without it the need is printed but not judged.",
+)
+@click.option(
+    "--trainer",
+    type=click.Choice(["auto", "tgrpo", "sft"]),
+    default="auto",
+    show_default=True,
+    help="Which entry script runs the config: auto = sft when the config's path has a folder named "
+    "`sft` (configs/sft/...), else tgrpo. SFT has no rollout, experience or weight sync.",
+)
 def plan_command(path, overrides, gpus, gpu_memory_gib, host_memory_gib, trainer):
     """The memory a run needs, before it starts: one table of GiB per GPU by part (FSDP2 shards,
     AdamW, gathered layers, gradient buffers, activations, log-probs, reference, sampler, transfers,
@@ -320,8 +418,12 @@ def run_labels(labels, run_dirs) -> list[str]:
 
 @main.command("compare")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True))
-@click.option("--label", "labels", multiple=True,
-              help="A row label per run, in order (default: the folder names).")
+@click.option(
+    "--label",
+    "labels",
+    multiple=True,
+    help="A row label per run, in order (default: the folder names).",
+)
 def compare_command(run_dirs, labels):
     """Compare evaluate.py runs (their --out directories): Table 3's layout (F1 and accuracy per
     benchmark) and Table 2's (F1 per StimuliQA subdimension), one row per run, deltas against the
@@ -337,11 +439,18 @@ def compare_command(run_dirs, labels):
 
 @main.command("lengths")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("--label", "labels", multiple=True,
-              help="A label per run, in order (default: the folder names).")
 @click.option(
-    "--out", type=click.Path(dir_okay=False), default=None,
-    help="PNG to write (default: RUN_DIR/lengths.png for one run, lengths.png here for several).")
+    "--label",
+    "labels",
+    multiple=True,
+    help="A label per run, in order (default: the folder names).",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="PNG to write (default: RUN_DIR/lengths.png for one run, lengths.png here for several).",
+)
 def lengths_command(run_dirs, labels, out):
     """RQ5 / Figure 6: response lengths by question index (1-3) on ToMbench's Unexpected Outcome
     Test, non-zero-F1 samples only, one box per index and run (e.g. a base and a bilateral run side
@@ -355,8 +464,9 @@ def lengths_command(run_dirs, labels, out):
         groups = [
             lengths_by_index(read_predictions(Path(d) / "predictions.jsonl")[0]) for d in run_dirs
         ]
-        out = out or (Path(run_dirs[0]) /
-                      "lengths.png" if len(run_dirs) == 1 else Path("lengths.png"))
+        out = out or (
+            Path(run_dirs[0]) / "lengths.png" if len(run_dirs) == 1 else Path("lengths.png")
+        )
         click.echo(counts_markdown(labels, groups))
         click.echo(f"wrote {plot_lengths(labels, groups, out)}")
     except ValueError as e:
@@ -365,26 +475,42 @@ def lengths_command(run_dirs, labels, out):
 
 @main.command("self-label")
 @click.argument("eval_dir", type=click.Path(exists=True, file_okay=False))
-@click.option("--out", type=click.Path(dir_okay=False), required=True,
-              help="The SFT data set to write (StimuliQA JSONL: data.train_file of train_sft.py).")
 @click.option(
-    "--tau", type=float, default=0.4, show_default=True,
-    help="Keep a prediction iff confidence > tau "
-    "(the paper: 0.4 on the F1 confidence).")
+    "--out",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="The SFT data set to write (StimuliQA JSONL: data.train_file of train_sft.py).",
+)
 @click.option(
-    "--confidence", type=click.Choice(["f1", "logprob"]), default="f1", show_default=True, help=
-    "f1: F1 of the extracted answer to its best-matching option (the paper); logprob: exp(mean "
-    "token log-probability) of the response under the sampler.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seed of the random option on an E tie.")
+    "--tau",
+    type=float,
+    default=0.4,
+    show_default=True,
+    help="Keep a prediction iff confidence > tau (the paper: 0.4 on the F1 confidence).",
+)
 @click.option(
-    "--any-split", is_flag=True,
+    "--confidence",
+    type=click.Choice(["f1", "logprob"]),
+    default="f1",
+    show_default=True,
+    help="f1: F1 of the extracted answer to its best-matching option (the paper); logprob: exp(mean "
+    "token log-probability) of the response under the sampler.",
+)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seed of the random option on an E tie."
+)
+@click.option(
+    "--any-split",
+    is_flag=True,
     help="Also label predictions of the eval half or of whole benchmarks "
-    "(the paper's transductive setting: it then reports on the items it trained on).")
+    "(the paper's transductive setting: it then reports on the items it trained on).",
+)
 @click.option(
-    "--include-tombench", is_flag=True,
+    "--include-tombench",
+    is_flag=True,
     help="Also label ToMbench items (its licence says: evaluation "
-    "only; left out and counted by default).")
+    "only; left out and counted by default).",
+)
 def self_label_command(eval_dir, out, tau, confidence, seed, any_split, include_tombench):
     """Continual self-training (SPEC §8): from an evaluate.py run on the self-train half (--split
     selftrain), keep each format-valid prediction whose confidence exceeds tau, relabel it with its
@@ -400,23 +526,34 @@ def self_label_command(eval_dir, out, tau, confidence, seed, any_split, include_
         settings_path = Path(eval_dir) / "eval.json"
         if not settings_path.is_file():
             raise ValueError(
-                f"{settings_path}: missing (is {eval_dir} an evaluate.py --out directory?)")
+                f"{settings_path}: missing (is {eval_dir} an evaluate.py --out directory?)"
+            )
         settings = json.loads(settings_path.read_text(encoding="utf-8"))
         if not (Path(eval_dir) / "results.json").is_file():
             raise ValueError(
                 f"{eval_dir} has no results.json: the evaluation did not finish (run it again to "
-                "resume it)")
+                "resume it)"
+            )
         if settings["split"] != "selftrain" and not any_split:
             raise ValueError(
                 f"{eval_dir} evaluated the {settings['split']!r} split: self-labelling it trains "
-                "on items that are reported. Evaluate with --split selftrain (or pass --any-split)")
+                "on items that are reported. Evaluate with --split selftrain (or pass --any-split)"
+            )
         sources = resolve_sources([s["path"] for s in settings["sources"]], ".")
         if any(s.schema != "benchmark" for s in sources):
             raise ValueError("self-labelling needs multiple-choice (benchmark-schema) predictions")
         records = {r.id: r for s in sources for r in s.records}
         rows, _ = read_predictions(Path(eval_dir) / "predictions.jsonl")
-        kept, counts = self_label(rows, records, tau, confidence, seed, settings["prompt"],
-                                  settings["options"], include_tombench)
+        kept, counts = self_label(
+            rows,
+            records,
+            tau,
+            confidence,
+            seed,
+            settings["prompt"],
+            settings["options"],
+            include_tombench,
+        )
         if not kept:
             raise ValueError(f"no prediction kept at tau = {tau} ({counts}); no data set written")
         write_jsonl(out, kept)
@@ -427,12 +564,13 @@ def self_label_command(eval_dir, out, tau, confidence, seed, any_split, include_
         f"evaluation only: {counts['evaluation_only']}; no context {counts['no_context']}; "
         f"format-invalid {counts['format_invalid']}; confidence <= {tau} "
         f"{counts['low_confidence']}; no matching option {counts['no_matching_option']}); wrote "
-        f"{out}" +
-        ("" if settings["prompt"] ==
-         "cot" else " (direct prompt: no reasoning; SFT it with prompt.mode = "
-         '"direct")'))
-
-
+        f"{out}"
+        + (
+            ""
+            if settings["prompt"] == "cot"
+            else ' (direct prompt: no reasoning; SFT it with prompt.mode = "direct")'
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import click
 
-from psyrl.dataset.prompts import DIALOGUES, PAPER_REASONING, PAPER_TOPICS, SHORT_WORDS
-from psyrl.dataset.quality_control import NEAR_DUPLICATE
 from psyrl.core.generation_options import (
     GenerationOptions,
     fail_once,
     generation_options,
     option_problems,
 )
+from psyrl.dataset.prompts import DIALOGUES, PAPER_REASONING, PAPER_TOPICS, SHORT_WORDS
+from psyrl.dataset.quality_control import NEAR_DUPLICATE
 
 # The builder and the model code (torch, transformers) are imported when a command runs, not at
 # import: `psyrl build ... --help` stays instant.
@@ -39,18 +39,34 @@ def build_group():
 def build_options(samples: int = 1, max_new_tokens: int = 512):
     """The options every build command shares, --out and the generation options (the builder's
     sampling defaults), around `run_build`."""
+
     def decorate(body):
         command = run_build(body)
         command = generation_options(
-            temperature=0.7, top_p=0.95, max_new_tokens=max_new_tokens, samples=samples,
-            notes={"model": "The generator: e.g. an Instruct model.",
-                   "seed": "Each prompt draws with its own, from this and its key."})(command)
-        overwrite = click.option("--overwrite", is_flag=True,
-                                 help="Delete --out's earlier build files (generations included) "
-                                      "instead of resuming; other files there are left alone.")
-        out = click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-                           help="Output directory; a second run with the same settings resumes it.")
+            temperature=0.7,
+            top_p=0.95,
+            max_new_tokens=max_new_tokens,
+            samples=samples,
+            notes={
+                "model": "The generator: e.g. an Instruct model.",
+                "seed": "Each prompt draws with its own, from this and its key.",
+            },
+        )(command)
+        overwrite = click.option(
+            "--overwrite",
+            is_flag=True,
+            help="Delete --out's earlier build files (generations included) "
+            "instead of resuming; other files there are left alone.",
+        )
+        out = click.option(
+            "--out",
+            "out_dir",
+            required=True,
+            type=click.Path(file_okay=False),
+            help="Output directory; a second run with the same settings resumes it.",
+        )
         return out(overwrite(command))
+
     return decorate
 
 
@@ -58,13 +74,14 @@ def run_build(body):
     """Wrap a build command: check the generation options, join torchrun, load the tokenizer, hand
     `body` a BuildRun whose sampler loads the model on first use, print the report; errors as one
     message from rank 0."""
+
     @functools.wraps(body)
     def command(gen: GenerationOptions, out_dir, overwrite, **kwargs):
         problems = option_problems(gen)
         if problems:
             raise click.UsageError("; ".join(problems))
-        from psyrl.dataset.run import BuildError
         from psyrl.core.records import DataError
+        from psyrl.dataset.run import BuildError
         from psyrl.runtime.distributed import cleanup
         from psyrl.runtime.generation import start_generation
         from psyrl.runtime.preemption import EXIT_PREEMPTED, Preempted
@@ -83,6 +100,7 @@ def run_build(body):
             raise SystemExit(EXIT_PREEMPTED) from None
         except (BuildError, DataError, OSError, ValueError, VLLMUnavailable) as e:
             fail_once(e, "psyrl build", (BuildError, DataError, VLLMUnavailable))
+
     return command
 
 
@@ -94,10 +112,18 @@ def build(body, dist, gen: GenerationOptions, out_dir: Path, overwrite: bool, kw
 
     generation = load_generation(dist, gen)
     settings = {k: generation.settings[k] for k in GENERATION_KEYS}
-    sampling = Sampling(gen.temperature, gen.top_p, gen.max_new_tokens, gen.seed, gen.samples,
-                        gen.batch)
-    run = BuildRun(dist, generation.tokenizer, out_dir, settings, sampling,
-                   generation.make_sampler, gen.progress)
+    sampling = Sampling(
+        gen.temperature, gen.top_p, gen.max_new_tokens, gen.seed, gen.samples, gen.batch
+    )
+    run = BuildRun(
+        dist,
+        generation.tokenizer,
+        out_dir,
+        settings,
+        sampling,
+        generation.make_sampler,
+        gen.progress,
+    )
     try:
         body(run, overwrite=overwrite, **kwargs)
     finally:  # on success or preemption every rank is here; after an error the process just ends
@@ -105,42 +131,78 @@ def build(body, dist, gen: GenerationOptions, out_dir: Path, overwrite: bool, kw
 
 
 def qc_and_split_options(command):
-    for option in reversed([
+    for option in reversed(
+        [
             click.option(
-                "--near-duplicate", type=click.FloatRange(0, 1, min_open=True),
-                default=NEAR_DUPLICATE, show_default=True,
+                "--near-duplicate",
+                type=click.FloatRange(0, 1, min_open=True),
+                default=NEAR_DUPLICATE,
+                show_default=True,
                 help="Content-word Jaccard similarity from which a pair duplicates an "
-                "earlier one of its group (psyrl.dataset.quality_control)."),
-            click.option("--train", "n_train", type=click.IntRange(min=0), default=200,
-                         show_default=True, help="Training pairs per variable (paper §4.1)."),
-            click.option("--test", "n_test", type=click.IntRange(min=0), default=100,
-                         show_default=True, help="Test pairs per variable (paper §4.1)."),
-            click.option(
-                "--min-count", type=click.IntRange(min=0), default=None, help=
-                "Variables with fewer kept pairs are excluded and listed (default: --train + "
-                "--test)."
+                "earlier one of its group (psyrl.dataset.quality_control).",
             ),
-            click.option("--split-seed", type=int, default=0, show_default=True,
-                         help="Seed of the split."),
-    ]):
+            click.option(
+                "--train",
+                "n_train",
+                type=click.IntRange(min=0),
+                default=200,
+                show_default=True,
+                help="Training pairs per variable (paper §4.1).",
+            ),
+            click.option(
+                "--test",
+                "n_test",
+                type=click.IntRange(min=0),
+                default=100,
+                show_default=True,
+                help="Test pairs per variable (paper §4.1).",
+            ),
+            click.option(
+                "--min-count",
+                type=click.IntRange(min=0),
+                default=None,
+                help="Variables with fewer kept pairs are excluded and listed (default: --train + "
+                "--test).",
+            ),
+            click.option(
+                "--split-seed", type=int, default=0, show_default=True, help="Seed of the split."
+            ),
+        ]
+    ):
         command = option(command)
     return command
 
 
 @build_group.command("qa")
-@click.option("--catalogue", "catalogue_path", required=True, type=click.Path(dir_okay=False),
-              help="Variable catalogue, TOML or JSON (see data/build/catalogue.toml).")
-@click.option("--table", "table_path", required=True, type=click.Path(dir_okay=False),
-              help="Labelled stimuli, CSV or JSONL: an id, the text, one column per variable.")
-@click.option("--id-column", default=None,
-              help="The table's id column (default: `id`, in any case).")
 @click.option(
-    "--text-column", default=None,
+    "--catalogue",
+    "catalogue_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Variable catalogue, TOML or JSON (see data/build/catalogue.toml).",
+)
+@click.option(
+    "--table",
+    "table_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Labelled stimuli, CSV or JSONL: an id, the text, one column per variable.",
+)
+@click.option(
+    "--id-column", default=None, help="The table's id column (default: `id`, in any case)."
+)
+@click.option(
+    "--text-column",
+    default=None,
     help="The table's stimulus column (default: the first of stimuli, "
-    "stimulus, text, story, in any case).")
-@click.option("--ignore-column", "ignore_columns", multiple=True,
-              help="A table column that is not a variable; "
-              "repeatable.")
+    "stimulus, text, story, in any case).",
+)
+@click.option(
+    "--ignore-column",
+    "ignore_columns",
+    multiple=True,
+    help="A table column that is not a variable; repeatable.",
+)
 @qc_and_split_options
 @build_options()
 def qa_command(run, **kwargs):
@@ -153,15 +215,30 @@ def qa_command(run, **kwargs):
 
 
 @build_group.command("comparison")
-@click.option("--catalogue", "catalogue_path", required=True, type=click.Path(dir_okay=False),
-              help="Variable catalogue, TOML or JSON.")
-@click.option("--topics", "topics_path", default=None, type=click.Path(dir_okay=False),
-              help="topics.jsonl of `psyrl build topics` (default: the catalogue's seed topics).")
-@click.option("--dialogue", type=click.Choice(DIALOGUES), default="one-turn", show_default=True,
-              help="one-turn: the dataset prompt and the comparison prompt in one user turn. "
-              "two-turn (appendix B's \"multi-turn dialogue generation\"): the dataset prompt, "
-              "the generator's own reply to it (generated first, one per topic), then the "
-              "comparison prompt as the second user turn.")
+@click.option(
+    "--catalogue",
+    "catalogue_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Variable catalogue, TOML or JSON.",
+)
+@click.option(
+    "--topics",
+    "topics_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="topics.jsonl of `psyrl build topics` (default: the catalogue's seed topics).",
+)
+@click.option(
+    "--dialogue",
+    type=click.Choice(DIALOGUES),
+    default="one-turn",
+    show_default=True,
+    help="one-turn: the dataset prompt and the comparison prompt in one user turn. "
+    'two-turn (appendix B\'s "multi-turn dialogue generation"): the dataset prompt, '
+    "the generator's own reply to it (generated first, one per topic), then the "
+    "comparison prompt as the second user turn.",
+)
 @qc_and_split_options
 @build_options()
 def comparison_command(run, **kwargs):
@@ -174,10 +251,20 @@ def comparison_command(run, **kwargs):
 
 
 @build_group.command("topics")
-@click.option("--catalogue", "catalogue_path", required=True, type=click.Path(dir_okay=False),
-              help="Variable catalogue, TOML or JSON, with `topics = [...]` seeds.")
-@click.option("--max-topics", type=click.IntRange(min=1), default=PAPER_TOPICS, show_default=True,
-              help="Topics per variable, seeds included (appendix B: up to 200).")
+@click.option(
+    "--catalogue",
+    "catalogue_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Variable catalogue, TOML or JSON, with `topics = [...]` seeds.",
+)
+@click.option(
+    "--max-topics",
+    type=click.IntRange(min=1),
+    default=PAPER_TOPICS,
+    show_default=True,
+    help="Topics per variable, seeds included (appendix B: up to 200).",
+)
 @build_options(samples=4, max_new_tokens=1024)
 def topics_command(run, **kwargs):
     """Expand each variable's seed topics with the topic-generation prompt: --samples generations
@@ -189,14 +276,36 @@ def topics_command(run, **kwargs):
 
 
 @build_group.command("reasoning")
-@click.option("--data", "data_path", required=True, type=click.Path(dir_okay=False),
-              help="A StimuliQA JSONL file (e.g. the train.jsonl of `psyrl build qa`).")
-@click.option("--short", "n_short", type=click.IntRange(min=0), default=PAPER_REASONING,
-              show_default=True, help="Short rationales to keep (appendix B: 500).")
-@click.option("--long", "n_long", type=click.IntRange(min=0), default=PAPER_REASONING,
-              show_default=True, help="Long rationales to keep (appendix B: 500).")
-@click.option("--short-words", type=click.IntRange(min=1), default=SHORT_WORDS, show_default=True,
-              help="A rationale of at most this many words is short.")
+@click.option(
+    "--data",
+    "data_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="A StimuliQA JSONL file (e.g. the train.jsonl of `psyrl build qa`).",
+)
+@click.option(
+    "--short",
+    "n_short",
+    type=click.IntRange(min=0),
+    default=PAPER_REASONING,
+    show_default=True,
+    help="Short rationales to keep (appendix B: 500).",
+)
+@click.option(
+    "--long",
+    "n_long",
+    type=click.IntRange(min=0),
+    default=PAPER_REASONING,
+    show_default=True,
+    help="Long rationales to keep (appendix B: 500).",
+)
+@click.option(
+    "--short-words",
+    type=click.IntRange(min=1),
+    default=SHORT_WORDS,
+    show_default=True,
+    help="A rationale of at most this many words is short.",
+)
 @build_options()
 def reasoning_command(run, **kwargs):
     """Reasoning samples for knowledge injection (appendix B): the reasoning-CoT prompt turns each

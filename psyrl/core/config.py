@@ -19,12 +19,18 @@ from psyrl.core import tomlconf
 from psyrl.core.tomlconf import ConfigError, check_choices, require
 
 __all__ = [
-    "Config", "ConfigError", "load_config", "dump_config", "config_changes", "config_reference"
+    "Config",
+    "ConfigError",
+    "load_config",
+    "dump_config",
+    "config_changes",
+    "config_reference",
 ]
 
 
 TRACKERS = ("tensorboard", "wandb", "trackio")  # log.report_to
 PREEMPT_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGINT")  # run.preempt_signals
+
 
 @dataclass
 class RunConfig:
@@ -55,12 +61,17 @@ class RunConfig:
 
     def __post_init__(self):
         unknown = [s for s in self.preempt_signals if s not in PREEMPT_SIGNALS]
-        require(not unknown, "preempt_signals",
-                f"unknown or uncatchable signal(s) {unknown}; expected any of "
-                f"{list(PREEMPT_SIGNALS)}")
+        require(
+            not unknown,
+            "preempt_signals",
+            f"unknown or uncatchable signal(s) {unknown}; expected any of {list(PREEMPT_SIGNALS)}",
+        )
         bad_name = self.name in ("", ".", "..") or any(c in self.name for c in "/\\")
-        require(not bad_name, "name",
-                f"expected a directory name (not '.', '..', no slashes), got {self.name!r}")
+        require(
+            not bad_name,
+            "name",
+            f"expected a directory name (not '.', '..', no slashes), got {self.name!r}",
+        )
         require(self.output_dir != "", "output_dir", "expected a directory, got an empty string")
         require(self.seed >= 0, "seed", f"expected >= 0, got {self.seed}")
         require(self.steps >= 1, "steps", f"expected >= 1, got {self.steps}")
@@ -100,13 +111,25 @@ class ModelConfig:
 
     def __post_init__(self):
         check_choices(self)
-        for key in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
-                    "max_position_embeddings"):
+        for key in (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+        ):
             require(getattr(self, key) >= 1, key, f"expected >= 1, got {getattr(self, key)}")
-        require(self.hidden_size % self.num_heads == 0, "hidden_size",
-                f"expected a multiple of num_heads = {self.num_heads}, got {self.hidden_size}")
-        require(self.num_heads % self.num_kv_heads == 0, "num_kv_heads",
-                f"expected a divisor of num_heads = {self.num_heads}, got {self.num_kv_heads}")
+        require(
+            self.hidden_size % self.num_heads == 0,
+            "hidden_size",
+            f"expected a multiple of num_heads = {self.num_heads}, got {self.hidden_size}",
+        )
+        require(
+            self.num_heads % self.num_kv_heads == 0,
+            "num_kv_heads",
+            f"expected a divisor of num_heads = {self.num_heads}, got {self.num_kv_heads}",
+        )
 
 
 @dataclass
@@ -205,12 +228,16 @@ class RewardConfig:
         require(0 < self.tau_low <= 1, "tau_low", f"expected 0 < tau_low <= 1, got {self.tau_low}")
         require(self.tau_high >= 1, "tau_high", f"expected >= 1, got {self.tau_high}")
         require(self.l_plus > 0, "l_plus", f"expected > 0, got {self.l_plus}")
-        require(self.s_minus > 0, "s_minus",
-                f"expected > 0 (L-bar/L needs L > 0), got {self.s_minus}")
+        require(
+            self.s_minus > 0, "s_minus", f"expected > 0 (L-bar/L needs L > 0), got {self.s_minus}"
+        )
         require(self.eps > 0, "eps", f"expected > 0, got {self.eps}")
         file, _, name = self.custom.rpartition(":")
-        require(not self.custom or (file.endswith(".py") and name.isidentifier()), "custom",
-                f"expected 'path/to/file.py:function', got {self.custom!r}")
+        require(
+            not self.custom or (file.endswith(".py") and name.isidentifier()),
+            "custom",
+            f"expected 'path/to/file.py:function', got {self.custom!r}",
+        )
 
 
 @dataclass
@@ -253,8 +280,11 @@ class LossConfig:
     def __post_init__(self):
         require(0 <= self.eps_low < 1, "eps_low", f"expected 0 <= eps_low < 1, got {self.eps_low}")
         require(self.eps_high >= 0, "eps_high", f"expected >= 0, got {self.eps_high}")
-        require(self.dual_clip == 0 or self.dual_clip > 1, "dual_clip",
-                f"expected 0 (off) or > 1, got {self.dual_clip}")
+        require(
+            self.dual_clip == 0 or self.dual_clip > 1,
+            "dual_clip",
+            f"expected 0 (off) or > 1, got {self.dual_clip}",
+        )
         require(self.kl_coef >= 0, "kl_coef", f"expected >= 0, got {self.kl_coef}")
 
 
@@ -283,8 +313,11 @@ class RolloutConfig:
             require(getattr(self, key) >= 1, key, f"expected >= 1, got {getattr(self, key)}")
         require(self.temperature > 0, "temperature", f"expected > 0, got {self.temperature}")
         require(0 < self.top_p <= 1, "top_p", f"expected 0 < top_p <= 1, got {self.top_p}")
-        require(self.valid_temperature >= 0, "valid_temperature",
-                f"expected >= 0, got {self.valid_temperature}")
+        require(
+            self.valid_temperature >= 0,
+            "valid_temperature",
+            f"expected >= 0, got {self.valid_temperature}",
+        )
 
 
 @dataclass
@@ -325,12 +358,21 @@ class SamplerConfig:
         check_choices(self)
         require(self.batch >= 1, "batch", f"expected >= 1, got {self.batch}")
         require(self.max_num_seqs >= 1, "max_num_seqs", f"expected >= 1, got {self.max_num_seqs}")
-        require(self.tensor_parallel >= 1, "tensor_parallel",
-                f"expected >= 1, got {self.tensor_parallel}")
-        require(self.sync_bucket_mib >= 1, "sync_bucket_mib",
-                f"expected >= 1, got {self.sync_bucket_mib}")
-        require(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization",
-                f"expected 0 < gpu_memory_utilization <= 1, got {self.gpu_memory_utilization}")
+        require(
+            self.tensor_parallel >= 1,
+            "tensor_parallel",
+            f"expected >= 1, got {self.tensor_parallel}",
+        )
+        require(
+            self.sync_bucket_mib >= 1,
+            "sync_bucket_mib",
+            f"expected >= 1, got {self.sync_bucket_mib}",
+        )
+        require(
+            0 < self.gpu_memory_utilization <= 1,
+            "gpu_memory_utilization",
+            f"expected 0 < gpu_memory_utilization <= 1, got {self.gpu_memory_utilization}",
+        )
 
 
 @dataclass
@@ -376,16 +418,25 @@ class OptimConfig:
         require(self.lr > 0, "lr", f"expected > 0, got {self.lr}")
         require(self.weight_decay >= 0, "weight_decay", f"expected >= 0, got {self.weight_decay}")
         for key in ("beta1", "beta2"):
-            require(0 <= getattr(self, key) < 1, key,
-                    f"expected 0 <= {key} < 1, got {getattr(self, key)}")
+            require(
+                0 <= getattr(self, key) < 1,
+                key,
+                f"expected 0 <= {key} < 1, got {getattr(self, key)}",
+            )
         require(self.adam_eps > 0, "adam_eps", f"expected > 0, got {self.adam_eps}")
-        require(0 <= self.warmup_ratio < 1, "warmup_ratio",
-                f"expected 0 <= warmup_ratio < 1, got {self.warmup_ratio}")
+        require(
+            0 <= self.warmup_ratio < 1,
+            "warmup_ratio",
+            f"expected 0 <= warmup_ratio < 1, got {self.warmup_ratio}",
+        )
         require(self.grad_clip >= 0, "grad_clip", f"expected >= 0, got {self.grad_clip}")
         require(self.global_batch >= 1, "global_batch", f"expected >= 1, got {self.global_batch}")
         require(self.micro_batch >= 1, "micro_batch", f"expected >= 1, got {self.micro_batch}")
-        require(self.logprob_micro_batch >= 1, "logprob_micro_batch",
-                f"expected >= 1, got {self.logprob_micro_batch}")
+        require(
+            self.logprob_micro_batch >= 1,
+            "logprob_micro_batch",
+            f"expected >= 1, got {self.logprob_micro_batch}",
+        )
         for key in ("micro_batch_tokens", "logprob_micro_batch_tokens"):
             require(getattr(self, key) >= 0, key, f"expected >= 0, got {getattr(self, key)}")
 
@@ -418,8 +469,11 @@ class FsdpConfig:
 
     def __post_init__(self):
         check_choices(self)
-        require(self.timeout_minutes >= 1, "timeout_minutes",
-                f"expected >= 1, got {self.timeout_minutes}")
+        require(
+            self.timeout_minutes >= 1,
+            "timeout_minutes",
+            f"expected >= 1, got {self.timeout_minutes}",
+        )
 
 
 @dataclass
@@ -465,16 +519,26 @@ class LogConfig:
 
     def __post_init__(self):
         unknown = [t for t in self.report_to if t not in TRACKERS]
-        require(not unknown, "report_to",
-                f"unknown tracker(s) {unknown}; expected any of {list(TRACKERS)}")
-        require(len(set(self.report_to)) == len(self.report_to), "report_to",
-                f"a tracker is named twice: {self.report_to}")
+        require(
+            not unknown,
+            "report_to",
+            f"unknown tracker(s) {unknown}; expected any of {list(TRACKERS)}",
+        )
+        require(
+            len(set(self.report_to)) == len(self.report_to),
+            "report_to",
+            f"a tracker is named twice: {self.report_to}",
+        )
         require(self.project.strip() != "", "project", "expected a project name")
         require(self.every >= 1, "every", f"expected >= 1, got {self.every}")
-        require(self.samples_every >= 0, "samples_every",
-                f"expected >= 0, got {self.samples_every}")
-        require(self.samples_prompts >= 1, "samples_prompts",
-                f"expected >= 1, got {self.samples_prompts}")
+        require(
+            self.samples_every >= 0, "samples_every", f"expected >= 0, got {self.samples_every}"
+        )
+        require(
+            self.samples_prompts >= 1,
+            "samples_prompts",
+            f"expected >= 1, got {self.samples_prompts}",
+        )
 
 
 @dataclass

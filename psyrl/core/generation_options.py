@@ -58,18 +58,26 @@ class OptionKey:
 
 OPTION_KEYS = {
     "model": OptionKey(ModelConfig, "path", cut="; empty"),
-    "temperature": OptionKey(RolloutConfig, "valid_temperature", cut=" of validation",
-                             note="0 = greedy."),
+    "temperature": OptionKey(
+        RolloutConfig, "valid_temperature", cut=" of validation", note="0 = greedy."
+    ),
     "top_p": OptionKey(RolloutConfig, "top_p", cut=", for training"),
     "max_new_tokens": OptionKey(RolloutConfig, "max_new_tokens"),
     "samples": OptionKey(RolloutConfig, "samples"),
     "seed": OptionKey(RunConfig, "seed"),
-    "batch": OptionKey(SamplerConfig, "batch",
-                       note="Also the prompts each rank generates per round, with either engine."),
+    "batch": OptionKey(
+        SamplerConfig,
+        "batch",
+        note="Also the prompts each rank generates per round, with either engine.",
+    ),
     "tokenizer": OptionKey(ModelConfig, "tokenizer", cut=", or `tiny` when"),
-    "dtype": OptionKey(ModelConfig, "dtype", cut="; master",
-                       note="bfloat16: autocast with torch, the engine dtype with vllm; "
-                            "auto = bfloat16 on CUDA, float32 on a CPU."),
+    "dtype": OptionKey(
+        ModelConfig,
+        "dtype",
+        cut="; master",
+        note="bfloat16: autocast with torch, the engine dtype with vllm; "
+        "auto = bfloat16 on CUDA, float32 on a CPU.",
+    ),
     "device": OptionKey(RunConfig, "device", note="Under torchrun, rank r takes GPU r."),
     "engine": OptionKey(SamplerConfig, "engine", cut=" Both take"),
     "tensor_parallel": OptionKey(SamplerConfig, "tensor_parallel"),
@@ -79,8 +87,15 @@ OPTION_KEYS = {
 # where both tools differ from the trainers' config: --model has no default, one generation per
 # prompt, smaller batches, and --dtype auto
 TOOL_DEFAULTS = {"model": None, "samples": 1, "batch": 16, "dtype": "auto"}
-CHECKED = ("temperature", "top_p", "max_new_tokens", "samples", "batch", "tensor_parallel",
-           "gpu_memory_utilization")  # not --seed: the tools take any int, run.seed only >= 0
+CHECKED = (
+    "temperature",
+    "top_p",
+    "max_new_tokens",
+    "samples",
+    "batch",
+    "tensor_parallel",
+    "gpu_memory_utilization",
+)  # not --seed: the tools take any int, run.seed only >= 0
 
 
 def flag(name: str) -> str:
@@ -96,17 +111,26 @@ def _option(name: str, default, note: str, required: bool, engines: tuple[str, .
     spec = OPTION_KEYS[name]
     doc = _docs(spec.table)[spec.key]
     if spec.cut:  # a ValueError at import if the docstring changed
-        doc = doc[:doc.index(spec.cut)].removesuffix(".") + "."
+        doc = doc[: doc.index(spec.cut)].removesuffix(".") + "."
     help_text = " ".join(text for text in (doc, spec.note, note) if text)
     hint = typing.get_type_hints(spec.table)[spec.key]
     if hint is bool:
-        return click.option(f"{flag(name)}/--no-{flag(name)[2:]}", default=default,
-                            show_default=True, help=help_text)
+        return click.option(
+            f"{flag(name)}/--no-{flag(name)[2:]}",
+            default=default,
+            show_default=True,
+            help=help_text,
+        )
     if name == "model":
         kind = click.Path(file_okay=False)
     elif typing.get_origin(hint) is typing.Literal:  # --dtype adds auto
-        kind = click.Choice([*(["auto"] if name == "dtype" else []), *typing.get_args(hint),
-                             *(engines if name == "engine" else ())])
+        kind = click.Choice(
+            [
+                *(["auto"] if name == "dtype" else []),
+                *typing.get_args(hint),
+                *(engines if name == "engine" else ()),
+            ]
+        )
     else:
         kind = hint
     if required:
@@ -115,8 +139,13 @@ def _option(name: str, default, note: str, required: bool, engines: tuple[str, .
     return click.option(flag(name), type=kind, default=default, help=help_text, **shown)
 
 
-def generation_options(omit=(), notes: dict[str, str] | None = None, model_required: bool = True,
-                       engines: tuple[str, ...] = (), **defaults):
+def generation_options(
+    omit=(),
+    notes: dict[str, str] | None = None,
+    model_required: bool = True,
+    engines: tuple[str, ...] = (),
+    **defaults,
+):
     """The click options of the GenerationOptions fields but `omit`, defaulting to `defaults`, else
     TOOL_DEFAULTS, else the config's; `notes[name]` ends an option's help where the tool means more;
     `engines`: --engine choices of this tool only, beyond the trainers' (evaluate.py: openai).
@@ -134,11 +163,13 @@ def generation_options(omit=(), notes: dict[str, str] | None = None, model_requi
         def with_options(*args, **kwargs):
             values = {name: kwargs.pop(name) for name in names}
             return command(*args, gen=GenerationOptions(**values, **fixed), **kwargs)
+
         for name in reversed(names):
             required = name == "model" and model_required
             option = _option(name, default(name), notes.get(name, ""), required, engines)
             with_options = option(with_options)
         return with_options
+
     return decorate
 
 

@@ -22,11 +22,13 @@ INSTRUCTIONS: dict[str, str] = {
         "reasoning and answer are enclosed in the following tags:\n"
         "\u2022 Reasoning: <think> \u2026 </think>\n"
         "\u2022 Answer: <answer> \u2026 </answer>\n"
-        "Example: <think> reasoning process here </think> <answer> answer here </answer>"),
+        "Example: <think> reasoning process here </think> <answer> answer here </answer>"
+    ),
     "direct": (
         "A conversation between User and Assistant. The user provides a \u201cStimuli:\u201d, and "
         "the Assistant reads it and answers the \u201cQuestion:\u201d. The Assistant only provides "
-        "the answer, enclosed as:\n\u2022 <answer> answer here </answer>"),
+        "the answer, enclosed as:\n\u2022 <answer> answer here </answer>"
+    ),
 }
 # paper §4.1: "As SimpleToM and SocialIQa answers were difficult to connect to their questions, we
 # appended them"
@@ -37,16 +39,17 @@ OPTION_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 def question_with_options(question: str, options) -> str:
     """The question, then one `A. <option>` line per option (the format of
     `meta.question_with_options`)."""
-    return "\n".join([question] +
-                     [f"{OPTION_LETTERS[i]}. {option}" for i, option in enumerate(options)])
+    return "\n".join(
+        [question] + [f"{OPTION_LETTERS[i]}. {option}" for i, option in enumerate(options)]
+    )
 
 
 def question_text(record: StimuliRecord | BenchmarkRecord, options: str = "paper") -> str:
     """The question as the prompt shows it: a benchmark's options appended per `prompt.options`
     (paper §4.1)."""
-    if isinstance(record, BenchmarkRecord) and (options == "all" or
-                                                (options == "paper"
-                                                 and record.benchmark in PAPER_OPTION_BENCHMARKS)):
+    if isinstance(record, BenchmarkRecord) and (
+        options == "all" or (options == "paper" and record.benchmark in PAPER_OPTION_BENCHMARKS)
+    ):
         return question_with_options(record.question, record.options)
     return record.question
 
@@ -70,8 +73,9 @@ def messages(record: StimuliRecord | BenchmarkRecord, cfg: PromptConfig) -> list
 def render(tokenizer, record: StimuliRecord | BenchmarkRecord, cfg: PromptConfig) -> str:
     """The prompt string the model sees: the tokenizer's chat template with the generation
     prompt."""
-    return tokenizer.apply_chat_template(messages(record, cfg), tokenize=False,
-                                         add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        messages(record, cfg), tokenize=False, add_generation_prompt=True
+    )
 
 
 def prompt_ids(tokenizer, record: StimuliRecord | BenchmarkRecord, cfg: PromptConfig) -> list[int]:

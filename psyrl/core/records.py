@@ -30,8 +30,11 @@ SUBDIMENSIONS: dict[str, str] = {
     "needs fulfilment": "collective psychology",
     "national theme": "collective psychology",
 }
-DIMENSIONS: tuple[str, ...] = ("emotional reactions", "narrative transformation",
-                               "collective psychology")
+DIMENSIONS: tuple[str, ...] = (
+    "emotional reactions",
+    "narrative transformation",
+    "collective psychology",
+)
 MAX_REPORTED_ERRORS = 20
 
 
@@ -80,12 +83,20 @@ class BenchmarkRecord:
 # ---------------------------------------------------------------- validation of one JSON object
 # (key, type, may be empty); a type of `tuple` means a JSON list of strings
 _STIMULI_KEYS = {
-    "id": (str, False), "stimuli": (str, False), "question": (str, False), "answer": (str, False)
+    "id": (str, False),
+    "stimuli": (str, False),
+    "question": (str, False),
+    "answer": (str, False),
 }
 # SPEC §6: SFT needs only stimuli, question, answer (+ reasoning); the labels group evaluation
 # results
-_STIMULI_OPTIONAL = {"variable": (str, True), "dimension": (str, True), "subdimension": (str, True),
-                     "reasoning": (str, True), "reason": (str, True)}
+_STIMULI_OPTIONAL = {
+    "variable": (str, True),
+    "dimension": (str, True),
+    "subdimension": (str, True),
+    "reasoning": (str, True),
+    "reason": (str, True),
+}
 # optional record fields added after files were written: left out when None, so those files stay
 # byte for byte what they were (data/demo)
 _OMIT_WHEN_NONE = ("reason",)
@@ -107,20 +118,29 @@ def _check_keys(obj, required: dict, optional: dict) -> list[str]:
     if not isinstance(obj, dict):
         return [f"expected a JSON object, got {type(obj).__name__}"]
     problems = [f"missing key {k!r}" for k in required if k not in obj]
-    problems += [f"unknown key {k!r} (expected {', '.join(list(required) + list(optional))})"
-                 for k in obj if k not in required and k not in optional]
+    problems += [
+        f"unknown key {k!r} (expected {', '.join(list(required) + list(optional))})"
+        for k in obj
+        if k not in required and k not in optional
+    ]
     for key, (kind, may_be_empty) in {**required, **optional}.items():
         if key not in obj or (key in optional and obj[key] is None):
             continue
         value = obj[key]
-        ok = (isinstance(value, list)
-              and all(isinstance(v, str) for v in value)) if kind is tuple else (
-                  isinstance(value, kind) and not (kind is int and isinstance(value, bool)))
+        ok = (
+            (isinstance(value, list) and all(isinstance(v, str) for v in value))
+            if kind is tuple
+            else (isinstance(value, kind) and not (kind is int and isinstance(value, bool)))
+        )
         if not ok:
             problems.append(
-                f"key {key!r}: expected {_TYPE_NAMES[kind]}, got {json.dumps(value)[:60]}")
-        elif not may_be_empty and kind in (str,
-                                           tuple) and not (value.strip() if kind is str else value):
+                f"key {key!r}: expected {_TYPE_NAMES[kind]}, got {json.dumps(value)[:60]}"
+            )
+        elif (
+            not may_be_empty
+            and kind in (str, tuple)
+            and not (value.strip() if kind is str else value)
+        ):
             problems.append(f"key {key!r}: must not be empty")
     return problems
 
@@ -132,7 +152,8 @@ def stimuli_record(obj) -> StimuliRecord:
     if not problems:
         if obj.get("dimension") and obj["dimension"] not in DIMENSIONS:
             problems.append(
-                f"key 'dimension': {obj['dimension']!r} is not one of {', '.join(DIMENSIONS)}")
+                f"key 'dimension': {obj['dimension']!r} is not one of {', '.join(DIMENSIONS)}"
+            )
         if obj.get("subdimension") and obj["subdimension"] not in SUBDIMENSIONS:
             problems.append(
                 f"key 'subdimension': {obj['subdimension']!r} is not one of "
@@ -156,14 +177,17 @@ def benchmark_record(obj) -> BenchmarkRecord:
             problems.append("key 'options': an option is empty")
         elif not 0 <= index < len(options):
             problems.append(
-                f"key 'answer_index': {index} is out of range for {len(options)} options")
+                f"key 'answer_index': {index} is out of range for {len(options)} options"
+            )
         elif obj["answer"] != options[index]:
             problems.append(
-                f"key 'answer': {obj['answer']!r} != options[{index}] = {options[index]!r}")
+                f"key 'answer': {obj['answer']!r} != options[{index}] = {options[index]!r}"
+            )
     if problems:
         raise ValueError("; ".join(problems))
     return BenchmarkRecord(
-        **{**obj, "options": tuple(obj["options"]), "meta": obj.get("meta") or {}})
+        **{**obj, "options": tuple(obj["options"]), "meta": obj.get("meta") or {}}
+    )
 
 
 # ---------------------------------------------------------------- files
@@ -178,8 +202,9 @@ def _decode(line: bytes):
         raise ValueError(f"invalid JSON ({e.msg} at column {e.colno})") from None
 
 
-def read_jsonl(path: str | Path, parse=None, bad: list | None = None,
-               torn: list | None = None) -> list[tuple[int, object]]:
+def read_jsonl(
+    path: str | Path, parse=None, bad: list | None = None, torn: list | None = None
+) -> list[tuple[int, object]]:
     """(line number, value) of every non-blank line of a JSONL file, UTF-8 (a byte-order mark is
     dropped), each value through `parse` when given (a function raising ValueError on a value it
     refuses). A bad line (not UTF-8, not JSON, refused) raises a DataError `path:line: problem`,
@@ -209,12 +234,18 @@ def raise_line_errors(path: Path, errors: list[str], what: str = "line(s)") -> N
     if errors:
         shown = errors[:MAX_REPORTED_ERRORS]
         more = f"\n... and {len(errors) - len(shown)} more" if len(errors) > len(shown) else ""
-        raise DataError(f"{path}: {len(errors)} bad {what}, nothing loaded:\n" + "\n".join(shown) +
-                        more)
+        raise DataError(
+            f"{path}: {len(errors)} bad {what}, nothing loaded:\n" + "\n".join(shown) + more
+        )
 
 
-def parse_numbered(path: Path, numbered: Iterable[tuple[int, object]], parse, what: str = "line(s)",
-                   bad: Sequence[tuple[int, str]] = ()) -> list:
+def parse_numbered(
+    path: Path,
+    numbered: Iterable[tuple[int, object]],
+    parse,
+    what: str = "line(s)",
+    bad: Sequence[tuple[int, str]] = (),
+) -> list:
     """parse(x) for every (line number, x), each record's `id` unique; a DataError lists every bad
     one, the (line, problem) pairs of `bad` (lines read_jsonl could not decode) in their place."""
     records, errors, first_line_of = [], list(bad), {}
@@ -238,14 +269,15 @@ def parse_numbered(path: Path, numbered: Iterable[tuple[int, object]], parse, wh
 # what a missing file's message adds: the commands that make one of that format
 MAKE = {
     "stimuliqa": "; make one with `psyrl build qa ...` (from labelled stimuli: docs/data.md) or "
-                 "`psyrl data convert SOURCE --to stimuliqa ...` (from your own table or dataset)",
+    "`psyrl data convert SOURCE --to stimuliqa ...` (from your own table or dataset)",
     "benchmark": "; make one with `psyrl data convert SOURCE --to benchmark ...`",
     "any": "; `psyrl data convert --help` makes one from your own table or dataset",
 }
 
 
-def _read(path: str | Path,
-          kind: str = "any") -> tuple[Path, list[tuple[int, object]], list[tuple[int, str]]]:
+def _read(
+    path: str | Path, kind: str = "any"
+) -> tuple[Path, list[tuple[int, object]], list[tuple[int, str]]]:
     """(path, its decoded lines, its undecodable lines) of a data file that exists."""
     path = Path(path)
     if not path.is_file():
@@ -284,8 +316,10 @@ def load_records(path: str | Path) -> list[StimuliRecord] | list[BenchmarkRecord
         return _records(path, numbered, bad, stimuli_record)
     if isinstance(first, dict) and "options" in first:
         return _records(path, numbered, bad, benchmark_record)
-    raise DataError(f"{path}:{lineno}: neither a StimuliQA record (no 'stimuli' key) nor a "
-                    "benchmark record (no 'options' key)")
+    raise DataError(
+        f"{path}:{lineno}: neither a StimuliQA record (no 'stimuli' key) nor a "
+        "benchmark record (no 'options' key)"
+    )
 
 
 def write_jsonl(path: str | Path, records: Iterable) -> None:
@@ -295,12 +329,20 @@ def write_jsonl(path: str | Path, records: Iterable) -> None:
     lines = []
     for r in records:
         if dataclasses.is_dataclass(r):
-            obj = {k: v for k, v in dataclasses.asdict(r).items()
-                   if not (k in _OMIT_WHEN_NONE and v is None)}
+            obj = {
+                k: v
+                for k, v in dataclasses.asdict(r).items()
+                if not (k in _OMIT_WHEN_NONE and v is None)
+            }
         else:
             obj = dict(r)
-        lines.append(json.dumps({k: list(v) if isinstance(v, tuple) else v for k, v in obj.items()},
-                                ensure_ascii=False) + "\n")
+        lines.append(
+            json.dumps(
+                {k: list(v) if isinstance(v, tuple) else v for k, v in obj.items()},
+                ensure_ascii=False,
+            )
+            + "\n"
+        )
     write_text(path, "".join(lines))
 
 
@@ -334,8 +376,9 @@ class VariableSplit:
     C_anet, C_apol)."""
 
 
-def split_by_variable(records: Sequence, n_train: int, n_test: int, seed: int,
-                      min_count: int | None = None) -> VariableSplit:
+def split_by_variable(
+    records: Sequence, n_train: int, n_test: int, seed: int, min_count: int | None = None
+) -> VariableSplit:
     """Paper §4.1: per variable a seeded sample of n_train train and n_test test items (200/100 in
     the paper); variables with fewer than `min_count` items (default n_train + n_test) are excluded
     and listed."""
@@ -356,7 +399,7 @@ def split_by_variable(records: Sequence, n_train: int, n_test: int, seed: int,
         random.Random(f"split:{seed}:{variable}").shuffle(order)
         n_tr = min(n_train, len(items))
         train += [items[i] for i in sorted(order[:n_tr])]
-        test += [items[i] for i in sorted(order[n_tr:n_tr + n_test])]
+        test += [items[i] for i in sorted(order[n_tr : n_tr + n_test])]
     return VariableSplit(train, test, excluded)
 
 
@@ -377,8 +420,9 @@ def epoch_permutation(n: int, seed: int, epoch: int, shuffle: bool = True) -> li
     return order
 
 
-def next_indices(cursor: Cursor, n: int, count: int, seed: int,
-                 shuffle: bool = True) -> tuple[list[int], Cursor]:
+def next_indices(
+    cursor: Cursor, n: int, count: int, seed: int, shuffle: bool = True
+) -> tuple[list[int], Cursor]:
     """The next `count` example indices of a data set of size n (crossing epochs), and the advanced
     cursor."""
     if n <= 0:
@@ -386,7 +430,7 @@ def next_indices(cursor: Cursor, n: int, count: int, seed: int,
     indices, epoch, position = [], cursor.epoch, cursor.position
     while len(indices) < count:
         order = epoch_permutation(n, seed, epoch, shuffle)
-        take = order[position:position + count - len(indices)]
+        take = order[position : position + count - len(indices)]
         indices += take
         position += len(take)
         if position >= n:

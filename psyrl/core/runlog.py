@@ -108,8 +108,7 @@ class Laps:
         """`time/<phase>` of each closed phase, `time/step` (the whole step so far), on CUDA
         `perf/peak_gib/<phase>`."""
         return {
-            **{f"time/{k}": v
-               for k, v in self.seconds.items()}, "time/step": time.perf_counter() - self.start,
-            **{f"perf/peak_gib/{k}": v
-               for k, v in self.peaks.items()}
+            **{f"time/{k}": v for k, v in self.seconds.items()},
+            "time/step": time.perf_counter() - self.start,
+            **{f"perf/peak_gib/{k}": v for k, v in self.peaks.items()},
         }

@@ -50,7 +50,8 @@ def check_choices(table) -> None:
             close = difflib.get_close_matches(str(value), choices, n=1)
             hint_text = f"; did you mean {close[0]!r}?" if close else ""
             raise FieldError(
-                name, f"expected one of {', '.join(map(repr, choices))}, got {value!r}{hint_text}")
+                name, f"expected one of {', '.join(map(repr, choices))}, got {value!r}{hint_text}"
+            )
 
 
 def table_classes(root: type) -> dict[str, type]:
@@ -77,7 +78,8 @@ def load(root: type, path: str | Path | None, overrides: Sequence[str] = ()):
             raw = tomli.loads(text)
         except tomli.TOMLDecodeError as e:
             raise ConfigError(
-                f"{source}:{e.lineno}: invalid TOML: {e.msg} (column {e.colno})") from None
+                f"{source}:{e.lineno}: invalid TOML: {e.msg} (column {e.colno})"
+            ) from None
     where = {}  # (table, key) -> "--set ..." for overridden values
 
     def locate(table: str, key: str | None) -> str:
@@ -102,7 +104,8 @@ def load(root: type, path: str | Path | None, overrides: Sequence[str] = ()):
     for table, values in raw.items():
         if table not in classes:
             raise ConfigError(
-                f"{locate(table, None)}: unknown table [{table}]{_suggest(table, classes)}")
+                f"{locate(table, None)}: unknown table [{table}]{_suggest(table, classes)}"
+            )
         built[table] = _build_table(table, classes[table], values, locate)
     return root(**built)
 
@@ -121,7 +124,8 @@ def _parse_override(override: str) -> tuple[str, str, object]:
     table, dot, key = name.strip().partition(".")
     if not sep or not dot or not table or not key or "." in key:
         raise ConfigError(
-            f"--set {override}: expected table.key=value, e.g. --set reward.variant=base")
+            f"--set {override}: expected table.key=value, e.g. --set reward.variant=base"
+        )
     try:  # a TOML value (1, 0.5, true, "text"); anything else is taken as a bare string
         parsed = tomli.loads(f"v = {value}")["v"]
     except tomli.TOMLDecodeError as e:
@@ -137,13 +141,17 @@ def _build_table(table: str, cls: type, values: dict, locate) -> object:
     for key, value in values.items():
         if key not in hints:
             raise ConfigError(
-                f"{locate(table, key)}: unknown key '{key}' in [{table}]{_suggest(key, hints)}")
+                f"{locate(table, key)}: unknown key '{key}' in [{table}]{_suggest(key, hints)}"
+            )
         try:
             kwargs[key] = _check_type(hints[key], value)
         except TypeError as e:
             where = locate(table, key)
-            tip = " (--set values are TOML: 0.5, true, '\"quoted text\"')" if where.startswith(
-                "--set") else ""
+            tip = (
+                " (--set values are TOML: 0.5, true, '\"quoted text\"')"
+                if where.startswith("--set")
+                else ""
+            )
             raise ConfigError(f"{where}: [{table}] {key}: {e}{tip}") from None
     try:
         return cls(**kwargs)
@@ -157,7 +165,8 @@ def _check_type(hint, value):
     if typing.get_origin(hint) is Literal:
         choices = typing.get_args(hint)
         if not isinstance(value, type(choices[0])) or isinstance(value, bool) != isinstance(
-                choices[0], bool):
+            choices[0], bool
+        ):
             raise TypeError(
                 f"expected one of {', '.join(map(repr, choices))}, got {_type_name(value)} "
                 f"{value!r}"
@@ -166,8 +175,9 @@ def _check_type(hint, value):
     if typing.get_origin(hint) is list:  # list[str]: an array of strings
         item = typing.get_args(hint)[0]
         if not isinstance(value, list) or not all(isinstance(v, item) for v in value):
-            raise TypeError(f"expected an array of {_type_name(item())}s, got "
-                            f"{_type_name(value)} {value!r}")
+            raise TypeError(
+                f"expected an array of {_type_name(item())}s, got {_type_name(value)} {value!r}"
+            )
         return list(value)
     if isinstance(value, bool) != (hint is bool):  # bool is an int subclass: keep them apart
         raise TypeError(f"expected {hint.__name__}, got {_type_name(value)} {value!r}")
@@ -225,7 +235,13 @@ def dump(config) -> str:
 
 
 _ESCAPES = {
-    '"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r", "\b": "\\b", "\f": "\\f"
+    '"': '\\"',
+    "\\": "\\\\",
+    "\n": "\\n",
+    "\t": "\\t",
+    "\r": "\\r",
+    "\b": "\\b",
+    "\f": "\\f",
 }
 
 
@@ -234,9 +250,13 @@ def _toml_value(value) -> str:
         return "true" if value else "false"
     # a TOML basic string: control characters (DEL too) as \uXXXX escapes
     if isinstance(value, str):
-        return '"' + "".join(
-            _ESCAPES.get(c, f"\\u{ord(c):04x}" if c < " " or c == "\x7f" else c)
-            for c in value) + '"'
+        return (
+            '"'
+            + "".join(
+                _ESCAPES.get(c, f"\\u{ord(c):04x}" if c < " " or c == "\x7f" else c) for c in value
+            )
+            + '"'
+        )
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return repr(value)  # int, or a finite float: repr round-trips exactly
@@ -247,8 +267,11 @@ def field_docs(cls: type) -> dict[str, str]:
     body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
     docs = {}
     for node, after in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr) and isinstance(
-                after.value, ast.Constant):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+        ):
             docs[node.target.id] = " ".join(str(after.value.value).split())
     return docs
 
@@ -259,8 +282,10 @@ def reference(root: type) -> str:
     for table, cls in table_classes(root).items():
         docs, hints, default = field_docs(cls), typing.get_type_hints(cls), cls()
         out += [
-            f"#### `[{table}]`", "", "| key | type | default | meaning |",
-            "| --- | --- | --- | --- |"
+            f"#### `[{table}]`",
+            "",
+            "| key | type | default | meaning |",
+            "| --- | --- | --- | --- |",
         ]
         for f in dataclasses.fields(cls):
             hint = hints[f.name]

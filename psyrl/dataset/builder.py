@@ -17,6 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from psyrl.core.records import (
+    DataError,
+    StimuliRecord,
+    raise_line_errors,
+    read_jsonl,
+    split_by_variable,
+)
 from psyrl.dataset import prompts
 from psyrl.dataset.catalogue import Variable, load_catalogue
 from psyrl.dataset.generation_log import Job, prompt_sha
@@ -30,13 +37,6 @@ from psyrl.dataset.run import (
     report_markdown,
     write_nonempty,
     write_report,
-)
-from psyrl.core.records import (
-    DataError,
-    StimuliRecord,
-    raise_line_errors,
-    read_jsonl,
-    split_by_variable,
 )
 
 
@@ -75,8 +75,10 @@ def _judge(candidates: list[Candidate], comparison: bool, near_duplicate: float)
             dropped.append((c, reason, pair))
             continue
         passed.append((c, pair, stimulus))
-    texts = [(c.group, f"{stimulus}\n{pair.question}" if comparison else pair.question)
-             for c, pair, stimulus in passed]
+    texts = [
+        (c.group, f"{stimulus}\n{pair.question}" if comparison else pair.question)
+        for c, pair, stimulus in passed
+    ]
     kept = []
     for (c, pair, stimulus), reason in zip(passed, duplicate_reasons(texts, near_duplicate)):
         if reason:
@@ -84,16 +86,29 @@ def _judge(candidates: list[Candidate], comparison: bool, near_duplicate: float)
             continue
         tally.add(c.variable.code, "kept")
         kept.append(
-            StimuliRecord(id=c.id, stimuli=stimulus, question=pair.question, answer=pair.answer,
-                          variable=c.variable.code, dimension=c.variable.dimension,
-                          subdimension=c.variable.subdimension, reason=pair.reason or None))
+            StimuliRecord(
+                id=c.id,
+                stimuli=stimulus,
+                question=pair.question,
+                answer=pair.answer,
+                variable=c.variable.code,
+                dimension=c.variable.dimension,
+                subdimension=c.variable.subdimension,
+                reason=pair.reason or None,
+            )
+        )
     rows = []
     for c, reason, pair in dropped:
         tally.add(c.variable.code, reason)
-        rows.append({
-            "id": c.id, "variable": c.variable.code, "reason": reason, "text": c.output["text"],
-            **({"question": pair.question, "answer": pair.answer} if pair else {})
-        })
+        rows.append(
+            {
+                "id": c.id,
+                "variable": c.variable.code,
+                "reason": reason,
+                "text": c.output["text"],
+                **({"question": pair.question, "answer": pair.answer} if pair else {}),
+            }
+        )
     order = {c.id: i for i, c in enumerate(candidates)}
     rows.sort(key=lambda r: order[r["id"]])
     return kept, rows, tally
@@ -110,46 +125,87 @@ def _candidates(jobs: list[Job], rows: dict[str, dict], info: dict[str, tuple]) 
     return out
 
 
-def _finish_qa(run: BuildRun, command: str, catalogue, candidates, comparison: bool,
-               near_duplicate: float, n_train: int, n_test: int, min_count: int | None,
-               split_seed: int, summary: str) -> dict:
+def _finish_qa(
+    run: BuildRun,
+    command: str,
+    catalogue,
+    candidates,
+    comparison: bool,
+    near_duplicate: float,
+    n_train: int,
+    n_test: int,
+    min_count: int | None,
+    split_seed: int,
+    summary: str,
+) -> dict:
     kept, dropped, tally = _judge(candidates, comparison, near_duplicate)
     out = run.out
     split = split_by_variable(kept, n_train, n_test, split_seed, min_count)
-    for name, records in (("qa.jsonl", kept), ("dropped.jsonl", dropped),
-                          ("train.jsonl", split.train), ("test.jsonl", split.test)):
+    for name, records in (
+        ("qa.jsonl", kept),
+        ("dropped.jsonl", dropped),
+        ("train.jsonl", split.train),
+        ("test.jsonl", split.test),
+    ):
         write_nonempty(out / name, records)
     minimum = n_train + n_test if min_count is None else min_count
     generated = list(dict.fromkeys(c.variable.code for c in candidates))
     # a variable with nothing kept too
-    excluded = {code: split.excluded.get(code, 0) for code in generated
-                if code in split.excluded or not any(r.variable == code for r in kept)}
-    report = {
-        "command": command, **tally.report(catalogue), "split": {
-            "train": len(split.train), "test": len(split.test), "n_train": n_train,
-            "n_test": n_test, "min_count": minimum, "seed": split_seed, "excluded": excluded
-        }
+    excluded = {
+        code: split.excluded.get(code, 0)
+        for code in generated
+        if code in split.excluded or not any(r.variable == code for r in kept)
     }
-    files = " and ".join(n for n, r in (("train.jsonl", split.train), ("test.jsonl", split.test))
-                         if r)
+    report = {
+        "command": command,
+        **tally.report(catalogue),
+        "split": {
+            "train": len(split.train),
+            "test": len(split.test),
+            "n_train": n_train,
+            "n_test": n_test,
+            "min_count": minimum,
+            "seed": split_seed,
+            "excluded": excluded,
+        },
+    }
+    files = " and ".join(
+        n for n, r in (("train.jsonl", split.train), ("test.jsonl", split.test)) if r
+    )
     split_line = (
         f"Split (paper §4.1, {n_train} train / {n_test} test per variable, seed {split_seed}): "
-        f"{len(split.train)} train, {len(split.test)} test" +
-        (f" ({files})" if files else " (no file written)") +
-        f"; excluded with fewer than {minimum} kept pairs: " +
-        (", ".join(f"{code} ({n})" for code, n in excluded.items()) or "none") + ".")
+        f"{len(split.train)} train, {len(split.test)} test"
+        + (f" ({files})" if files else " (no file written)")
+        + f"; excluded with fewer than {minimum} kept pairs: "
+        + (", ".join(f"{code} ({n})" for code, n in excluded.items()) or "none")
+        + "."
+    )
     markdown = report_markdown(
-        f"psyrl build {command}: {out}", f"{summary} = {report['generations']} generations: "
+        f"psyrl build {command}: {out}",
+        f"{summary} = {report['generations']} generations: "
         f"{report['kept']} kept (qa.jsonl), {sum(report['dropped'].values())} dropped "
-        f"(dropped.jsonl).\n\n{split_line}", report)
+        f"(dropped.jsonl).\n\n{split_line}",
+        report,
+    )
     write_report(out, report, markdown)
     return report
 
 
-def build_qa(run: BuildRun, catalogue_path, table_path, *, id_column: str | None = None,
-             text_column: str | None = None, ignore_columns: Sequence[str] = (),
-             near_duplicate: float = NEAR_DUPLICATE, n_train: int = 200, n_test: int = 100,
-             min_count: int | None = None, split_seed: int = 0, overwrite: bool = False):
+def build_qa(
+    run: BuildRun,
+    catalogue_path,
+    table_path,
+    *,
+    id_column: str | None = None,
+    text_column: str | None = None,
+    ignore_columns: Sequence[str] = (),
+    near_duplicate: float = NEAR_DUPLICATE,
+    n_train: int = 200,
+    n_test: int = 100,
+    min_count: int | None = None,
+    split_seed: int = 0,
+    overwrite: bool = False,
+):
     """StimuliQA from a table of labelled stimuli: one dataset-generation prompt per (stimulus,
     coded variable). Returns the report on rank 0 (None on the others)."""
     catalogue = load_catalogue(catalogue_path)
@@ -162,16 +218,26 @@ def build_qa(run: BuildRun, catalogue_path, table_path, *, id_column: str | None
             info[key] = (catalogue[code], s.text, value, s.id)
     if not jobs:
         raise BuildError(
-            f"{table_path}: no stimulus has a value for any variable of {catalogue_path}")
+            f"{table_path}: no stimulus has a value for any variable of {catalogue_path}"
+        )
     run.open("qa", {"catalogue": str(catalogue_path), "table": str(table_path)}, overwrite)
     rows = run.generate(jobs, "qa pairs")
     if not run.dist.is_main:
         return None
     return _finish_qa(
-        run, "qa", catalogue, _candidates(jobs, rows,
-                                          info), False, near_duplicate, n_train, n_test, min_count,
-        split_seed, f"{len(stimuli)} stimuli, {len(jobs)} coded (stimulus, variable) prompts "
-        f"x {run.sampling.samples}")
+        run,
+        "qa",
+        catalogue,
+        _candidates(jobs, rows, info),
+        False,
+        near_duplicate,
+        n_train,
+        n_test,
+        min_count,
+        split_seed,
+        f"{len(stimuli)} stimuli, {len(jobs)} coded (stimulus, variable) prompts "
+        f"x {run.sampling.samples}",
+    )
 
 
 def read_topics(path, catalogue: dict[str, Variable]) -> dict[str, list[str]]:
@@ -207,10 +273,19 @@ def _topic(row, catalogue: dict[str, Variable]) -> tuple[str, str]:
     return code, topic.strip()
 
 
-def build_comparison(run: BuildRun, catalogue_path, topics_path=None, *,
-                     near_duplicate: float = NEAR_DUPLICATE, n_train: int = 200, n_test: int = 100,
-                     min_count: int | None = None, split_seed: int = 0, dialogue: str = "one-turn",
-                     overwrite: bool = False):
+def build_comparison(
+    run: BuildRun,
+    catalogue_path,
+    topics_path=None,
+    *,
+    near_duplicate: float = NEAR_DUPLICATE,
+    n_train: int = 200,
+    n_test: int = 100,
+    min_count: int | None = None,
+    split_seed: int = 0,
+    dialogue: str = "one-turn",
+    overwrite: bool = False,
+):
     """A LlamaQA/MistralQA-style comparison set: per (variable, topic) the generator writes a
     stimulus and its QA pair. Topics from `topics_path` (psyrl build topics) or else the catalogue's
     seed topics. `dialogue`: `one-turn` sends the dataset and comparison prompts in one user turn;
@@ -220,8 +295,11 @@ def build_comparison(run: BuildRun, catalogue_path, topics_path=None, *,
     if dialogue not in prompts.DIALOGUES:
         raise BuildError(f"unknown dialogue {dialogue!r}; expected one of {prompts.DIALOGUES}")
     catalogue = load_catalogue(catalogue_path)
-    topics = read_topics(topics_path, catalogue) if topics_path else {
-        code: list(v.topics) for code, v in catalogue.items() if v.topics}
+    topics = (
+        read_topics(topics_path, catalogue)
+        if topics_path
+        else {code: list(v.topics) for code, v in catalogue.items() if v.topics}
+    )
     topic_of, info = {}, {}
     for code, variable in catalogue.items():
         for topic in dict.fromkeys(topics.get(code, []), None):  # a repeated topic once
@@ -233,25 +311,47 @@ def build_comparison(run: BuildRun, catalogue_path, topics_path=None, *,
     if not info:
         raise BuildError(
             f"no topic to build from: {topics_path or catalogue_path} has no topic for a variable "
-            f"of {catalogue_path}")
-    run.open("comparison", {"catalogue": str(catalogue_path), "topics": str(topics_path or ""),
-                            "dialogue": dialogue}, overwrite)
+            f"of {catalogue_path}"
+        )
+    run.open(
+        "comparison",
+        {"catalogue": str(catalogue_path), "topics": str(topics_path or ""), "dialogue": dialogue},
+        overwrite,
+    )
     if dialogue == "one-turn":
-        jobs = [Job(key, prompts.comparison_prompt(info[key][0], topic))
-                for key, topic in topic_of.items()]
+        jobs = [
+            Job(key, prompts.comparison_prompt(info[key][0], topic))
+            for key, topic in topic_of.items()
+        ]
     else:  # turn 1's assistant text is the generator's own reply: one sample per dialogue
-        turns = {key: prompts.comparison_turns(info[key][0], topic)
-                 for key, topic in topic_of.items()}
+        turns = {
+            key: prompts.comparison_turns(info[key][0], topic) for key, topic in topic_of.items()
+        }
         firsts = [Job(f"{key}/turn-1", first) for key, (first, _) in turns.items()]
         replies = run.generate(firsts, "comparison turn 1", samples=1)
-        jobs = [Job(key, second, (first, replies[f"{key}/turn-1"]["outputs"][0]["text"]))
-                for key, (first, second) in turns.items()]
+        jobs = [
+            Job(key, second, (first, replies[f"{key}/turn-1"]["outputs"][0]["text"]))
+            for key, (first, second) in turns.items()
+        ]
     rows = run.generate(jobs, "comparison pairs")
     if not run.dist.is_main:
         return None
     return _finish_qa(
-        run, "comparison", catalogue, _candidates(jobs, rows, info), True, near_duplicate, n_train,
-        n_test, min_count, split_seed, f"{len(jobs)} (variable, topic) prompts over "
-        f"{len({k.split(':')[0] for k in info})} variables x {run.sampling.samples}" +
-        ("" if dialogue == "one-turn" else
-         " (two-turn dialogues, each after 1 generated reply to the dataset prompt)"))
+        run,
+        "comparison",
+        catalogue,
+        _candidates(jobs, rows, info),
+        True,
+        near_duplicate,
+        n_train,
+        n_test,
+        min_count,
+        split_seed,
+        f"{len(jobs)} (variable, topic) prompts over "
+        f"{len({k.split(':')[0] for k in info})} variables x {run.sampling.samples}"
+        + (
+            ""
+            if dialogue == "one-turn"
+            else " (two-turn dialogues, each after 1 generated reply to the dataset prompt)"
+        ),
+    )

@@ -30,8 +30,13 @@ import tomli
 from psyrl.core.records import DIMENSIONS, SUBDIMENSIONS, DataError, raise_line_errors
 
 _KEYS = {
-    "code": str, "description": str, "range": list, "dimension": str, "subdimension": str,
-    "category": str, "topics": list
+    "code": str,
+    "description": str,
+    "range": list,
+    "dimension": str,
+    "subdimension": str,
+    "category": str,
+    "topics": list,
 }
 _OPTIONAL = {"category", "topics"}
 _CODE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
@@ -71,18 +76,20 @@ def load_catalogue(path: str | Path) -> dict[str, Variable]:
     try:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
-        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
         raise DataError(f"{path}:{line}: not UTF-8 ({e.reason} at byte {e.start})") from None
     if path.suffix.lower() == ".json":
         try:
             top = json.loads(text)
         except json.JSONDecodeError as e:
             raise DataError(
-                f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+                f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})"
+            ) from None
         # {"variable": [...]} or the list alone
         entries = top.get("variable") if isinstance(top, dict) else top
-        starts = json_element_lines(text, isinstance(top, list)) if isinstance(entries,
-                                                                               list) else []
+        starts = (
+            json_element_lines(text, isinstance(top, list)) if isinstance(entries, list) else []
+        )
         key_line = lambda start, key: _line_after(text, start, rf'"{key}"\s*:')  # noqa: E731
     else:
         try:
@@ -94,8 +101,7 @@ def load_catalogue(path: str | Path) -> dict[str, Variable]:
             m.start()
             for m in re.finditer(r"^[ \t]*\[\[[ \t]*variable[ \t]*\]\]", text, re.MULTILINE)
         ]
-        key_line = lambda start, key: _line_after(text, start, rf"^[ \t]*{key}[ \t]*="
-                                                  )  # noqa: E731
+        key_line = lambda start, key: _line_after(text, start, rf"^[ \t]*{key}[ \t]*=")  # noqa: E731
     if isinstance(entries, dict):
         raise DataError(
             f"{path}: `variable` is one table; write each variable as [[variable]] (an array of "
@@ -103,12 +109,15 @@ def load_catalogue(path: str | Path) -> dict[str, Variable]:
         )
     if not isinstance(entries, list) or not entries:
         raise DataError(
-            f"{path}: expected one or more [[variable]] tables (JSON: {{\"variable\": [...]}} or a "
-            f"list), found {'none' if isinstance(top, dict | list) else type(top).__name__}")
+            f'{path}: expected one or more [[variable]] tables (JSON: {{"variable": [...]}} or a '
+            f"list), found {'none' if isinstance(top, dict | list) else type(top).__name__}"
+        )
     unknown = sorted(set(top) - {"variable"}) if isinstance(top, dict) else []
-    errors = [
-        f"{path}:1: unknown top-level key {unknown[0]!r} (expected only [[variable]] tables)"
-    ] if unknown else []
+    errors = (
+        [f"{path}:1: unknown top-level key {unknown[0]!r} (expected only [[variable]] tables)"]
+        if unknown
+        else []
+    )
     variables: dict[str, Variable] = {}
     for i, entry in enumerate(entries):
         start = starts[i] if i < len(starts) else 0
@@ -144,35 +153,52 @@ def _variable(entry) -> Variable:
                 raise _EntryError(None, f"missing key {key!r}")
         elif not isinstance(entry[key], kind):
             raise _EntryError(
-                key, f"{key!r} must be {'a list' if kind is list else 'a string'}, got "
-                f"{json.dumps(entry[key])[:60]}")
+                key,
+                f"{key!r} must be {'a list' if kind is list else 'a string'}, got "
+                f"{json.dumps(entry[key])[:60]}",
+            )
         elif kind is str and not entry[key].strip():
             raise _EntryError(key, f"{key!r} must not be empty")
     code = entry["code"]
     if not _CODE.fullmatch(code):
         raise _EntryError(
-            "code", f"code {code!r} must be a letter then letters, digits or _ (a column name)")
+            "code", f"code {code!r} must be a letter then letters, digits or _ (a column name)"
+        )
     bounds = entry["range"]
-    if (len(bounds) != 2 or not all(
+    if (
+        len(bounds) != 2
+        or not all(
             isinstance(b, int | float) and not isinstance(b, bool) and math.isfinite(b)
-            for b in bounds) or not bounds[0] < bounds[1]):
+            for b in bounds
+        )
+        or not bounds[0] < bounds[1]
+    ):
         raise _EntryError(
-            "range", f"range must be [lowest, highest], two numbers, lowest first; got "
-            f"{json.dumps(bounds)}")
+            "range",
+            f"range must be [lowest, highest], two numbers, lowest first; got {json.dumps(bounds)}",
+        )
     if entry["dimension"] not in DIMENSIONS:
         raise _EntryError(
-            "dimension", f"dimension {entry['dimension']!r} is not one of {', '.join(DIMENSIONS)}")
+            "dimension", f"dimension {entry['dimension']!r} is not one of {', '.join(DIMENSIONS)}"
+        )
     if entry["subdimension"] not in SUBDIMENSIONS:
         raise _EntryError(
             "subdimension",
-            f"subdimension {entry['subdimension']!r} is not one of {', '.join(SUBDIMENSIONS)}")
+            f"subdimension {entry['subdimension']!r} is not one of {', '.join(SUBDIMENSIONS)}",
+        )
     topics = entry.get("topics", [])
     if not all(isinstance(t, str) and t.strip() for t in topics):
         raise _EntryError("topics", "topics must be a list of non-empty strings")
-    return Variable(code, entry["description"].strip(), float(bounds[0]), float(bounds[1]),
-                    entry["dimension"], entry["subdimension"],
-                    entry.get("category", entry["subdimension"]).strip(),
-                    tuple(t.strip() for t in topics))
+    return Variable(
+        code,
+        entry["description"].strip(),
+        float(bounds[0]),
+        float(bounds[1]),
+        entry["dimension"],
+        entry["subdimension"],
+        entry.get("category", entry["subdimension"]).strip(),
+        tuple(t.strip() for t in topics),
+    )
 
 
 def line_of(text: str, offset: int) -> int:

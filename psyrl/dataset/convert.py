@@ -23,7 +23,6 @@ from pathlib import Path
 
 import click
 
-from psyrl.dataset.labelled import csv_rows, json_rows
 from psyrl.core.atomic import temporary
 from psyrl.core.records import (
     DataError,
@@ -34,20 +33,39 @@ from psyrl.core.records import (
     stimuli_record,
     write_jsonl,
 )
+from psyrl.dataset.labelled import csv_rows, json_rows
 
 KINDS = ("datasets", "parquet", "csv", "jsonl", "chat")
 TARGETS = ("stimuliqa", "benchmark")
-SUFFIXES = {".parquet": "parquet", ".csv": "csv", ".tsv": "csv", ".jsonl": "jsonl",
-            ".json": "jsonl"}
+SUFFIXES = {
+    ".parquet": "parquet",
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+}
 # the --map keys each target takes
 TARGET_KEYS = {
-    "stimuliqa": ("id", "stimuli", "question", "answer", "options", "answer_index", "variable",
-                  "dimension", "subdimension", "reasoning", "reason"),
+    "stimuliqa": (
+        "id",
+        "stimuli",
+        "question",
+        "answer",
+        "options",
+        "answer_index",
+        "variable",
+        "dimension",
+        "subdimension",
+        "reasoning",
+        "reason",
+    ),
     "benchmark": ("id", "stimuli", "question", "answer", "options", "answer_index", "task", "meta"),
 }
 # keys whose null cell means "not given" rather than a bad row
-OPTIONAL = {"stimuliqa": {"variable", "dimension", "subdimension", "reasoning", "reason"},
-            "benchmark": {"stimuli", "task", "meta"}}
+OPTIONAL = {
+    "stimuliqa": {"variable", "dimension", "subdimension", "reasoning", "reason"},
+    "benchmark": {"stimuli", "task", "meta"},
+}
 # the columns of a chat source besides the line's other top-level keys
 CHAT_COLUMNS = ("system", "user", "assistant", "user_context", "user_question")
 INSTALL_HINT = "pip install -e '.[data]' (or: pip install 'pyarrow>=15')"
@@ -82,14 +100,19 @@ def detect_kind(path: Path) -> str:
         if (path / "dataset_dict.json").is_file():
             splits = json.loads((path / "dataset_dict.json").read_text(encoding="utf-8"))
             names = ", ".join(splits.get("splits", [])) or "none listed"
-            raise DataError(f"{path}: a DatasetDict (splits: {names}); give one split's "
-                            "directory, e.g. SOURCE/train")
-        raise DataError(f"{path}: a directory without state.json: not a datasets save_to_disk "
-                        "directory")
+            raise DataError(
+                f"{path}: a DatasetDict (splits: {names}); give one split's "
+                "directory, e.g. SOURCE/train"
+            )
+        raise DataError(
+            f"{path}: a directory without state.json: not a datasets save_to_disk directory"
+        )
     kind = SUFFIXES.get(path.suffix.lower())
     if kind is None:
-        raise ConvertError(f"{path}: cannot tell the format from the suffix {path.suffix!r}; "
-                           f"pass --from ({', '.join(KINDS)})")
+        raise ConvertError(
+            f"{path}: cannot tell the format from the suffix {path.suffix!r}; "
+            f"pass --from ({', '.join(KINDS)})"
+        )
     return kind
 
 
@@ -106,8 +129,11 @@ def read_source(path: str | Path, kind: str | None = None) -> Source:
         rows = csv_rows(path)
     else:
         rows = json_rows(path)
-        bad = [f"{path}:{n}: expected a JSON object, got {type(row).__name__}"
-               for n, row in rows if not isinstance(row, dict)]
+        bad = [
+            f"{path}:{n}: expected a JSON object, got {type(row).__name__}"
+            for n, row in rows
+            if not isinstance(row, dict)
+        ]
         raise_line_errors(path, bad, "line(s)")
         if auto and rows and "messages" in rows[0][1]:
             kind = "chat"
@@ -129,8 +155,9 @@ def _pyarrow():
     except ModuleNotFoundError as e:
         if not (e.name or "").startswith("pyarrow"):
             raise
-        raise ConvertError(f"reading parquet or a datasets directory needs pyarrow: {INSTALL_HINT}"
-                           ) from None
+        raise ConvertError(
+            f"reading parquet or a datasets directory needs pyarrow: {INSTALL_HINT}"
+        ) from None
     return pyarrow
 
 
@@ -173,14 +200,18 @@ def _chat_rows(path: Path, rows: list[tuple[int, dict]]) -> list[tuple[int, dict
 def _chat_row(obj: dict) -> dict:
     messages = obj.get("messages")
     if not isinstance(messages, list) or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str) for m in messages):
-        raise ValueError("column 'messages': expected a list of {role, content} objects with "
-                         "string content")
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in messages
+    ):
+        raise ValueError(
+            "column 'messages': expected a list of {role, content} objects with string content"
+        )
     roles = [m["role"] for m in messages]
     if roles not in (["user", "assistant"], ["system", "user", "assistant"]):
-        raise ValueError("column 'messages': expected one exchange (an optional system turn, one "
-                         f"user turn, one assistant turn), got roles {', '.join(roles) or 'none'}")
+        raise ValueError(
+            "column 'messages': expected one exchange (an optional system turn, one "
+            f"user turn, one assistant turn), got roles {', '.join(roles) or 'none'}"
+        )
     turns = {m["role"]: m["content"] for m in messages}
     # a story then its question is the usual layout: the last paragraph is the question
     parts = re.split(r"\n[ \t]*\n", turns["user"].strip())
@@ -201,8 +232,9 @@ def parse_map(texts: Sequence[str], target: str) -> dict[str, str]:
         if not eq or not key or not column:
             raise ConvertError(f"--map: {part!r} is not KEY=COLUMN (e.g. question=prompt)")
         if key not in allowed:
-            raise ConvertError(f"--map: unknown key {key!r} for --to {target} (keys: "
-                               f"{', '.join(allowed)})")
+            raise ConvertError(
+                f"--map: unknown key {key!r} for --to {target} (keys: {', '.join(allowed)})"
+            )
         if key in mapping:
             raise ConvertError(f"--map: {key} is given twice ({mapping[key]!r}, {column!r})")
         if "+" in column and key != "options":
@@ -212,18 +244,24 @@ def parse_map(texts: Sequence[str], target: str) -> dict[str, str]:
     missing = [k for k in needed if k not in mapping]
     if target == "stimuliqa":
         if "answer" in mapping and ({"options", "answer_index"} & mapping.keys()):
-            raise ConvertError("--map: --to stimuliqa takes the answer from answer=COLUMN or from "
-                               "options=COLUMN,answer_index=COLUMN, not both")
+            raise ConvertError(
+                "--map: --to stimuliqa takes the answer from answer=COLUMN or from "
+                "options=COLUMN,answer_index=COLUMN, not both"
+            )
         if "answer" not in mapping and not {"options", "answer_index"} <= mapping.keys():
             missing.append("answer")
     elif not {"answer", "answer_index"} & mapping.keys():
         missing.append("answer or answer_index")
     if missing:
-        hint = ("; --to benchmark writes multiple-choice items: for an open-answer evaluation set "
-                "convert --to stimuliqa (evaluate.py scores it by F1 and format)"
-                if target == "benchmark" and "options" in missing else "")
-        raise ConvertError(f"--map lacks {', '.join(missing)} (--to {target} needs "
-                           f"{_needs(target)}){hint}")
+        hint = (
+            "; --to benchmark writes multiple-choice items: for an open-answer evaluation set "
+            "convert --to stimuliqa (evaluate.py scores it by F1 and format)"
+            if target == "benchmark" and "options" in missing
+            else ""
+        )
+        raise ConvertError(
+            f"--map lacks {', '.join(missing)} (--to {target} needs {_needs(target)}){hint}"
+        )
     return mapping
 
 
@@ -238,8 +276,10 @@ def check_columns(source: Source, mapping: dict[str, str]) -> None:
     for key, spec in mapping.items():
         for column in spec.split("+"):
             if column not in source.columns and column.split(".")[0] not in source.columns:
-                raise ConvertError(f"--map {key}={spec}: {source.path} has no column {column!r}; "
-                                   f"its columns: {', '.join(source.columns)}")
+                raise ConvertError(
+                    f"--map {key}={spec}: {source.path} has no column {column!r}; "
+                    f"its columns: {', '.join(source.columns)}"
+                )
 
 
 # ---------------------------------------------------------------- one row
@@ -248,8 +288,11 @@ def _show(value) -> str:
 
 
 def _blank(value) -> bool:
-    return value is None or (isinstance(value, str) and not value.strip()) or (
-        isinstance(value, float) and math.isnan(value))
+    return (
+        value is None
+        or (isinstance(value, str) and not value.strip())
+        or (isinstance(value, float) and math.isnan(value))
+    )
 
 
 def _cell(row: dict, column: str):
@@ -290,8 +333,10 @@ def _options(row: dict, spec: str) -> list[str]:
         try:
             value = json.loads(value)
         except json.JSONDecodeError:
-            raise ValueError(f"expected a list of strings (in a text cell: a JSON list such as "
-                             f'["yes", "no"]), got {_show(value)}') from None
+            raise ValueError(
+                f"expected a list of strings (in a text cell: a JSON list such as "
+                f'["yes", "no"]), got {_show(value)}'
+            ) from None
     if not isinstance(value, list):
         raise ValueError(f"expected a list of strings, got {_show(value)}")
     return [_string(v) for v in value]
@@ -308,8 +353,9 @@ def _index(value) -> int:
             return int(text)
         if len(text) == 1 and text in string.ascii_letters:
             return ord(text.upper()) - ord("A")
-    raise ValueError(f"expected a 0-based option number or an option letter (A, B, ...), got "
-                     f"{_show(value)}")
+    raise ValueError(
+        f"expected a 0-based option number or an option letter (A, B, ...), got {_show(value)}"
+    )
 
 
 def _meta(value) -> dict:
@@ -327,8 +373,9 @@ def _label(key: str, mapping: dict[str, str]) -> str:
     return f"column {mapping[key]!r} ({key})"
 
 
-def row_object(row: dict, n: int, source: Source, target: str, mapping: dict[str, str],
-               benchmark: str) -> dict:
+def row_object(
+    row: dict, n: int, source: Source, target: str, mapping: dict[str, str], benchmark: str
+) -> dict:
     """The output JSON object of one source row; a ValueError names the column of each
     problem."""
     values, problems = {}, []
@@ -352,13 +399,17 @@ def row_object(row: dict, n: int, source: Source, target: str, mapping: dict[str
     options, index, answer = values.get("options"), values.get("answer_index"), values.get("answer")
     if answer is None and index is not None:
         if not 0 <= index < len(options):
-            raise ValueError(f"{_label('answer_index', mapping)}: option {index} is out of range "
-                             f"for {len(options)} options in {_label('options', mapping)}")
+            raise ValueError(
+                f"{_label('answer_index', mapping)}: option {index} is out of range "
+                f"for {len(options)} options in {_label('options', mapping)}"
+            )
         answer = options[index]
     if target == "benchmark" and index is None:
         if answer not in options:
-            raise ValueError(f"{_label('answer', mapping)}: {answer!r} is not one of the options "
-                             f"in {_label('options', mapping)}: {_show(options)}")
+            raise ValueError(
+                f"{_label('answer', mapping)}: {answer!r} is not one of the options "
+                f"in {_label('options', mapping)}: {_show(options)}"
+            )
         index = options.index(answer)
     default_id = f"{benchmark if target == 'benchmark' else source.path.stem}/{n}"
     obj = {"id": values.get("id", default_id), "question": values["question"], "answer": answer}
@@ -366,22 +417,29 @@ def row_object(row: dict, n: int, source: Source, target: str, mapping: dict[str
         obj["stimuli"] = values["stimuli"]
         obj.update({k: values[k] for k in OPTIONAL[target] if k in values})
         return obj
-    return {**obj, "benchmark": benchmark, "task": values.get("task", ""),
-            "context": values.get("stimuli", ""), "options": options, "answer_index": index,
-            "meta": values.get("meta", {"source_file": source.path.name, "source_row": n})}
+    return {
+        **obj,
+        "benchmark": benchmark,
+        "task": values.get("task", ""),
+        "context": values.get("stimuli", ""),
+        "options": options,
+        "answer_index": index,
+        "meta": values.get("meta", {"source_file": source.path.name, "source_row": n}),
+    }
 
 
 def _in_columns(problem: str, target: str, mapping: dict[str, str]) -> str:
     """A validator's `key 'x'` said as the source column it came from."""
-    names = {"context" if target == "benchmark" and k == "stimuli" else k: _label(k, mapping)
-             for k in mapping}
+    names = {
+        "context" if target == "benchmark" and k == "stimuli" else k: _label(k, mapping)
+        for k in mapping
+    }
     names.setdefault("benchmark", "--benchmark")
     names.setdefault("id", "the generated id")
     return re.sub(r"key '(\w+)'", lambda m: names.get(m[1], m[0]), problem)
 
 
-def convert_rows(source: Source, target: str, mapping: dict[str, str],
-                 benchmark: str = "") -> list:
+def convert_rows(source: Source, target: str, mapping: dict[str, str], benchmark: str = "") -> list:
     """StimuliRecord or BenchmarkRecord per row, each validated by psyrl.core.records; a DataError
     lists `source:row: column (key): problem` for every bad row (the first 20)."""
     check_columns(source, mapping)
@@ -395,8 +453,10 @@ def convert_rows(source: Source, target: str, mapping: dict[str, str],
             continue
         if record.id in first_row_of:
             where = _label("id", mapping) if "id" in mapping else "id"
-            errors.append(f"{source.where(n)}: {where}: duplicate id {record.id!r} (first at "
-                          f"{source.where(first_row_of[record.id])})")
+            errors.append(
+                f"{source.where(n)}: {where}: duplicate id {record.id!r} (first at "
+                f"{source.where(first_row_of[record.id])})"
+            )
             continue
         first_row_of[record.id] = n
         records.append(record)
@@ -404,9 +464,15 @@ def convert_rows(source: Source, target: str, mapping: dict[str, str],
     return records
 
 
-def convert(source_path: str | Path, target: str, mapping: dict[str, str], out: str | Path,
-            kind: str | None = None, benchmark: str | None = None,
-            overwrite: bool = False) -> tuple[Source, list]:
+def convert(
+    source_path: str | Path,
+    target: str,
+    mapping: dict[str, str],
+    out: str | Path,
+    kind: str | None = None,
+    benchmark: str | None = None,
+    overwrite: bool = False,
+) -> tuple[Source, list]:
     """Read, convert, write `out` atomically and load it back with the target's loader; nothing
     is written on any error. `benchmark` defaults to `out`'s name without .jsonl."""
     out = Path(out)
@@ -430,18 +496,37 @@ def convert(source_path: str | Path, target: str, mapping: dict[str, str], out: 
 # ---------------------------------------------------------------- the command
 @click.command("convert", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("source", type=click.Path(path_type=Path))
-@click.option("--to", "target", type=click.Choice(TARGETS), required=True,
-              help="stimuliqa: training/validation records; benchmark: multiple-choice "
-              "evaluation items.")
-@click.option("--map", "map_texts", multiple=True, required=True, metavar="KEY=COLUMN,...",
-              help="Which source column fills each field (see above); repeatable.")
-@click.option("--out", type=click.Path(path_type=Path), required=True,
-              help="The JSONL file to write.")
+@click.option(
+    "--to",
+    "target",
+    type=click.Choice(TARGETS),
+    required=True,
+    help="stimuliqa: training/validation records; benchmark: multiple-choice evaluation items.",
+)
+@click.option(
+    "--map",
+    "map_texts",
+    multiple=True,
+    required=True,
+    metavar="KEY=COLUMN,...",
+    help="Which source column fills each field (see above); repeatable.",
+)
+@click.option(
+    "--out", type=click.Path(path_type=Path), required=True, help="The JSONL file to write."
+)
 @click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
-@click.option("--from", "kind", type=click.Choice(KINDS), default=None,
-              help="The source's format (default: from the path).")
-@click.option("--benchmark", default=None,
-              help="--to benchmark: the `benchmark` field (default: --out's name without .jsonl).")
+@click.option(
+    "--from",
+    "kind",
+    type=click.Choice(KINDS),
+    default=None,
+    help="The source's format (default: from the path).",
+)
+@click.option(
+    "--benchmark",
+    default=None,
+    help="--to benchmark: the `benchmark` field (default: --out's name without .jsonl).",
+)
 def convert_command(source, target, map_texts, out, overwrite, kind, benchmark):
     """Convert SOURCE into psyrl's StimuliQA or benchmark JSONL, every row validated.
 
@@ -494,5 +579,7 @@ def convert_command(source, target, map_texts, out, overwrite, kind, benchmark):
         src, records = convert(source, target, mapping, out, kind, benchmark, overwrite)
     except (ValueError, OSError) as e:  # DataError and ConvertError are ValueErrors
         raise click.ClickException(str(e)) from None
-    click.echo(f"wrote {out}: {len(records)} {target} records from {len(src.rows)} rows of "
-               f"{src.path} ({src.kind})")
+    click.echo(
+        f"wrote {out}: {len(records)} {target} records from {len(src.rows)} rows of "
+        f"{src.path} ({src.kind})"
+    )

@@ -77,9 +77,12 @@ def _story(t: dict, var: dict, ans: dict, rng: random.Random, seen: set[str]) ->
         event, gist = rng.choice(ans["events"])
         time = rng.choice(t["times"])
         slots = {
-            "name": rng.choice(t["names"]), "city": rng.choice(t["cities"]),
-            "origin": rng.choice(t["origins"]), "place": rng.choice(t["places"]), "Time": time,
-            "time": time[:1].lower() + time[1:]
+            "name": rng.choice(t["names"]),
+            "city": rng.choice(t["cities"]),
+            "origin": rng.choice(t["origins"]),
+            "place": rng.choice(t["places"]),
+            "Time": time,
+            "time": time[:1].lower() + time[1:],
         }
         sentences = [rng.choice(t["openers"][var["opener"]]), _cap(event) + "."]
         if rng.random() < P_FILLER:
@@ -91,18 +94,21 @@ def _story(t: dict, var: dict, ans: dict, rng: random.Random, seen: set[str]) ->
             seen.add(text)
             return text, gist.format(**slots)
     raise RuntimeError(
-        f"{var['code']}: no fresh story of {MIN_WORDS}-{MAX_WORDS} words in 1000 draws")
+        f"{var['code']}: no fresh story of {MIN_WORDS}-{MAX_WORDS} words in 1000 draws"
+    )
 
 
-def _item(t: dict, var: dict, index: int, rng: random.Random,
-          seen: set[str]) -> tuple[str, str, str, str]:
+def _item(
+    t: dict, var: dict, index: int, rng: random.Random, seen: set[str]
+) -> tuple[str, str, str, str]:
     """(stimuli, question, answer, reasoning) for item `index`; answers cycle so each variable stays
     balanced."""
     ans = var["answers"][index % len(var["answers"])]
     stimuli, gist = _story(t, var, ans, rng, seen)
     question = rng.choice(var["questions"])
-    reasoning = rng.choice(t["reasoning"][var["reasoning"]]).format(gist=gist, Gist=_cap(gist),
-                                                                    lead=ans["lead"])
+    reasoning = rng.choice(t["reasoning"][var["reasoning"]]).format(
+        gist=gist, Gist=_cap(gist), lead=ans["lead"]
+    )
     return stimuli, question, ans["answer"], reasoning
 
 
@@ -118,8 +124,17 @@ def generate(seed: int = 0) -> DemoSet:
         for i in range(N_RARE if var.get("rare") else N_TRAIN + N_TEST):
             stimuli, question, answer, reasoning = _item(t, var, i, rng, seen)
             pool.append(
-                StimuliRecord(f"demo/{var['code']}/{i + 1:04d}", stimuli, question, answer,
-                              var["code"], SUBDIMENSIONS[sub], sub, reasoning))
+                StimuliRecord(
+                    f"demo/{var['code']}/{i + 1:04d}",
+                    stimuli,
+                    question,
+                    answer,
+                    var["code"],
+                    SUBDIMENSIONS[sub],
+                    sub,
+                    reasoning,
+                )
+            )
     split = split_by_variable(pool, n_train=N_TRAIN, n_test=N_TEST, seed=seed)
     mc = []
     for var in t["variables"]:
@@ -142,7 +157,8 @@ def generate(seed: int = 0) -> DemoSet:
                     options.index(answer),
                     answer,
                     dict(meta),
-                ))
+                )
+            )
     return DemoSet(seed, split.train, split.test, mc, dict(split.excluded), t["variables"])
 
 
@@ -154,9 +170,11 @@ def _range(values: list[int]) -> str:
 def render_readme(demo: DemoSet) -> str:
     """data/demo/README.md, generated with the data so that counts and tables cannot drift from
     it."""
-    n_train, n_test, n_mc = (Counter(r.variable
-                                     for r in demo.train), Counter(r.variable for r in demo.test),
-                             Counter(r.meta["variable"] for r in demo.mc))
+    n_train, n_test, n_mc = (
+        Counter(r.variable for r in demo.train),
+        Counter(r.variable for r in demo.test),
+        Counter(r.meta["variable"] for r in demo.mc),
+    )
     records = demo.train + demo.test
     words = [len(r.stimuli.split()) for r in records] + [len(r.context.split()) for r in demo.mc]
     excluded = ", ".join(f"`{v}` ({n} items)" for v, n in demo.excluded.items())
@@ -229,7 +247,8 @@ def render_readme(demo: DemoSet) -> str:
         status = f" **(excluded: {demo.excluded[code]} items)**" if code in demo.excluded else ""
         lines.append(
             f"| `{code}` | {SUBDIMENSIONS[sub]} | {sub} | {var['description']}{status} | {answers} "
-            f"| {reasoning_words} | {n_train[code]} | {n_test[code]} | {n_mc[code]} |")
+            f"| {reasoning_words} | {n_train[code]} | {n_test[code]} | {n_mc[code]} |"
+        )
     lines += [
         "",
         "## Schema",
@@ -261,16 +280,29 @@ def write(demo: DemoSet, out_dir: Path) -> dict:
     write_jsonl(out_dir / "mc.jsonl", demo.mc)
     readme = render_readme(demo)
     (out_dir / "README.md").write_text(readme, encoding="utf-8")
-    return {"train.jsonl": len(demo.train), "test.jsonl": len(demo.test), "mc.jsonl": len(demo.mc),
-            "README.md": readme.count("\n")}
+    return {
+        "train.jsonl": len(demo.train),
+        "test.jsonl": len(demo.test),
+        "mc.jsonl": len(demo.mc),
+        "README.md": readme.count("\n"),
+    }
 
 
 @click.command("demo-data")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("data/demo"),
-              show_default=True,
-              help="Directory to write train.jsonl, test.jsonl, mc.jsonl and README.md into.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seed of the generator (same seed, same bytes).")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("data/demo"),
+    show_default=True,
+    help="Directory to write train.jsonl, test.jsonl, mc.jsonl and README.md into.",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed of the generator (same seed, same bytes).",
+)
 def demo_data_command(out: Path, seed: int):
     """Write the SYNTHETIC StimuliQA-format demo set (for the CPU demo and tests; NOT the paper's
     data).
@@ -284,5 +316,7 @@ def demo_data_command(out: Path, seed: int):
         counts = write(generate(seed), out)
     except OSError as e:  # --out not writable, a file in its way, a full disk
         raise click.ClickException(f"cannot write the demo set to {out}: {e}") from None
-    click.echo(f"wrote synthetic demo data to {out}: " + ", ".join(f"{k} {v} lines"
-                                                                   for k, v in counts.items()))
+    click.echo(
+        f"wrote synthetic demo data to {out}: "
+        + ", ".join(f"{k} {v} lines" for k, v in counts.items())
+    )

@@ -43,8 +43,9 @@ class Job:
     def messages(self) -> list[dict[str, str]]:
         """The chat turns sent to the generator, ending with the user's `prompt`."""
         turns = [*self.history, self.prompt]
-        return [{"role": ("user", "assistant")[i % 2], "content": text}
-                for i, text in enumerate(turns)]
+        return [
+            {"role": ("user", "assistant")[i % 2], "content": text} for i, text in enumerate(turns)
+        ]
 
     @property
     def sha(self) -> str:
@@ -91,8 +92,11 @@ def read_log(path: Path) -> dict[str, dict]:
 
 
 def _log_row(row) -> dict:
-    if not (isinstance(row, dict) and isinstance(row.get("key"), str)
-            and isinstance(row.get("outputs"), list)):
+    if not (
+        isinstance(row, dict)
+        and isinstance(row.get("key"), str)
+        and isinstance(row.get("outputs"), list)
+    ):
         raise ValueError("not a generation row")
     return row
 
@@ -118,9 +122,17 @@ def load_log(dist: Dist, log: Path) -> dict[str, dict]:
     return rows
 
 
-def generate(dist: Dist, sampler, tokenizer, jobs: Sequence[Job], log: Path, logged: dict[str,
-                                                                                          dict],
-             sampling: Sampling, progress: bool = True, desc: str = "generate") -> dict[str, dict]:
+def generate(
+    dist: Dist,
+    sampler,
+    tokenizer,
+    jobs: Sequence[Job],
+    log: Path,
+    logged: dict[str, dict],
+    sampling: Sampling,
+    progress: bool = True,
+    desc: str = "generate",
+) -> dict[str, dict]:
     """Every job's log row, by key, on every rank: from `logged` (see load_log; the new rows are
     added to it) when done with the same prompt, generated and appended to `log` otherwise.
     Collective under torchrun. SIGTERM or SIGUSR1 on any rank stops it after the round in flight
@@ -128,28 +140,56 @@ def generate(dist: Dist, sampler, tokenizer, jobs: Sequence[Job], log: Path, log
     keys = [job.key for job in jobs]
     if len(set(keys)) != len(keys):
         raise ValueError("two jobs share a key")
-    done = {j.key: logged[j.key] for j in jobs
-            if j.key in logged and logged[j.key].get("prompt_sha") == j.sha}
+    done = {
+        j.key: logged[j.key]
+        for j in jobs
+        if j.key in logged and logged[j.key].get("prompt_sha") == j.sha
+    }
     # less padding per batch
     pending = sorted((j for j in jobs if j.key not in done), key=lambda j: len(j.prompt))
     per_round = sampling.batch * dist.world
-    bar = tqdm(total=len(jobs), initial=len(done), desc=desc, unit="prompt", dynamic_ncols=True,
-               disable=not (progress and dist.is_main and pending))
-    with (log.open("a", encoding="utf-8") if dist.is_main else contextlib.nullcontext() as sink,
-          Preemption(RunConfig().preempt_signals) as preemption):
+    bar = tqdm(
+        total=len(jobs),
+        initial=len(done),
+        desc=desc,
+        unit="prompt",
+        dynamic_ncols=True,
+        disable=not (progress and dist.is_main and pending),
+    )
+    with (
+        log.open("a", encoding="utf-8") if dist.is_main else contextlib.nullcontext() as sink,
+        Preemption(RunConfig().preempt_signals) as preemption,
+    ):
         for start in range(0, len(pending), per_round):
             # strided: each rank gets short and long
-            mine = pending[start:start + per_round][dist.rank::dist.world]
+            mine = pending[start : start + per_round][dist.rank :: dist.world]
             # collective
-            groups = sampler.generate([chat_ids(tokenizer, j.messages())
-                                       for j in mine], sampling.samples, sampling.temperature,
-                                      sampling.top_p, sampling.max_new_tokens,
-                                      [item_seed(sampling.seed, j.key) for j in mine])
-            rows = all_gather_lists([{
-                "key": j.key, "prompt_sha": j.sha, "outputs": [{
-                    "text": s.text, "finish_reason": s.finish_reason, "tokens": len(s.token_ids)
-                } for s in group]
-            } for j, group in zip(mine, groups)], dist)
+            groups = sampler.generate(
+                [chat_ids(tokenizer, j.messages()) for j in mine],
+                sampling.samples,
+                sampling.temperature,
+                sampling.top_p,
+                sampling.max_new_tokens,
+                [item_seed(sampling.seed, j.key) for j in mine],
+            )
+            rows = all_gather_lists(
+                [
+                    {
+                        "key": j.key,
+                        "prompt_sha": j.sha,
+                        "outputs": [
+                            {
+                                "text": s.text,
+                                "finish_reason": s.finish_reason,
+                                "tokens": len(s.token_ids),
+                            }
+                            for s in group
+                        ],
+                    }
+                    for j, group in zip(mine, groups)
+                ],
+                dist,
+            )
             failure = None
             if dist.is_main:  # on disk at once: a crash loses at most the round in flight
                 try:
@@ -167,7 +207,9 @@ def generate(dist: Dist, sampler, tokenizer, jobs: Sequence[Job], log: Path, log
             # a scheduler's signal on any rank: stop here, with every finished round on disk
             if (stop := preemption.requested(dist)) and start + per_round < len(pending):
                 bar.close()
-                raise Preempted(f"{desc}: preempted by {stop} after {len(done)} of {len(jobs)} "
-                                f"prompts, all in {log}; run the same command to resume")
+                raise Preempted(
+                    f"{desc}: preempted by {stop} after {len(done)} of {len(jobs)} "
+                    f"prompts, all in {log}; run the same command to resume"
+                )
     bar.close()
     return {j.key: done[j.key] for j in jobs}

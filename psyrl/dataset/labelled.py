@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from psyrl.dataset.catalogue import Variable, json_element_lines, line_of, number_text
 from psyrl.core.records import DataError, parse_numbered, raise_line_errors, read_jsonl
+from psyrl.dataset.catalogue import Variable, json_element_lines, line_of, number_text
 
 # looked for in this order when --text-column is not given
 TEXT_COLUMNS = ("stimuli", "stimulus", "text", "story")
@@ -35,8 +35,12 @@ class LabelledStimulus:
 
 
 def load_labelled(
-    path: str | Path, catalogue: dict[str, Variable], id_column: str | None = None,
-    text_column: str | None = None, ignore_columns: Sequence[str] = ()) -> list[LabelledStimulus]:
+    path: str | Path,
+    catalogue: dict[str, Variable],
+    id_column: str | None = None,
+    text_column: str | None = None,
+    ignore_columns: Sequence[str] = (),
+) -> list[LabelledStimulus]:
     """Every row of a CSV (comma, semicolon or tab separated) or JSONL table of labelled stimuli,
     values checked against the catalogue's ranges; a DataError lists `file:line: problem` for every
     bad row. The id column is `id` and the text column the first of TEXT_COLUMNS, in any case,
@@ -56,7 +60,8 @@ def load_labelled(
     lower = {c.lower(): c for c in reversed(header)}
     id_column = id_column or lower.get("id", "id")
     text_column = text_column or next(
-        (lower[c] for c in TEXT_COLUMNS if c in lower), TEXT_COLUMNS[0])
+        (lower[c] for c in TEXT_COLUMNS if c in lower), TEXT_COLUMNS[0]
+    )
     errors = []
     for column, option in ((id_column, "--id-column"), (text_column, "--text-column")):
         if rows and column not in header:
@@ -72,18 +77,20 @@ def load_labelled(
             errors.append(
                 f"{path}:{first_line.get(column, 1)}: column {column!r} is not a variable of "
                 f"the catalogue; {hint}pass "
-                f"--ignore-column {column} to build without it")
+                f"--ignore-column {column} to build without it"
+            )
     raise_line_errors(path, errors, "column(s)")
-    stimuli = parse_numbered(path, rows,
-                             lambda row: _stimulus(row, catalogue, id_column, text_column),
-                             "row(s)")
+    stimuli = parse_numbered(
+        path, rows, lambda row: _stimulus(row, catalogue, id_column, text_column), "row(s)"
+    )
     if not stimuli:
         raise DataError(f"{path}: the table holds no stimuli")
     return stimuli
 
 
-def _stimulus(row, catalogue: dict[str, Variable], id_column: str,
-              text_column: str) -> LabelledStimulus:
+def _stimulus(
+    row, catalogue: dict[str, Variable], id_column: str, text_column: str
+) -> LabelledStimulus:
     if not isinstance(row, dict):
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
     problems = []
@@ -129,7 +136,7 @@ def _text(path: Path) -> str:
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        line, column = raw[:e.start].count(b"\n") + 1, e.start - raw.rfind(b"\n", 0, e.start)
+        line, column = raw[: e.start].count(b"\n") + 1, e.start - raw.rfind(b"\n", 0, e.start)
         raise DataError(
             f"{path}:{line}: not valid UTF-8 (byte {column} of the line); save it as UTF-8"
         ) from None
@@ -155,7 +162,8 @@ def csv_rows(path: Path) -> list[tuple[int, dict]]:
             if any(c.strip() for c in cells):
                 if len(cells) != len(header):
                     errors.append(
-                        f"{path}:{line}: {len(cells)} cells, the header has {len(header)}")
+                        f"{path}:{line}: {len(cells)} cells, the header has {len(header)}"
+                    )
                 # a column without a name is a spreadsheet's index or a trailing comma: ignored
                 else:
                     rows.append((line, {h: c for h, c in zip(header, cells) if h}))
@@ -175,9 +183,12 @@ def json_rows(path: Path) -> list[tuple[int, dict]]:
             rows = json.loads(text)
         except json.JSONDecodeError as e:
             raise DataError(
-                f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
-        return [(line_of(text, offset), row)
-                for offset, row in zip(json_element_lines(text, True), rows)]
+                f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})"
+            ) from None
+        return [
+            (line_of(text, offset), row)
+            for offset, row in zip(json_element_lines(text, True), rows)
+        ]
     bad = []
     rows = read_jsonl(path, bad=bad)
     raise_line_errors(path, [f"{path}:{lineno}: {problem}" for lineno, problem in bad], "line(s)")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import re
 
-from psyrl.dataset.catalogue import number_text
 from psyrl.core.prompts import content
 from psyrl.core.records import StimuliRecord
+from psyrl.dataset.catalogue import number_text
 
 # appendix B's sizes, the defaults of `psyrl build topics` and `psyrl build reasoning`
 PAPER_TOPICS = 200  # "expand them into up to 200 diverse topics each"
@@ -23,7 +23,8 @@ DIALOGUES = ("one-turn", "two-turn")
 TOPIC_PROMPT = (
     "Refer to the following topics as conceptual anchors. Generate as many psychologically or "
     "contextually related topics as possible while preserving thematic coherence:\n"
-    '["sample topics"]')
+    '["sample topics"]'
+)
 DATASET_PROMPT = (
     "You are an AI assistant that generates one question\u2013answer pair based on a short "
     "Stimuli. The question should assess the human-labeled psychological parameter [column_name] "
@@ -34,10 +35,12 @@ DATASET_PROMPT = (
     "Question: <Insert question here>\n"
     "Answer: <Insert answer here>\n"
     "Reason: <Explain why the answer is correct>\n"
-    "Language should be clear, concise, and include plausible distractor options.")
+    "Language should be clear, concise, and include plausible distractor options."
+)
 COMPARISON_PROMPT = (
     "Generate a Stimuli based on ([topic]), then generate the Q&A pair for psychological parameter "
-    "[column_name] ([description]) in the same format as above.")
+    "[column_name] ([description]) in the same format as above."
+)
 # "<think>or <answer>tags": the paper's spacing, kept as printed
 REASONING_PROMPT = (
     "Given a psychological prompt, generate a step-by-step reasoning process only.\n"
@@ -47,18 +50,21 @@ REASONING_PROMPT = (
     "\u2022 Generate reasoning for [QA] with the expected answer [Answer]."
 )
 _PLACEHOLDER = re.compile(
-    r'\["sample topics"\]|\[(?:column_name|description|range|category|topic|QA|Answer)\]')
+    r'\["sample topics"\]|\[(?:column_name|description|range|category|topic|QA|Answer)\]'
+)
 
 
 def fill(template: str, **fields: str) -> str:
     """The template with each `[name]` replaced by fields[name] (`["sample topics"]` by
     fields["topics"]), in one
     pass: a filled-in text that itself holds `[range]` stays as written."""
+
     def value(match: re.Match) -> str:
         name = "topics" if match.group(0).startswith('["') else match.group(0)[1:-1]
         if name not in fields:
             raise KeyError(f"the prompt needs [{name}]")
         return fields[name]
+
     return _PLACEHOLDER.sub(value, template)
 
 
@@ -73,8 +79,9 @@ def dataset_prompt(variable, stimulus: str, value: float) -> str:
     printed prompt has no slot for either; psyrl appends them after a blank line as `Stimuli:
     <text>` and `<code>: <value>` (appendix B: the generator saw the annotated value, which is why
     the leak filter exists)."""
-    return (f"{_dataset_fields(variable)}\n\nStimuli: {stimulus}\n"
-            f"{variable.code}: {number_text(value)}")
+    return (
+        f"{_dataset_fields(variable)}\n\nStimuli: {stimulus}\n{variable.code}: {number_text(value)}"
+    )
 
 
 def comparison_prompt(variable, topic: str) -> str:
@@ -89,9 +96,9 @@ def comparison_turns(variable, topic: str) -> tuple[str, str]:
     dialogue generation"): the filled dataset-generation prompt, which has no stimulus here (the
     generator writes one in turn 2), then the comparison prompt. The assistant turn between them is
     the generator's own reply to turn 1, generated first (psyrl.dataset.builder)."""
-    return _dataset_fields(variable), fill(COMPARISON_PROMPT, topic=topic,
-                                           column_name=variable.code,
-                                           description=variable.description)
+    return _dataset_fields(variable), fill(
+        COMPARISON_PROMPT, topic=topic, column_name=variable.code, description=variable.description
+    )
 
 
 def reasoning_prompt(record: StimuliRecord) -> str:
@@ -101,5 +108,10 @@ def reasoning_prompt(record: StimuliRecord) -> str:
 
 
 def _dataset_fields(variable) -> str:
-    return fill(DATASET_PROMPT, column_name=variable.code, description=variable.description,
-                range=variable.range_text, category=variable.category)
+    return fill(
+        DATASET_PROMPT,
+        column_name=variable.code,
+        description=variable.description,
+        range=variable.range_text,
+        category=variable.category,
+    )

@@ -27,9 +27,15 @@ from dataclasses import dataclass
 from psyrl.core.text import normalize
 
 _FIELDS = {
-    "question": "question", "answer": "answer", "correct answer": "answer", "reason": "reason",
-    "reasoning": "reason", "explanation": "reason", "stimuli": "stimulus", "stimulus": "stimulus",
-    "story": "stimulus"
+    "question": "question",
+    "answer": "answer",
+    "correct answer": "answer",
+    "reason": "reason",
+    "reasoning": "reason",
+    "explanation": "reason",
+    "stimuli": "stimulus",
+    "stimulus": "stimulus",
+    "story": "stimulus",
 }
 _LABEL_WORDS = "question|correct answer|answer|reasoning|reason|explanation|stimuli|stimulus|story"
 # what may precede a label on its line: bullets, headings, numbers
@@ -37,16 +43,19 @@ _MARKER = r"[\s>#*_\-\u2022]*(?:\d+[.)]\s*)?"
 _LABEL_LINE = re.compile(
     rf"^{_MARKER}[*_]*\s*(?P<label>{_LABEL_WORDS})(?:\s*\d+)?"
     r"\s*[*_]*\s*[:\uff1a]\s*[*_]*\s*(?P<rest>.*)$",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 _LEADING_MARKER = re.compile(_MARKER)
 # a label run into the previous text ("...? Answer: Anger Reason: ...", "...? 2. Answer: ..."):
 # exact capitals only,
 # so prose is left alone
 _INLINE_LABEL = re.compile(
     r"(?<=\S)(?<!Correct)(?<!\s\d[.)])[ \t]+(?=(?:\d+[.)]\s*)?(?:\*\*|__)?(?:Question|"
-    r"Correct Answer|Answer|Reasoning|Reason|Explanation|Stimuli|Stimulus)(?:\*\*|__)?\s*:)")
+    r"Correct Answer|Answer|Reasoning|Reason|Explanation|Stimuli|Stimulus)(?:\*\*|__)?\s*:)"
+)
 _TEMPLATE = re.compile(
-    r"<\s*(?:Insert (?:question|answer) here|Explain why the answer is correct)\s*>", re.I)
+    r"<\s*(?:Insert (?:question|answer) here|Explain why the answer is correct)\s*>", re.I
+)
 MAX_TOPIC_WORDS = 12  # a longer line is a sentence about topics, not a topic
 
 
@@ -117,7 +126,7 @@ def parse_qa(text: str, want_stimulus: bool = False) -> QAPair:
     # the first of each (a repeated reason or stimulus label continues nothing)
     for name, lines in fields:
         values.setdefault(name, _clean(lines, answer=name == "answer"))
-    stimulus = values.get("stimulus", "") if "stimulus" in names[:names.index("question")] else ""
+    stimulus = values.get("stimulus", "") if "stimulus" in names[: names.index("question")] else ""
     if want_stimulus and not stimulus:
         raise Rejected("no_stimulus")
     if not values["question"]:
@@ -126,17 +135,24 @@ def parse_qa(text: str, want_stimulus: bool = False) -> QAPair:
         raise Rejected("empty_answer")
     if any(_TEMPLATE.search(v) for v in (values["question"], values["answer"], stimulus)):
         raise Rejected("template_echo")
-    return QAPair(values["question"], values["answer"], values.get("reason", ""),
-                  stimulus if want_stimulus else "")
+    return QAPair(
+        values["question"],
+        values["answer"],
+        values.get("reason", ""),
+        stimulus if want_stimulus else "",
+    )
 
 
 # ---------------------------------------------------------------- topics
-_BULLET = re.compile(r"^[\s>#*_\-\u2022+]*(?:\(?\d+[.):]\s*)?(?:topic\s*\d*\s*[:.\-]\s*)?",
-                     re.IGNORECASE)
+_BULLET = re.compile(
+    r"^[\s>#*_\-\u2022+]*(?:\(?\d+[.):]\s*)?(?:topic\s*\d*\s*[:.\-]\s*)?", re.IGNORECASE
+)
 
 _CHATTER = re.compile(
     r"^(?:sure|certainly|of course|here (?:are|is)|i hope|let me|these (?:topics|are)|feel free|"
-    r"note)\b", re.IGNORECASE)
+    r"note)\b",
+    re.IGNORECASE,
+)
 
 
 def parse_topics(text: str) -> tuple[list[str], Counter]:
@@ -151,17 +167,20 @@ def parse_topics(text: str) -> tuple[list[str], Counter]:
     start, end = text.find("["), text.rfind("]")
     if 0 <= start < end:
         try:  # a trailing comma, as models often write, is tolerated
-            items = json.loads(re.sub(r",\s*\]", "]", text[start:end + 1]))
+            items = json.loads(re.sub(r",\s*\]", "]", text[start : end + 1]))
         except json.JSONDecodeError:
             items = None
         if isinstance(items, list) and items and all(isinstance(t, str) for t in items):
             # and the lines around it
-            lines, text = list(items), text[:start] + "\n" + text[end + 1:]
+            lines, text = list(items), text[:start] + "\n" + text[end + 1 :]
     for line in lines + text.splitlines():
         if line.strip().startswith("```") or not line.strip():
             continue
-        topic = _BULLET.sub("", re.sub(r"\*\*|__", "",
-                                       line)).strip(" \t*_`\"'[").rstrip(" \t*_`\"'.,;]")
+        topic = (
+            _BULLET.sub("", re.sub(r"\*\*|__", "", line))
+            .strip(" \t*_`\"'[")
+            .rstrip(" \t*_`\"'.,;]")
+        )
         if not topic:
             continue
         if topic.endswith(":"):
@@ -184,7 +203,8 @@ def topic_key(topic: str) -> str:
 # ---------------------------------------------------------------- reasoning
 _REASONING_LABEL = re.compile(
     r"^\s*[*_#]*\s*(?:step[- ]by[- ]step\s+)?reasoning(?:\s+process)?\s*[*_]*\s*:\s*[*_]*",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 
 
 def parse_reasoning(text: str, answer: str) -> str:
@@ -194,8 +214,11 @@ def parse_reasoning(text: str, answer: str) -> str:
     (the prompt forbids them; they are harmless)."""
     if "<answer>" in text or "</answer>" in text:
         raise Rejected("answer_tag")
-    lines = [line for line in text.replace("<think>", "").replace("</think>", "").splitlines()
-             if not line.strip().startswith("```")]
+    lines = [
+        line
+        for line in text.replace("<think>", "").replace("</think>", "").splitlines()
+        if not line.strip().startswith("```")
+    ]
     rationale = _REASONING_LABEL.sub("", "\n".join(lines).strip(), count=1).strip()
     if not rationale:
         raise Rejected("empty")
@@ -215,8 +238,10 @@ def states_answer(rationale: str, answer: str) -> bool:
     answer = _OPTION_LETTER.sub("", answer)
     words = normalize(answer)
     if len(words) == 1 and words[0] in _YES_NO:
-        return re.search(rf"\banswer\s*(?:is|:)\s*\W*{words[0]}\b", rationale,
-                         re.IGNORECASE) is not None
+        return (
+            re.search(rf"\banswer\s*(?:is|:)\s*\W*{words[0]}\b", rationale, re.IGNORECASE)
+            is not None
+        )
     return contains_words(rationale, answer)
 
 
@@ -226,4 +251,4 @@ def contains_words(text: str, phrase: str) -> bool:
     needle, hay = normalize(phrase), normalize(text)
     if not needle:
         return False
-    return any(hay[i:i + len(needle)] == needle for i in range(len(hay) - len(needle) + 1))
+    return any(hay[i : i + len(needle)] == needle for i in range(len(hay) - len(needle) + 1))

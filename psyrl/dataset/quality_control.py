@@ -39,9 +39,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from psyrl.core.text import normalize
 from psyrl.dataset.catalogue import Variable, number_text
 from psyrl.dataset.qa_pairs import QAPair
-from psyrl.core.text import normalize
 
 NEAR_DUPLICATE = 0.8  # default Jaccard threshold
 STOPWORDS = frozenset(
@@ -51,14 +51,17 @@ STOPWORDS = frozenset(
     "our ours they them their theirs this that these those what which who whom whose when where "
     "why how there here than then so such very can could would should will shall may might must "
     "just also too only own same other some any each both all most more few s t d ll m re ve "
-    "one".split())
+    "one".split()
+)
 REFERENCE_WORDS = frozenset(
     "stimuli stimulus story narrative narrator narrators speaker author writer scenario situation "
     "passage text described describes describe account i me my myself you your yourself he him his "
-    "she her they them their person character".split())
+    "she her they them their person character".split()
+)
 RATING_WORDS = frozenset(
     "score scored rating rated rate level value out of on a the scale to from is it would be "
-    "points point intensity degree approximately about around".split())
+    "points point intensity degree approximately about around".split()
+)
 # a multiple-choice stem ends where the options start: "A)", "(b)", "C." or "d:" after a space or a
 # line break
 _OPTIONS = re.compile(r"(?:^|\s)\(?[A-Ea-e][).:]\s+\S")
@@ -71,7 +74,7 @@ def content_words(text: str) -> set[str]:
 def question_stem(question: str) -> str:
     """The question without its answer options, when it lists at least two (A and B)."""
     marks = list(_OPTIONS.finditer(question))
-    return question[:marks[0].start()] if len(marks) >= 2 else question
+    return question[: marks[0].start()] if len(marks) >= 2 else question
 
 
 def names_code(text: str, code: str) -> bool:
@@ -92,7 +95,10 @@ def without_scale(text: str, variable: Variable) -> str:
     low, high = (re.escape(number_text(x)) for x in (variable.low, variable.high))
     return re.sub(
         rf"(?<![\d.]){low}\s*(?:to|-|\u2013|and)\s*{high}(?![\d])|(?:out of|/)\s*{high}(?![\d])",
-        " ", text, flags=re.IGNORECASE)
+        " ",
+        text,
+        flags=re.IGNORECASE,
+    )
 
 
 def code_like(code: str) -> bool:
@@ -105,18 +111,25 @@ def leak_reason(pair: QAPair, stimulus: str, variable: Variable, value: float | 
     """The first rule of the module doc that drops `pair`, or None to keep it. `value` is the
     annotated label (None for comparison sets, which have none)."""
     question, answer = pair.question, pair.answer
-    if code_like(variable.code) and (names_code(question, variable.code)
-                                     or names_code(answer, variable.code)):
+    if code_like(variable.code) and (
+        names_code(question, variable.code) or names_code(answer, variable.code)
+    ):
         return "variable_code"
     stem = question_stem(question)
-    if (value is not None and writes_number(without_scale(stem, variable), value)
-            and not writes_number(stimulus, value)):
+    if (
+        value is not None
+        and writes_number(without_scale(stem, variable), value)
+        and not writes_number(stimulus, value)
+    ):
         return "value_in_question"
     rest = [w for w in normalize(answer) if w not in RATING_WORDS]
     if rest and all(w.isdigit() for w in rest):
         return "answer_is_value"
-    stem_words, answer_words, story_words = content_words(stem), content_words(
-        answer), content_words(stimulus)
+    stem_words, answer_words, story_words = (
+        content_words(stem),
+        content_words(answer),
+        content_words(stimulus),
+    )
     if answer_words and answer_words <= stem_words:
         return "answer_in_question"
     if not (stem_words | answer_words) & story_words and not set(normalize(stem)) & REFERENCE_WORDS:
@@ -128,8 +141,9 @@ def jaccard(a: set[str], b: set[str]) -> float:
     return len(a & b) / len(a | b) if a or b else 1.0
 
 
-def duplicate_reasons(items: Sequence[tuple[str, str]],
-                      threshold: float = NEAR_DUPLICATE) -> list[str | None]:
+def duplicate_reasons(
+    items: Sequence[tuple[str, str]], threshold: float = NEAR_DUPLICATE
+) -> list[str | None]:
     """For each (group, text) in order: "duplicate" (same words as an earlier kept text of its
     group), "near_duplicate" (content-word Jaccard >= threshold with one), or None (kept)."""
     seen: dict[str, set[tuple[str, ...]]] = {}

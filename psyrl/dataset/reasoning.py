@@ -10,6 +10,7 @@ import random
 
 from tqdm import tqdm
 
+from psyrl.core.records import load_stimuliqa
 from psyrl.dataset import prompts
 from psyrl.dataset.catalogue import Variable
 from psyrl.dataset.generation_log import Job
@@ -23,12 +24,17 @@ from psyrl.dataset.run import (
     write_nonempty,
     write_report,
 )
-from psyrl.core.records import load_stimuliqa
 
 
-def build_reasoning(run: BuildRun, data_path, *, n_short: int = PAPER_REASONING,
-                    n_long: int = PAPER_REASONING, short_words: int = SHORT_WORDS,
-                    overwrite: bool = False):
+def build_reasoning(
+    run: BuildRun,
+    data_path,
+    *,
+    n_short: int = PAPER_REASONING,
+    n_long: int = PAPER_REASONING,
+    short_words: int = SHORT_WORDS,
+    overwrite: bool = False,
+):
     """Appendix B's reasoning samples for knowledge injection: the reasoning-CoT prompt on the
     records of a StimuliQA file, visited in a seeded order until `n_short` rationales of at most
     `short_words` words and `n_long` longer ones are kept. Written as StimuliQA records with
@@ -43,10 +49,15 @@ def build_reasoning(run: BuildRun, data_path, *, n_short: int = PAPER_REASONING,
     quota = {"short": n_short, "long": n_long}
     tally, dropped, position = Tally(), [], 0
     chunk = run.sampling.batch * run.dist.world
-    bar = tqdm(total=n_short + n_long, desc="reasoning", unit="kept", dynamic_ncols=True,
-               disable=not (run.progress and run.dist.is_main))
+    bar = tqdm(
+        total=n_short + n_long,
+        desc="reasoning",
+        unit="kept",
+        dynamic_ncols=True,
+        disable=not (run.progress and run.dist.is_main),
+    )
     while position < len(order) and any(len(kept[k]) < quota[k] for k in kept):
-        batch = [records[i] for i in order[position:position + chunk]]
+        batch = [records[i] for i in order[position : position + chunk]]
         position += len(batch)
         jobs = [Job(r.id, prompts.reasoning_prompt(r)) for r in batch]
         # every rank: the loop's decision needs the rows
@@ -64,7 +75,8 @@ def build_reasoning(run: BuildRun, data_path, *, n_short: int = PAPER_REASONING,
                 except Rejected as e:
                     tally.add(record.variable, e.reason)
                     dropped.append(
-                        {"id": record.id, "sample": j, "reason": e.reason, "text": output["text"]})
+                        {"id": record.id, "sample": j, "reason": e.reason, "text": output["text"]}
+                    )
                     continue
                 kind = "short" if len(rationale.split()) <= short_words else "long"
                 if len(kept[kind]) >= quota[kind]:
@@ -81,21 +93,35 @@ def build_reasoning(run: BuildRun, data_path, *, n_short: int = PAPER_REASONING,
     chosen = sorted(kept["short"] + kept["long"], key=lambda r: order_of[r.id])
     write_nonempty(run.out / "reasoning.jsonl", chosen)
     write_nonempty(run.out / "dropped.jsonl", dropped)
-    catalogue = {r.variable: Variable(r.variable, "", 0, 1, r.dimension, r.subdimension, "")
-                 for r in records if r.variable and r.dimension}
+    catalogue = {
+        r.variable: Variable(r.variable, "", 0, 1, r.dimension, r.subdimension, "")
+        for r in records
+        if r.variable and r.dimension
+    }
     words = {k: [len(r.reasoning.split()) for r in v] for k, v in kept.items()}
-    report = {"command": "reasoning", **tally.report(catalogue), "records_visited": position,
-              "records": len(records), "short": len(kept["short"]), "long": len(kept["long"]),
-              "short_words": short_words, "quota": quota,
-              "mean_words": {k: sum(w) / len(w) if w else None for k, w in words.items()}}
+    report = {
+        "command": "reasoning",
+        **tally.report(catalogue),
+        "records_visited": position,
+        "records": len(records),
+        "short": len(kept["short"]),
+        "long": len(kept["long"]),
+        "short_words": short_words,
+        "quota": quota,
+        "mean_words": {k: sum(w) / len(w) if w else None for k, w in words.items()},
+    }
     short_of = [k for k in kept if len(kept[k]) < quota[k]]
-    unfilled = (f"; the file ran out before the {' and '.join(short_of)} "
-                f"quota{'s' * (len(short_of) > 1)} filled")
+    unfilled = (
+        f"; the file ran out before the {' and '.join(short_of)} "
+        f"quota{'s' * (len(short_of) > 1)} filled"
+    )
     summary = (
         f"{position} of {len(records)} records visited (seeded order) for {n_short} short (<= "
         f"{short_words} words) and {n_long} long rationales: kept {len(kept['short'])} short and "
         f"{len(kept['long'])} long in reasoning.jsonl{unfilled if short_of else ''}. Generations "
-        "beyond a filled quota count as surplus.")
-    write_report(run.out, report,
-                 report_markdown(f"psyrl build reasoning: {run.out}", summary, report))
+        "beyond a filled quota count as surplus."
+    )
+    write_report(
+        run.out, report, report_markdown(f"psyrl build reasoning: {run.out}", summary, report)
+    )
     return report

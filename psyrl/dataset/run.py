@@ -17,14 +17,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from psyrl.dataset.catalogue import Variable
-from psyrl.dataset.generation_log import Job, Sampling, generate, load_log
 from psyrl.core.atomic import write_text
 from psyrl.core.records import DIMENSIONS, write_jsonl
+from psyrl.dataset.catalogue import Variable
+from psyrl.dataset.generation_log import Job, Sampling, generate, load_log
 from psyrl.runtime.distributed import Dist, broadcast_object
 
-BUILD_FILES = ("build.json", "generations.jsonl", "dropped.jsonl", "qa.jsonl", "train.jsonl",
-               "test.jsonl", "topics.jsonl", "reasoning.jsonl", "report.json", "report.md")
+BUILD_FILES = (
+    "build.json",
+    "generations.jsonl",
+    "dropped.jsonl",
+    "qa.jsonl",
+    "train.jsonl",
+    "test.jsonl",
+    "topics.jsonl",
+    "reasoning.jsonl",
+    "report.json",
+    "report.md",
+)
 GENERATION_KEYS = (
     "model",
     "model_fingerprint",
@@ -36,7 +46,8 @@ GENERATION_KEYS = (
     # what a resume must share with the run it continues
     "max_new_tokens",
     "seed",
-    "samples")
+    "samples",
+)
 
 
 class BuildError(ValueError):
@@ -74,29 +85,48 @@ class BuildRun:
                 self.out.mkdir(parents=True, exist_ok=True)
                 write_text(
                     self.out / "build.json",
-                    json.dumps({"command": command, "generation": self.settings, "inputs": inputs},
-                               indent=2) + "\n")
+                    json.dumps(
+                        {"command": command, "generation": self.settings, "inputs": inputs},
+                        indent=2,
+                    )
+                    + "\n",
+                )
             except (BuildError, OSError) as e:
                 problem = str(e)
         problem = broadcast_object(problem, self.dist)
         if problem:
             raise BuildError(problem)
 
-    def generate(self, jobs: Sequence[Job], desc: str, progress: bool | None = None,
-                 samples: int | None = None) -> dict[str, dict]:
+    def generate(
+        self,
+        jobs: Sequence[Job],
+        desc: str,
+        progress: bool | None = None,
+        samples: int | None = None,
+    ) -> dict[str, dict]:
         """Every job's log row (see psyrl.dataset.generation_log.generate); `samples` overrides
         the generations per prompt (a two-turn dialogue's first reply is one)."""
         log = self.out / "generations.jsonl"
         if self.logged is None:
             self.logged = load_log(self.dist, log)
         if self.sampler is None and any(
-                self.logged.get(j.key, {}).get("prompt_sha") != j.sha
-                # a finished build re-reports without loading the model
-                for j in jobs):
+            self.logged.get(j.key, {}).get("prompt_sha") != j.sha
+            # a finished build re-reports without loading the model
+            for j in jobs
+        ):
             self.sampler = self.make_sampler()
         sampling = self.sampling if samples is None else replace(self.sampling, samples=samples)
-        return generate(self.dist, self.sampler, self.tokenizer, jobs, log, self.logged, sampling,
-                        self.progress if progress is None else progress, desc)
+        return generate(
+            self.dist,
+            self.sampler,
+            self.tokenizer,
+            jobs,
+            log,
+            self.logged,
+            sampling,
+            self.progress if progress is None else progress,
+            desc,
+        )
 
     def close(self) -> None:
         if self.sampler is not None:
@@ -109,7 +139,8 @@ def _check_previous(out: Path, command: str, settings: dict) -> None:
         if (out / "generations.jsonl").exists():
             raise BuildError(
                 f"{out} holds generations.jsonl but no build.json: damaged, or not a psyrl build; "
-                "use another --out or --overwrite")
+                "use another --out or --overwrite"
+            )
         return
     try:
         before = json.loads(saved.read_text(encoding="utf-8"))
@@ -118,16 +149,21 @@ def _check_previous(out: Path, command: str, settings: dict) -> None:
     if before.get("command") != command:
         raise BuildError(
             f"{out} holds a `psyrl build {before.get('command')}` run; use another --out for "
-            f"`psyrl build {command}`")
+            f"`psyrl build {command}`"
+        )
     previous = before.get("generation", {})
-    changed = [f"{k}: {previous.get(k)!r} -> {settings.get(k)!r}" for k in GENERATION_KEYS
-               if previous.get(k) != settings.get(k)]
+    changed = [
+        f"{k}: {previous.get(k)!r} -> {settings.get(k)!r}"
+        for k in GENERATION_KEYS
+        if previous.get(k) != settings.get(k)
+    ]
     log = out / "generations.jsonl"
     # nothing generated yet (a failed start): no conflict
     if changed and log.exists() and log.stat().st_size > 0:
         raise BuildError(
             f"{out} holds generations made differently ({'; '.join(changed)}); use another --out, "
-            "or --overwrite to delete them")
+            "or --overwrite to delete them"
+        )
 
 
 # ---------------------------------------------------------------- tallies and reports
@@ -144,25 +180,31 @@ class Tally:
         def block(counter: Counter) -> dict:
             dropped = {k: v for k, v in sorted(counter.items()) if k != "kept"}
             return {
-                "generations": sum(counter.values()), "kept": counter["kept"], "dropped": dropped
+                "generations": sum(counter.values()),
+                "kept": counter["kept"],
+                "dropped": dropped,
             }
 
         total, by_dimension = Counter(), {d: Counter() for d in DIMENSIONS}
         by_variable = {}
         order = list(catalogue)
         for code, counter in sorted(
-                self.counts.items(), key=lambda kv: order.index(kv[0])
-                if kv[0] in order else len(order)):
+            self.counts.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)
+        ):
             total.update(counter)
             variable = catalogue.get(code)
             if variable is not None:
                 by_dimension[variable.dimension].update(counter)
             by_variable[code] = {
                 "dimension": variable.dimension if variable else "",
-                "subdimension": variable.subdimension if variable else "", **block(counter)
+                "subdimension": variable.subdimension if variable else "",
+                **block(counter),
             }
-        return {**block(total), "by_variable": by_variable,
-                "by_dimension": {d: block(c) for d, c in by_dimension.items() if c}}
+        return {
+            **block(total),
+            "by_variable": by_variable,
+            "by_dimension": {d: block(c) for d, c in by_dimension.items() if c},
+        }
 
 
 def table(header: list[str], rows: list[list]) -> str:
@@ -178,7 +220,7 @@ def report_markdown(title: str, summary: str, report: dict) -> str:
     if reasons:
         parts += [
             table(["dropped because", "generations"], [[r, report["dropped"][r]] for r in reasons]),
-            ""
+            "",
         ]
     cols = ["generations", "kept", *reasons]
     row = lambda name, extra, b: [
@@ -188,12 +230,23 @@ def report_markdown(title: str, summary: str, report: dict) -> str:
         *[
             b["dropped"].get(r, 0)  # noqa: E731
             for r in reasons
-        ]
+        ],
     ]
-    parts += ["## By variable", "", table(["variable", "dimension", *cols], [
-        row(code, [b["dimension"]], b) for code, b in report["by_variable"].items()]), ""]
-    parts += ["## By dimension", "", table(["dimension", *cols], [
-        row(d, [], b) for d, b in report["by_dimension"].items()]), ""]
+    parts += [
+        "## By variable",
+        "",
+        table(
+            ["variable", "dimension", *cols],
+            [row(code, [b["dimension"]], b) for code, b in report["by_variable"].items()],
+        ),
+        "",
+    ]
+    parts += [
+        "## By dimension",
+        "",
+        table(["dimension", *cols], [row(d, [], b) for d, b in report["by_dimension"].items()]),
+        "",
+    ]
     return "\n".join(parts)
 
 

@@ -20,8 +20,9 @@ from psyrl.dataset.run import (
 )
 
 
-def build_topics(run: BuildRun, catalogue_path, *, max_topics: int = PAPER_TOPICS,
-                 overwrite: bool = False):
+def build_topics(
+    run: BuildRun, catalogue_path, *, max_topics: int = PAPER_TOPICS, overwrite: bool = False
+):
     """Expand each variable's seed topics with the topic-generation prompt (`samples` generations
     per variable): duplicates (same words as a seed or an earlier topic) dropped, at most
     `max_topics` per variable, seeds included (appendix B: 10-50 seeds, up to 200 topics)."""
@@ -29,7 +30,8 @@ def build_topics(run: BuildRun, catalogue_path, *, max_topics: int = PAPER_TOPIC
     seeded = {code: v for code, v in catalogue.items() if v.topics}
     if not seeded:
         raise BuildError(
-            f"{catalogue_path}: no variable has seed topics (`topics = [...]`) to expand")
+            f"{catalogue_path}: no variable has seed topics (`topics = [...]`) to expand"
+        )
     if max_topics < 1:
         raise BuildError("--max-topics must be >= 1")
     jobs = [Job(code, prompts.topic_prompt(list(v.topics))) for code, v in seeded.items()]
@@ -53,27 +55,38 @@ def build_topics(run: BuildRun, catalogue_path, *, max_topics: int = PAPER_TOPIC
                 for _ in range(n):
                     tally.add(job.key, reason)
             for topic in found:
-                reason = ("duplicate" if topic_key(topic) in seen else
-                          "over_cap" if len(kept) >= max_topics else None)
+                reason = (
+                    "duplicate"
+                    if topic_key(topic) in seen
+                    else "over_cap"
+                    if len(kept) >= max_topics
+                    else None
+                )
                 tally.add(job.key, reason or "kept")
                 if reason:
                     dropped.append(
-                        {"variable": job.key, "sample": j, "reason": reason, "topic": topic})
+                        {"variable": job.key, "sample": j, "reason": reason, "topic": topic}
+                    )
                     continue
                 seen.add(topic_key(topic))
                 kept.append((topic, "generated"))
                 new += 1
         seeds = sum(origin == "seed" for _, origin in kept)
         per_variable[job.key] = {
-            "seeds": seeds, "generated": new, "topics": min(len(kept), max_topics)
+            "seeds": seeds,
+            "generated": new,
+            "topics": min(len(kept), max_topics),
         }
-        lines += [{"variable": job.key, "topic": t, "origin": origin}
-                  for t, origin in kept[:max_topics]]
+        lines += [
+            {"variable": job.key, "topic": t, "origin": origin} for t, origin in kept[:max_topics]
+        ]
     write_nonempty(run.out / "topics.jsonl", lines)
     write_nonempty(run.out / "dropped.jsonl", dropped)
     report = {
-        "command": "topics", "max_topics": max_topics,
-        **tally.report(catalogue), "topics": per_variable
+        "command": "topics",
+        "max_topics": max_topics,
+        **tally.report(catalogue),
+        "topics": per_variable,
     }
     skipped = sorted(set(catalogue) - set(seeded))
     markdown = report_markdown(
@@ -81,10 +94,16 @@ def build_topics(run: BuildRun, catalogue_path, *, max_topics: int = PAPER_TOPIC
         f"{len(jobs)} variables with seed topics x {run.sampling.samples} generations; candidate "
         f"topic lines counted below (kept = new topics in topics.jsonl, at most {max_topics} per "
         "variable with the seeds)."
-        + (f" Without seed topics, not expanded: {', '.join(skipped)}." if skipped else ""), report)
-    markdown += "\n## Topics per variable\n\n" + table(
-        ["variable", "seeds", "generated", "topics"],
-        [[code, b["seeds"], b["generated"], b["topics"]]
-         for code, b in per_variable.items()]) + "\n"
+        + (f" Without seed topics, not expanded: {', '.join(skipped)}." if skipped else ""),
+        report,
+    )
+    markdown += (
+        "\n## Topics per variable\n\n"
+        + table(
+            ["variable", "seeds", "generated", "topics"],
+            [[code, b["seeds"], b["generated"], b["topics"]] for code, b in per_variable.items()],
+        )
+        + "\n"
+    )
     write_report(run.out, report, markdown)
     return report

@@ -27,8 +27,12 @@ from psyrl.core.text import choice_of, extract_answer, format_reward, option_sco
 PAPER_BENCHMARKS = ("tombench", "simpletom", "socialiqa", "cosmosqa", "bbh")
 EXTRA_BENCHMARKS = ("emobench",)  # StimuliQA-like, not one of the paper's benchmarks
 DISPLAY_NAMES = {
-    "tombench": "ToMbench", "simpletom": "SimpleToM", "socialiqa": "SocialIQa",
-    "cosmosqa": "CosmosQA", "bbh": "BIG-Bench Hard", "emobench": "EmoBench"
+    "tombench": "ToMbench",
+    "simpletom": "SimpleToM",
+    "socialiqa": "SocialIQa",
+    "cosmosqa": "CosmosQA",
+    "bbh": "BIG-Bench Hard",
+    "emobench": "EmoBench",
 }
 HALVES = ("all", "selftrain", "eval")
 
@@ -72,7 +76,8 @@ def resolve_sources(specs: Sequence[str], benchmark_dir: str | Path) -> list[Sou
         else:
             raise EvalError(
                 f"unknown benchmark {spec!r}: expected one of {', '.join(known)}, or the path of a "
-                "JSONL file in the benchmark or StimuliQA schema")
+                "JSONL file in the benchmark or StimuliQA schema"
+            )
         records = load_records(path)  # DataError: file:line of every bad line
         if isinstance(records[0], StimuliRecord):
             schema, name = "stimuliqa", f"{path.parent.name}/{path.stem}"
@@ -81,10 +86,12 @@ def resolve_sources(specs: Sequence[str], benchmark_dir: str | Path) -> list[Sou
             others = sorted({r.benchmark for r in records} - {name})
             if others:
                 raise DataError(
-                    f"{path}: one benchmark per file expected; it holds {name!r} and {others}")
+                    f"{path}: one benchmark per file expected; it holds {name!r} and {others}"
+                )
         if any(s.name == name for s in sources):
             raise EvalError(
-                f"{path}: a second source named {name!r} (rename the file or its benchmark field)")
+                f"{path}: a second source named {name!r} (rename the file or its benchmark field)"
+            )
         for r in records:
             if r.id in first_source_of:
                 raise EvalError(f"{path}: item id {r.id!r} is also in {first_source_of[r.id]}")
@@ -129,23 +136,42 @@ def select_items(records: Sequence, limit: int, half: str, seed: int) -> list:
     by_task: dict[str, list] = {}
     for r in kept:
         by_task.setdefault(task_of(r), []).append(r)
-    chosen = {r.id for group in by_task.values()
-              for r in sorted(group, key=lambda r: _unit_hash(f"limit:{seed}:{r.id}"))[:limit]}
+    chosen = {
+        r.id
+        for group in by_task.values()
+        for r in sorted(group, key=lambda r: _unit_hash(f"limit:{seed}:{r.id}"))[:limit]
+    }
     return [r for r in kept if r.id in chosen]
 
 
-def score_response(record: BenchmarkRecord | StimuliRecord, source: str, response: str, tokens: int,
-                   finish: str, mean_logprob: float, mode: str) -> dict:
+def score_response(
+    record: BenchmarkRecord | StimuliRecord,
+    source: str,
+    response: str,
+    tokens: int,
+    finish: str,
+    mean_logprob: float,
+    mode: str,
+) -> dict:
     """One row of predictions.jsonl without the prompt: the extracted answer, F1 to the gold text,
     format (eq. 6), and for multiple-choice records the per-option F1, the choice (0-based option
     index; null = E) and correctness."""
     extracted = extract_answer(response)
     row = {
-        "id": record.id, "benchmark": source, "task": task_of(record),
+        "id": record.id,
+        "benchmark": source,
+        "task": task_of(record),
         "index": record.meta.get("source_index") if isinstance(record, BenchmarkRecord) else None,
-        "response": response, "extracted": extracted, "f1": token_f1(extracted, record.answer),
-        "format": format_reward(response, mode), "tokens": tokens, "finish": finish,
-        "mean_logprob": mean_logprob, "option_f1": None, "choice": None, "correct": None
+        "response": response,
+        "extracted": extracted,
+        "f1": token_f1(extracted, record.answer),
+        "format": format_reward(response, mode),
+        "tokens": tokens,
+        "finish": finish,
+        "mean_logprob": mean_logprob,
+        "option_f1": None,
+        "choice": None,
+        "correct": None,
     }
     if isinstance(record, BenchmarkRecord):
         row["option_f1"] = option_scores(extracted, record.options)
@@ -175,9 +201,13 @@ def aggregate(rows: Sequence[dict]) -> dict:
     grouped: dict[str, dict[str, list]] = {}
     for r in rows:
         grouped.setdefault(r["benchmark"], {}).setdefault(r["task"], []).append(r)
-    return {name: {**summarize([r for group in tasks.values() for r in group]),
-                   "tasks": {task: summarize(group) for task, group in tasks.items()}}
-            for name, tasks in grouped.items()}
+    return {
+        name: {
+            **summarize([r for group in tasks.values() for r in group]),
+            "tasks": {task: summarize(group) for task, group in tasks.items()},
+        }
+        for name, tasks in grouped.items()
+    }
 
 
 def read_predictions(path: str | Path, tolerate_torn_end: bool = False) -> tuple[list[dict], int]:
@@ -198,6 +228,7 @@ def read_predictions(path: str | Path, tolerate_torn_end: bool = False) -> tuple
 def _prediction_row(row) -> dict:
     keys = {"id", "benchmark", "task", "f1", "format", "tokens"}
     if not isinstance(row, dict) or not keys <= row.keys():
-        raise ValueError("not a prediction row (keys id, benchmark, task, f1, format, tokens "
-                         "expected)")
+        raise ValueError(
+            "not a prediction row (keys id, benchmark, task, f1, format, tokens expected)"
+        )
     return row

@@ -39,13 +39,17 @@ def lengths_by_index(rows: Sequence[dict]) -> tuple[dict[int, list[int]], dict[i
 def counts_markdown(labels: Sequence[str], groups: Sequence[tuple[dict, dict]]) -> str:
     """Valid (non-zero-F1) samples per index and run, of the items evaluated, with the median
     length."""
-    header = "| run | " + " | ".join(f"index {i}: valid / items (median tokens)"
-                                     for i in INDICES) + " | total valid |"
+    header = (
+        "| run | "
+        + " | ".join(f"index {i}: valid / items (median tokens)" for i in INDICES)
+        + " | total valid |"
+    )
     lines = [header, "| --- |" + " ---: |" * (len(INDICES) + 1)]
     for label, (lengths, items) in zip(labels, groups):
         cells = [f"{len(lengths[i])} / {items[i]} ({_median(lengths[i])})" for i in INDICES]
-        lines.append(f"| {label} | " + " | ".join(cells) +
-                     f" | {sum(len(v) for v in lengths.values())} |")
+        lines.append(
+            f"| {label} | " + " | ".join(cells) + f" | {sum(len(v) for v in lengths.values())} |"
+        )
     return "\n".join(lines)
 
 
@@ -53,8 +57,9 @@ def _median(values: list[int]) -> str:
     return f"{statistics.median(values):g}" if values else "-"
 
 
-def plot_lengths(labels: Sequence[str], groups: Sequence[tuple[dict, dict]],
-                 out: str | Path) -> Path:
+def plot_lengths(
+    labels: Sequence[str], groups: Sequence[tuple[dict, dict]], out: str | Path
+) -> Path:
     """Figure 6: one box per index and run, side by side, each labelled with its count of valid
     samples."""
     try:
@@ -69,15 +74,23 @@ def plot_lengths(labels: Sequence[str], groups: Sequence[tuple[dict, dict]],
     for k, (label, (lengths, _)) in enumerate(zip(labels, groups)):
         positions = [i + (k - (len(labels) - 1) / 2) * width for i in INDICES]
         data = [lengths[i] or [float("nan")] for i in INDICES]
-        box = ax.boxplot(data, positions=positions, widths=width * 0.9, patch_artist=True,
-                         showfliers=True)
+        box = ax.boxplot(
+            data, positions=positions, widths=width * 0.9, patch_artist=True, showfliers=True
+        )
         color = f"C{k}"
         for patch in box["boxes"]:
             patch.set_facecolor(color)
             patch.set_alpha(0.5)
         for i, x in zip(INDICES, positions):
-            ax.annotate(f"n={len(lengths[i])}", (x, 1.0), xycoords=("data", "axes fraction"),
-                        ha="center", va="bottom", fontsize=8, color=color)
+            ax.annotate(
+                f"n={len(lengths[i])}",
+                (x, 1.0),
+                xycoords=("data", "axes fraction"),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                color=color,
+            )
         ax.plot([], [], color=color, linewidth=8, alpha=0.5, label=label)
     ax.set_xticks(list(INDICES), [f"Index {i}" for i in INDICES])
     ax.set_ylabel("response length (tokens)")

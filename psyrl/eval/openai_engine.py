@@ -84,19 +84,30 @@ def url_problem(base_url: str) -> str | None:
     """Why --base-url is not usable (None if it is): an http(s) URL with a host."""
     parts = urllib.parse.urlsplit(base_url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return (f"--base-url must be an http(s) URL such as https://api.openai.com/v1 or "
-                f"http://127.0.0.1:8000/v1, got {base_url!r}")
+        return (
+            f"--base-url must be an http(s) URL such as https://api.openai.com/v1 or "
+            f"http://127.0.0.1:8000/v1, got {base_url!r}"
+        )
     if parts.query or parts.fragment:
         return f"--base-url takes no query or fragment (…/chat/completions is appended): {base_url}"
     return None
 
 
-def request_body(model: str, messages: list[dict], temperature: float, top_p: float,
-                 max_tokens: int, seed: int) -> dict:
+def request_body(
+    model: str, messages: list[dict], temperature: float, top_p: float, max_tokens: int, seed: int
+) -> dict:
     """The chat-completions request of one item: only fields of OpenAI's API, so that any
     compatible server takes it (`max_tokens`, the field every one of them knows)."""
-    return {"model": model, "messages": messages, "temperature": temperature, "top_p": top_p,
-            "max_tokens": max_tokens, "seed": seed, "n": 1, "stream": False}
+    return {
+        "model": model,
+        "messages": messages,
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_tokens": max_tokens,
+        "seed": seed,
+        "n": 1,
+        "stream": False,
+    }
 
 
 def parse_completion(payload: bytes, mask: Callable[[bytes], bytes] = lambda b: b) -> Completion:
@@ -108,11 +119,13 @@ def parse_completion(payload: bytes, mask: Callable[[bytes], bytes] = lambda b: 
         text, finish = choice["message"]["content"], choice.get("finish_reason")
         tokens = answer["usage"]["completion_tokens"]
     except (ValueError, KeyError, IndexError, TypeError) as e:
-        raise _Retryable(f"not a chat completion ({type(e).__name__}: {e}): "
-                         f"{_shown(mask(payload))}") from None
+        raise _Retryable(
+            f"not a chat completion ({type(e).__name__}: {e}): {_shown(mask(payload))}"
+        ) from None
     if not isinstance(tokens, int) or not isinstance(text, (str, type(None))):
-        raise _Retryable(f"not a chat completion (usage.completion_tokens {tokens!r}): "
-                         f"{_shown(mask(payload))}")
+        raise _Retryable(
+            f"not a chat completion (usage.completion_tokens {tokens!r}): {_shown(mask(payload))}"
+        )
     return Completion(text or "", tokens, finish or "unknown")
 
 
@@ -170,9 +183,11 @@ class Client:
                     return parse_completion(response.read(), self._masked_text)
             except urllib.error.HTTPError as e:  # before URLError: it is one
                 if 300 <= e.code < 400:
-                    raise ApiError(f"{opts.url}: HTTP {e.code} redirect to "
-                                   f"{e.headers.get('Location')!r}: not followed (it would send "
-                                   "the key there); use the final URL as --base-url") from None
+                    raise ApiError(
+                        f"{opts.url}: HTTP {e.code} redirect to "
+                        f"{e.headers.get('Location')!r}: not followed (it would send "
+                        "the key there); use the final URL as --base-url"
+                    ) from None
                 problem = f"HTTP {e.code}: {_shown(self._masked_text(_read(e)))}"
                 if e.code != 429 and not 500 <= e.code < 600:
                     raise ApiError(self._masked(f"{opts.url}: {problem}")) from None
@@ -184,12 +199,16 @@ class Client:
             except (http.client.HTTPException, OSError) as e:  # a timeout, a reset connection
                 failure = _Retryable(f"{type(e).__name__}: {str(e) or 'no detail'}")
             if failure.retry_after is not None and failure.retry_after > RETRY_AFTER_MAX:
-                raise ApiError(self._masked(
-                    f"{opts.url}: {failure} with Retry-After {failure.retry_after:g} s (more than "
-                    f"{RETRY_AFTER_MAX:g} s: try again later)"))
+                raise ApiError(
+                    self._masked(
+                        f"{opts.url}: {failure} with Retry-After {failure.retry_after:g} s (more than "
+                        f"{RETRY_AFTER_MAX:g} s: try again later)"
+                    )
+                )
             if attempt == opts.retries:
-                raise ApiError(self._masked(
-                    f"{opts.url}: {failure} (after {opts.retries + 1} attempts)"))
+                raise ApiError(
+                    self._masked(f"{opts.url}: {failure} (after {opts.retries + 1} attempts)")
+                )
             if self._stop.wait(backoff(attempt, opts.retry_wait, failure.retry_after, self._rng)):
                 raise ApiError(f"{opts.url}: stopped after another request failed")
         raise AssertionError("unreachable")
@@ -204,9 +223,12 @@ class Client:
         return message.replace(self._key, "***") if self._key else message
 
 
-def complete_all(client: Client, jobs: Iterable, body_of: Callable[[object], dict],
-                 stopping: Callable[[], bool] = lambda: False
-                 ) -> Iterator[tuple[object, Completion]]:
+def complete_all(
+    client: Client,
+    jobs: Iterable,
+    body_of: Callable[[object], dict],
+    stopping: Callable[[], bool] = lambda: False,
+) -> Iterator[tuple[object, Completion]]:
     """(job, completion) in the order they finish, `client.options.concurrency` requests in flight
     (a thread each). The caller records each as it comes (a crash loses only the requests in
     flight). When `stopping()` turns true no new request starts; those in flight finish and are

@@ -57,26 +57,28 @@ def stimuliqa_table(labels: Sequence[str], results: Sequence[dict]) -> str:
     subdimension, overall F1 and the format-compliance rate (%); deltas against the first run. Empty
     when there is none."""
     names = list(
-        dict.fromkeys(b for r in results for b, s in r.items() if not _is_multiple_choice(s)))
+        dict.fromkeys(b for r in results for b, s in r.items() if not _is_multiple_choice(s))
+    )
     parts = []
     for b in names:
         tasks = list(dict.fromkeys(t for r in results for t in r.get(b, {}).get("tasks", {})))
-        header = ["run"] + [t or "(no subdimension)"
-                            for t in tasks] + ["overall F1", "format %", "n"]
+        header = (
+            ["run"] + [t or "(no subdimension)" for t in tasks] + ["overall F1", "format %", "n"]
+        )
         rows = []
         for k, (label, result) in enumerate(zip(labels, results)):
             mine, first = result.get(b, {}), results[0].get(b, {}) if k else {}
             row = [label] + [
                 _cell(
                     mine.get("tasks", {}).get(t, {}).get("f1"),
-                    first.get("tasks", {}).get(t, {}).get("f1") if k else None) for t in tasks
+                    first.get("tasks", {}).get(t, {}).get("f1") if k else None,
+                )
+                for t in tasks
             ]
             row += [
-                _cell(mine.get("f1"),
-                      first.get("f1") if k else None),
-                _cell(mine.get("format"),
-                      first.get("format") if k else None),
-                str(mine.get("count", "-"))
+                _cell(mine.get("f1"), first.get("f1") if k else None),
+                _cell(mine.get("format"), first.get("format") if k else None),
+                str(mine.get("count", "-")),
             ]
             rows.append(row)
         parts.append(f"**{b}** (StimuliQA format: F1 by subdimension)\n\n" + _table(header, rows))
@@ -90,15 +92,18 @@ def task_table(result: dict) -> str:
     rows = []
     for b, summary in result.items():
         for task, s in [("(all)", summary)] + list(summary["tasks"].items()):
-            rows.append([
-                _name(b), task or "-",
-                str(s["count"]),
-                _cell(s["f1"]),
-                _cell(s["accuracy"]),
-                "-" if s["not_applicable"] is None else str(s["not_applicable"]),
-                _cell(s["format"], digits=1),
-                _cell(s["length"], digits=1)
-            ])
+            rows.append(
+                [
+                    _name(b),
+                    task or "-",
+                    str(s["count"]),
+                    _cell(s["f1"]),
+                    _cell(s["accuracy"]),
+                    "-" if s["not_applicable"] is None else str(s["not_applicable"]),
+                    _cell(s["format"], digits=1),
+                    _cell(s["length"], digits=1),
+                ]
+            )
     return _table(header, rows, right_from=2)
 
 
@@ -113,7 +118,8 @@ def results_markdown(label: str, result: dict, settings: dict) -> str:
         f"{settings['seed']}, at most {settings['max_new_tokens']} new tokens; split "
         f"`{settings['split']}`{split_seed}, "
         f"limit {settings['limit'] or 'none'} per task. F1 ×100; Acc = F1-accuracy in % (a tie at "
-        "the top is E and counts wrong); length in response tokens.\n")
+        "the top is E and counts wrong); length in response tokens.\n"
+    )
     parts = [head]
     for table in (main_table([label], [result]), stimuliqa_table([label], [result])):
         if table:

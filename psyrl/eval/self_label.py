@@ -57,17 +57,29 @@ def _unlabelled(record: BenchmarkRecord) -> BenchmarkRecord:
 EVALUATION_ONLY = ("tombench",)  # ToMbench's licence: "Use ToMBench for evaluation purposes only"
 
 
-def self_label(rows: Sequence[dict], records: Mapping[str, BenchmarkRecord], tau: float = PAPER_TAU,
-               confidence: str = "f1", seed: int = 0, mode: str = "cot", options: str = "paper",
-               include_evaluation_only: bool = False) -> tuple[list[StimuliRecord], dict[str, int]]:
+def self_label(
+    rows: Sequence[dict],
+    records: Mapping[str, BenchmarkRecord],
+    tau: float = PAPER_TAU,
+    confidence: str = "f1",
+    seed: int = 0,
+    mode: str = "cot",
+    options: str = "paper",
+    include_evaluation_only: bool = False,
+) -> tuple[list[StimuliRecord], dict[str, int]]:
     """(the SFT records, counts) from prediction rows (`psyrl.eval.benchmarks.score_response` rows,
     in any order) and the benchmark records they answer (by id). Counts: predictions, kept, and why
     the others were dropped. Items of evaluation-only benchmarks (ToMbench) are left out unless
     `include_evaluation_only`; items without a context are left out (a StimuliQA record needs its
     stimuli)."""
     counts = {
-        "predictions": len(rows), "kept": 0, "evaluation_only": 0, "no_context": 0,
-        "format_invalid": 0, "low_confidence": 0, "no_matching_option": 0
+        "predictions": len(rows),
+        "kept": 0,
+        "evaluation_only": 0,
+        "no_context": 0,
+        "format_invalid": 0,
+        "low_confidence": 0,
+        "no_matching_option": 0,
     }
     kept = []
     for row in rows:
@@ -89,7 +101,8 @@ def self_label(rows: Sequence[dict], records: Mapping[str, BenchmarkRecord], tau
         if confidence == "logprob" and row.get("mean_logprob") is None:
             raise EvalError(
                 f"prediction {row['id']!r} has no mean_logprob (an --engine openai run: APIs "
-                "return no log-probs here); use --confidence f1")
+                "return no log-probs here); use --confidence f1"
+            )
         # recomputed: the file's own copy is not trusted
         scores = option_scores(row["extracted"], record.options)
         if not confidence_of(scores, row["mean_logprob"], confidence) > tau:
@@ -103,9 +116,13 @@ def self_label(rows: Sequence[dict], records: Mapping[str, BenchmarkRecord], tau
         reasoning = think_text(row["response"]) if mode == "cot" else None
         kept.append(
             StimuliRecord(
-                id=f"self/{record.id}", stimuli=record.context,
-                question=question_text(record, options), answer=record.options[choice],
+                id=f"self/{record.id}",
+                stimuli=record.context,
+                question=question_text(record, options),
+                answer=record.options[choice],
                 variable=f"{record.benchmark}/{record.task}" if record.task else record.benchmark,
-                reasoning=reasoning.strip() if reasoning else None))
+                reasoning=reasoning.strip() if reasoning else None,
+            )
+        )
         counts["kept"] += 1
     return kept, counts

@@ -48,8 +48,15 @@ def launcher(experiment: Experiment, nproc: int | None = None) -> list[str]:
     if count == 1:
         return [sys.executable, "-m", "psyrl"]
     torchrun = Path(sys.executable).with_name("torchrun")
-    return [str(torchrun) if torchrun.exists() else "torchrun", "--standalone",
-            "--nproc_per_node", str(count), *experiment.torchrun_args, "-m", "psyrl"]
+    return [
+        str(torchrun) if torchrun.exists() else "torchrun",
+        "--standalone",
+        "--nproc_per_node",
+        str(count),
+        *experiment.torchrun_args,
+        "-m",
+        "psyrl",
+    ]
 
 
 def resolve(experiment: Experiment, reference: str, seed: int | None, dry: bool) -> str:
@@ -87,8 +94,13 @@ def substitute(experiment: Experiment, unit: Unit, text: str, dry: bool) -> str:
     return PLACEHOLDER.sub(one, text).replace("{dir}", str(unit.dir))
 
 
-def steps(experiment: Experiment, unit: Unit, extra_sets: tuple[str, ...],
-          extra_eval: tuple[str, ...], dry: bool) -> list[tuple[str, list[str]]]:
+def steps(
+    experiment: Experiment,
+    unit: Unit,
+    extra_sets: tuple[str, ...],
+    extra_eval: tuple[str, ...],
+    dry: bool,
+) -> list[tuple[str, list[str]]]:
     """The unit's (what, argv) still to run; [] when it is finished."""
     run, seed, out = unit.run, unit.seed, []
     seeded = ["--seed", str(seed)] if seed is not None else []
@@ -96,14 +108,26 @@ def steps(experiment: Experiment, unit: Unit, extra_sets: tuple[str, ...],
         model = resolve(experiment, run.model, seed, dry) if run.model else ""
     except Pending as e:
         model = str(e)
-    evaluate = [*launcher(experiment, run.nproc), "evaluate", "--benchmarks",
-                ",".join(run.benchmarks or experiment.eval_benchmarks),
-                *experiment.eval_args, *seeded]
+    evaluate = [
+        *launcher(experiment, run.nproc),
+        "evaluate",
+        "--benchmarks",
+        ",".join(run.benchmarks or experiment.eval_benchmarks),
+        *experiment.eval_args,
+        *seeded,
+    ]
     if run.kind in ("sft", "tgrpo"):
         if not (unit.dir / "hf" / "config.json").is_file():
-            argv = [*launcher(experiment, run.nproc), f"train-{run.kind}", "--config", run.config,
-                    "--set", f"run.output_dir={unit.dir.parent}",
-                    "--set", f"run.name={unit.dir.name}"]
+            argv = [
+                *launcher(experiment, run.nproc),
+                f"train-{run.kind}",
+                "--config",
+                run.config,
+                "--set",
+                f"run.output_dir={unit.dir.parent}",
+                "--set",
+                f"run.name={unit.dir.name}",
+            ]
             argv += ["--set", f"run.seed={seed}"] if seed is not None else []
             argv += ["--set", f"model.path={model}"] if model else []
             for override in (*run.overrides, *extra_sets):
@@ -111,17 +135,36 @@ def steps(experiment: Experiment, unit: Unit, extra_sets: tuple[str, ...],
             argv += restart_flag(unit.dir)
             out.append(("train", argv))
         if run.evaluate and not (unit.eval_dir / "results.json").is_file():
-            out.append(("evaluate", [*evaluate, "--model", str(unit.dir / "hf"), *extra_eval,
-                                     "--out", str(unit.eval_dir)]))
+            out.append(
+                (
+                    "evaluate",
+                    [
+                        *evaluate,
+                        "--model",
+                        str(unit.dir / "hf"),
+                        *extra_eval,
+                        "--out",
+                        str(unit.eval_dir),
+                    ],
+                )
+            )
     elif run.kind == "evaluate":
         if not (unit.dir / "results.json").is_file():
             args = [substitute(experiment, unit, a, dry) for a in run.args]
             chosen = ["--model", model] if model else []
-            out.append(("evaluate", [*evaluate, *chosen, *args, *extra_eval, "--out",
-                                     str(unit.dir)]))
+            out.append(
+                ("evaluate", [*evaluate, *chosen, *args, *extra_eval, "--out", str(unit.dir)])
+            )
     elif not (unit.dir / run.creates).is_file():
-        out.append(("psyrl", [*launcher(experiment, run.nproc or 1),
-                              *(substitute(experiment, unit, a, dry) for a in run.args)]))
+        out.append(
+            (
+                "psyrl",
+                [
+                    *launcher(experiment, run.nproc or 1),
+                    *(substitute(experiment, unit, a, dry) for a in run.args),
+                ],
+            )
+        )
     return out
 
 
@@ -167,8 +210,14 @@ class Runner:
         with open(self.log_dir / f"{log_name}.log", "a", encoding="utf-8") as log:
             log.write(f"$ {shlex.join(argv)}\n")
             log.flush()
-            self.child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          text=True, errors="replace", bufsize=1)
+            self.child = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                bufsize=1,
+            )
             for line in self.child.stdout:
                 sys.stdout.write(line)
                 sys.stdout.flush()
@@ -179,8 +228,13 @@ class Runner:
         return code
 
 
-def run_experiment(experiment: Experiment, only: tuple[str, ...] = (), dry_run: bool = False,
-                   extra_sets: tuple[str, ...] = (), extra_eval: tuple[str, ...] = ()) -> int:
+def run_experiment(
+    experiment: Experiment,
+    only: tuple[str, ...] = (),
+    dry_run: bool = False,
+    extra_sets: tuple[str, ...] = (),
+    extra_eval: tuple[str, ...] = (),
+) -> int:
     """Run the units still to run; returns the exit status (0, or 75 when preempted)."""
     units = plan(experiment)
     chosen = select(units, only)
@@ -199,14 +253,22 @@ def run_experiment(experiment: Experiment, only: tuple[str, ...] = (), dry_run: 
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise SystemExit(f"psyrl experiment: another psyrl experiment is running the runs "
-                             f"in {experiment.run_root} (it holds experiment.lock)") from None
-        return _run_units(experiment, chosen, record, record_path, extra_sets, extra_eval,
-                          started)
+            raise SystemExit(
+                f"psyrl experiment: another psyrl experiment is running the runs "
+                f"in {experiment.run_root} (it holds experiment.lock)"
+            ) from None
+        return _run_units(experiment, chosen, record, record_path, extra_sets, extra_eval, started)
 
 
-def _run_units(experiment: Experiment, chosen: list[Unit], record: dict, record_path: Path,
-               extra_sets: tuple[str, ...], extra_eval: tuple[str, ...], started: float) -> int:
+def _run_units(
+    experiment: Experiment,
+    chosen: list[Unit],
+    record: dict,
+    record_path: Path,
+    extra_sets: tuple[str, ...],
+    extra_eval: tuple[str, ...],
+    started: float,
+) -> int:
     settings = record.setdefault("_settings", {})  # the --set/--eval-args each unit ran with
     wanted = {"set": list(extra_sets), "eval": list(extra_eval)}
     with Runner(experiment.run_root / "logs") as runner:
@@ -218,17 +280,23 @@ def _run_units(experiment: Experiment, chosen: list[Unit], record: dict, record_
                     f"psyrl experiment: {unit.title} in {unit.dir} ran with --set "
                     f"{ran_with['set']} and evaluation options {ran_with['eval']}, not "
                     f"{wanted['set']} and {wanted['eval']}: use another --output-dir, or delete "
-                    "that run directory to run it again")
+                    "that run directory to run it again"
+                )
             if not todo:
-                print(f"psyrl experiment: [{number}/{len(chosen)}] {unit.title}: done, skipped",
-                      flush=True)
+                print(
+                    f"psyrl experiment: [{number}/{len(chosen)}] {unit.title}: done, skipped",
+                    flush=True,
+                )
                 continue
             settings[unit.dir.name] = wanted
             for what, argv in todo:
                 if runner.signalled:  # a signal between two commands: start no other
                     return _preempted(unit, what)
-                print(f"psyrl experiment: [{number}/{len(chosen)}] {unit.title}: {what}\n$ "
-                      f"{shlex.join(argv)}", flush=True)
+                print(
+                    f"psyrl experiment: [{number}/{len(chosen)}] {unit.title}: {what}\n$ "
+                    f"{shlex.join(argv)}",
+                    flush=True,
+                )
                 begin = time.monotonic()
                 code = runner.run(argv, unit.dir.name)
                 key = f"{unit.dir.name}/{what}"
@@ -240,20 +308,26 @@ def _run_units(experiment: Experiment, chosen: list[Unit], record: dict, record_
                     raise SystemExit(
                         f"psyrl experiment: {unit.title} ({what}) failed with exit status {code}; "
                         f"its output is in {runner.log_dir / (unit.dir.name + '.log')}. Fix it "
-                        "and run the same command: finished runs are skipped")
+                        "and run the same command: finished runs are skipped"
+                    )
                 if what == "psyrl" and not (unit.dir / unit.run.creates).is_file():
                     raise SystemExit(
                         f"psyrl experiment: {unit.title} exited 0 but wrote no "
                         f"{unit.dir / unit.run.creates} (its `creates`); its output is in "
-                        f"{runner.log_dir / (unit.dir.name + '.log')}")
-    print(f"psyrl experiment: {len(chosen)} units in {time.monotonic() - started:.0f} s",
-          flush=True)
+                        f"{runner.log_dir / (unit.dir.name + '.log')}"
+                    )
+    print(
+        f"psyrl experiment: {len(chosen)} units in {time.monotonic() - started:.0f} s", flush=True
+    )
     return 0
 
 
 def _preempted(unit: Unit, what: str) -> int:
-    print(f"psyrl experiment: preempted during {unit.title} ({what}); finished runs are kept: run "
-          "the same command to continue", flush=True)
+    print(
+        f"psyrl experiment: preempted during {unit.title} ({what}); finished runs are kept: run "
+        "the same command to continue",
+        flush=True,
+    )
     return EXIT_PREEMPTED
 
 
@@ -284,8 +358,9 @@ def plan_memory(experiment: Experiment, extra_sets: tuple[str, ...], gpu_memory_
         try:
             cfg = load_config(run.config, sets)
             architecture, source = load_architecture(cfg.model)
-            result = memory_plan(cfg, architecture, experiment.nproc, gpu_memory_gib, None,
-                                 trainer=run.kind)
+            result = memory_plan(
+                cfg, architecture, experiment.nproc, gpu_memory_gib, None, trainer=run.kind
+            )
         except (ValueError, OSError) as e:
             raise SystemExit(f"psyrl experiment --plan: run {run.name!r}: {e}") from None
         verdict = "fits" if result.fits else "DOES NOT FIT"
@@ -313,43 +388,105 @@ def collect(experiment: Experiment) -> tuple[list[dict], list[dict]]:
     runs = []
     for unit in units:
         finished = not steps(experiment, unit, (), (), dry=True)
-        wall = sum(v for k, v in record.items()
-                   if not k.startswith("_") and k.split("/")[0] == unit.dir.name)
-        runs.append({"run": unit.run.name, "seed": unit.seed, "title": unit.title,
-                     "dir": str(unit.dir), "status": "done" if finished else "not finished",
-                     "wall_s": round(wall, 1) if wall else None})
+        wall = sum(
+            v
+            for k, v in record.items()
+            if not k.startswith("_") and k.split("/")[0] == unit.dir.name
+        )
+        runs.append(
+            {
+                "run": unit.run.name,
+                "seed": unit.seed,
+                "title": unit.title,
+                "dir": str(unit.dir),
+                "status": "done" if finished else "not finished",
+                "wall_s": round(wall, 1) if wall else None,
+            }
+        )
     tables = [build_table(experiment, table, units) for table in experiment.tables]
     return tables, runs
 
 
 @click.command("experiment", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("path", metavar="FILE", type=click.Path(dir_okay=False))
-@click.option("--only", multiple=True, metavar="RUN",
-              help="Run only this run (repeatable), and what it reads that is not finished.")
-@click.option("--dry-run", is_flag=True,
-              help="Print the commands still to run, in order, and run nothing.")
-@click.option("--seeds", default=None, metavar="S[,S...]",
-              help="Every seeded run with these seeds instead of the file's (e.g. 0 for a check).")
-@click.option("--set", "extra_sets", multiple=True, metavar="TABLE.KEY=VALUE",
-              help="Add this override to every trainer run (e.g. run.steps=1); repeatable.")
-@click.option("--limit", type=int, default=None,
-              help="At most N items per task in every evaluation (evaluate's --limit).")
-@click.option("--eval-args", default="", metavar="'ARGS'",
-              help="Append these options to every evaluation (one string, shell-quoted; e.g. "
-                   "'--max-new-tokens 8'): the last value of an option wins.")
-@click.option("--nproc", type=int, default=None,
-              help="Ranks per run instead of the file's [experiment] nproc.")
-@click.option("--output-dir", default=None, type=click.Path(file_okay=False),
-              help="Where the runs go instead of the file's output_dir.")
-@click.option("--plan", "plan_only", is_flag=True,
-              help="`psyrl plan` for every trainer run on [experiment] nproc GPUs; run nothing "
-                   "(exit status 3 when one does not fit).")
-@click.option("--gpu-memory-gib", type=float, default=48.0, show_default=True,
-              help="With --plan: the memory of one GPU (48: RTX A6000).")
-@click.option("--tables-only", is_flag=True,
-              help="Write results.md/.json from what is on disk; run nothing.")
-def experiment_command(path, only, dry_run, seeds, extra_sets, limit, eval_args, nproc,
-                       output_dir, plan_only, gpu_memory_gib, tables_only):
+@click.option(
+    "--only",
+    multiple=True,
+    metavar="RUN",
+    help="Run only this run (repeatable), and what it reads that is not finished.",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Print the commands still to run, in order, and run nothing."
+)
+@click.option(
+    "--seeds",
+    default=None,
+    metavar="S[,S...]",
+    help="Every seeded run with these seeds instead of the file's (e.g. 0 for a check).",
+)
+@click.option(
+    "--set",
+    "extra_sets",
+    multiple=True,
+    metavar="TABLE.KEY=VALUE",
+    help="Add this override to every trainer run (e.g. run.steps=1); repeatable.",
+)
+@click.option(
+    "--limit",
+    type=int,
+    default=None,
+    help="At most N items per task in every evaluation (evaluate's --limit).",
+)
+@click.option(
+    "--eval-args",
+    default="",
+    metavar="'ARGS'",
+    help="Append these options to every evaluation (one string, shell-quoted; e.g. "
+    "'--max-new-tokens 8'): the last value of an option wins.",
+)
+@click.option(
+    "--nproc",
+    type=int,
+    default=None,
+    help="Ranks per run instead of the file's [experiment] nproc.",
+)
+@click.option(
+    "--output-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Where the runs go instead of the file's output_dir.",
+)
+@click.option(
+    "--plan",
+    "plan_only",
+    is_flag=True,
+    help="`psyrl plan` for every trainer run on [experiment] nproc GPUs; run nothing "
+    "(exit status 3 when one does not fit).",
+)
+@click.option(
+    "--gpu-memory-gib",
+    type=float,
+    default=48.0,
+    show_default=True,
+    help="With --plan: the memory of one GPU (48: RTX A6000).",
+)
+@click.option(
+    "--tables-only", is_flag=True, help="Write results.md/.json from what is on disk; run nothing."
+)
+def experiment_command(
+    path,
+    only,
+    dry_run,
+    seeds,
+    extra_sets,
+    limit,
+    eval_args,
+    nproc,
+    output_dir,
+    plan_only,
+    gpu_memory_gib,
+    tables_only,
+):
     """Run an experiment file (experiments/*.toml): its runs in dependency order, finished ones
     skipped, interrupted ones resumed; then its tables with 95 % bootstrap intervals over seeds and
     items, in experiments/<name>/results.md and results.json.
@@ -365,8 +502,9 @@ def experiment_command(path, only, dry_run, seeds, extra_sets, limit, eval_args,
                 if any(s < 0 for s in chosen) or len(set(chosen)) != len(chosen):
                     raise ValueError
             except ValueError:
-                raise click.BadParameter(f"{seeds!r}: expected S[,S...], distinct integers >= 0",
-                                         param_hint="--seeds") from None
+                raise click.BadParameter(
+                    f"{seeds!r}: expected S[,S...], distinct integers >= 0", param_hint="--seeds"
+                ) from None
             experiment = with_seeds(experiment, chosen)
         if nproc is not None:
             if nproc < 1:
@@ -374,12 +512,13 @@ def experiment_command(path, only, dry_run, seeds, extra_sets, limit, eval_args,
             experiment = Experiment(**{**experiment.__dict__, "nproc": nproc})
         unknown = [name for name in only if name not in experiment.runs]
         if unknown:
-            raise click.BadParameter(f"no run {unknown[0]!r} in {path} (runs: "
-                                     f"{', '.join(experiment.runs)})", param_hint="--only")
+            raise click.BadParameter(
+                f"no run {unknown[0]!r} in {path} (runs: {', '.join(experiment.runs)})",
+                param_hint="--only",
+            )
         for override in extra_sets:
             if "=" not in override or "." not in override.partition("=")[0]:
-                raise click.BadParameter(f"{override!r} is not TABLE.KEY=VALUE",
-                                         param_hint="--set")
+                raise click.BadParameter(f"{override!r} is not TABLE.KEY=VALUE", param_hint="--set")
         if limit is not None and limit < 1:
             raise click.BadParameter("must be >= 1", param_hint="--limit")
         try:

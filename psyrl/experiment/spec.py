@@ -146,8 +146,9 @@ def load_experiment(path: str | Path, output_dir: str | None = None) -> Experime
     try:
         raw = tomli.loads(text)
     except tomli.TOMLDecodeError as e:
-        raise ExperimentError(f"{path}:{e.lineno}: invalid TOML: {e.msg} (column {e.colno})") \
-            from None
+        raise ExperimentError(
+            f"{path}:{e.lineno}: invalid TOML: {e.msg} (column {e.colno})"
+        ) from None
 
     def fail(where: tuple, message: str):
         line = find_line(text, where)
@@ -174,27 +175,36 @@ def load_experiment(path: str | Path, output_dir: str | None = None) -> Experime
         fail(("tables",), "tables must be an array of tables: [[tables]]")
     tables = tuple(_table_spec(i, t, runs, fail) for i, t in enumerate(tables_raw))
     experiment = Experiment(
-        path=path, name=path.stem,
+        path=path,
+        name=path.stem,
         description=_get(head, ("experiment", "description"), str, "", fail),
-        output_dir=Path(output_dir or _get(head, ("experiment", "output_dir"), str,
-                                           "runs/experiments", fail)),
+        output_dir=Path(
+            output_dir or _get(head, ("experiment", "output_dir"), str, "runs/experiments", fail)
+        ),
         nproc=nproc,
         torchrun_args=tuple(_strings(head, ("experiment", "torchrun_args"), fail)),
         resamples=resamples,
         eval_benchmarks=tuple(_strings(evaluation, ("evaluate", "benchmarks"), fail)),
         eval_args=tuple(_strings(evaluation, ("evaluate", "args"), fail)),
-        runs=runs, tables=tables)
+        runs=runs,
+        tables=tables,
+    )
     for run in runs.values():
         for arg in (*run.args, *run.overrides):
             for _, target in PLACEHOLDER.findall(arg):
                 if target.partition("@")[0] not in runs:
-                    fail(("runs", run.name, "args" if arg in run.args else "set"),
-                         f"{arg!r}: no run named {target.partition('@')[0]!r} (runs: "
-                         f"{', '.join(runs)})")
+                    fail(
+                        ("runs", run.name, "args" if arg in run.args else "set"),
+                        f"{arg!r}: no run named {target.partition('@')[0]!r} (runs: "
+                        f"{', '.join(runs)})",
+                    )
         for reference in _references(run):
             target = reference.partition("@")[0]
-            where = ("runs", run.name, "model" if reference == run.model else
-                     "args" if run.args else "set")
+            where = (
+                "runs",
+                run.name,
+                "model" if reference == run.model else "args" if run.args else "set",
+            )
             if target == run.name:
                 fail(where, f"run {run.name!r} starts from itself")
             if target in runs:
@@ -203,8 +213,11 @@ def load_experiment(path: str | Path, output_dir: str | None = None) -> Experime
                 fail(where, f"{reference!r}: no run named {target!r} (runs: {', '.join(runs)})")
         needs_eval = run.kind == "evaluate" or (run.kind in ("sft", "tgrpo") and run.evaluate)
         if needs_eval and not (run.benchmarks or experiment.eval_benchmarks):
-            fail(("runs", run.name), f"run {run.name!r} is evaluated, but no benchmarks are named "
-                 "(set [evaluate] benchmarks or the run's own)")
+            fail(
+                ("runs", run.name),
+                f"run {run.name!r} is evaluated, but no benchmarks are named "
+                "(set [evaluate] benchmarks or the run's own)",
+            )
     plan(experiment)  # a dependency cycle is an error of the file
     return experiment
 
@@ -215,8 +228,10 @@ def _table(raw: dict, where: tuple, keys: set, fail) -> dict:
         fail(where, f"[{where[0]}] must be a table")
     for key in value:
         if key not in keys:
-            fail(where + (key,), f"unknown key {key!r} in [{where[0]}] (valid: "
-                 f"{', '.join(sorted(keys))})")
+            fail(
+                where + (key,),
+                f"unknown key {key!r} in [{where[0]}] (valid: {', '.join(sorted(keys))})",
+            )
     return value
 
 
@@ -244,56 +259,92 @@ def _run(name: str, value, fail) -> RunSpec:
         fail(where, f"[runs.{name}] must be a table")
     kind = value.get("kind")
     if kind is None and value and all(isinstance(v, dict) for v in value.values()):
-        fail(where, f"[runs.{name}.{next(iter(value))}] is a table inside run {name!r}: a run "
-             f"name with a '.' is quoted in TOML ([runs.\"{name}.{next(iter(value))}\"])")
+        fail(
+            where,
+            f"[runs.{name}.{next(iter(value))}] is a table inside run {name!r}: a run "
+            f"name with a '.' is quoted in TOML ([runs.\"{name}.{next(iter(value))}\"])",
+        )
     if kind not in KINDS:
-        fail(where + (("kind",) if "kind" in value else ()),
-             f"run {name!r}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        fail(
+            where + (("kind",) if "kind" in value else ()),
+            f"run {name!r}: kind must be one of {', '.join(KINDS)}, got {kind!r}",
+        )
     for key in value:
         if key not in RUN_KEYS[kind]:
-            fail(where + (key,), f"run {name!r}: unknown key {key!r} for kind {kind!r} (valid: "
-                 f"{', '.join(sorted(RUN_KEYS[kind]))})")
+            fail(
+                where + (key,),
+                f"run {name!r}: unknown key {key!r} for kind {kind!r} (valid: "
+                f"{', '.join(sorted(RUN_KEYS[kind]))})",
+            )
     seeds = value.get("seeds", [])
-    if not isinstance(seeds, list) or not all(
-            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds) \
-            or len(set(seeds)) != len(seeds):
-        fail(where + ("seeds",), f"run {name!r}: seeds must be distinct integers >= 0, got "
-             f"{seeds!r}")
+    if (
+        not isinstance(seeds, list)
+        or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)
+        or len(set(seeds)) != len(seeds)
+    ):
+        fail(
+            where + ("seeds",), f"run {name!r}: seeds must be distinct integers >= 0, got {seeds!r}"
+        )
     config = _get(value, where + ("config",), str, "", fail)
     if kind in ("sft", "tgrpo") and not config:
-        fail(where, f"run {name!r}: a {kind} run needs config = \"configs/...toml\"")
+        fail(where, f'run {name!r}: a {kind} run needs config = "configs/...toml"')
     if config and not Path(config).is_file():
-        fail(where + ("config",), f"run {name!r}: no config file {config} (paths are relative "
-             "to the directory psyrl experiment runs in: the repository root)")
+        fail(
+            where + ("config",),
+            f"run {name!r}: no config file {config} (paths are relative "
+            "to the directory psyrl experiment runs in: the repository root)",
+        )
     model = _get(value, where + ("model",), str, "", fail)
     api = "openai" in value.get("args", [])  # evaluate.py --engine openai: the endpoint's model
     if kind == "evaluate" and not model and not api:
-        fail(where, f"run {name!r}: an evaluate run needs model = a run name or a path (or "
-             "args with --engine openai)")
+        fail(
+            where,
+            f"run {name!r}: an evaluate run needs model = a run name or a path (or "
+            "args with --engine openai)",
+        )
     if api and model:
-        fail(where + ("model",), f"run {name!r}: --engine openai evaluates --api-model at "
-             "--base-url, not a model directory: leave model out")
+        fail(
+            where + ("model",),
+            f"run {name!r}: --engine openai evaluates --api-model at "
+            "--base-url, not a model directory: leave model out",
+        )
     nproc = _get(value, where + ("nproc",), int, 0, fail)
     if nproc < 0 or (api and nproc > 1):
-        fail(where + ("nproc",), f"run {name!r}: nproc must be >= 1 (1 with --engine openai: "
-             f"one process sends the requests), got {nproc}")
+        fail(
+            where + ("nproc",),
+            f"run {name!r}: nproc must be >= 1 (1 with --engine openai: "
+            f"one process sends the requests), got {nproc}",
+        )
     if "@" in model and model.partition("@")[2] not in RULES:
-        fail(where + ("model",), f"run {name!r}: {model!r}: after '@' comes one of "
-             f"{', '.join(RULES)}")
+        fail(
+            where + ("model",),
+            f"run {name!r}: {model!r}: after '@' comes one of {', '.join(RULES)}",
+        )
     creates = _get(value, where + ("creates",), str, "", fail)
     if kind == "psyrl" and not creates:
-        fail(where, f"run {name!r}: a psyrl run needs creates = the file it writes (so a "
-             "finished run is skipped)")
+        fail(
+            where,
+            f"run {name!r}: a psyrl run needs creates = the file it writes (so a "
+            "finished run is skipped)",
+        )
     overrides = tuple(_strings(value, where + ("set",), fail))
     for override in overrides:
         if "=" not in override or "." not in override.partition("=")[0]:
             fail(where + ("set",), f"run {name!r}: {override!r} is not TABLE.KEY=VALUE")
     return RunSpec(
-        name=name, kind=kind, config=config, overrides=overrides, model=model,
-        args=tuple(_strings(value, where + ("args",), fail)), seeds=tuple(seeds),
+        name=name,
+        kind=kind,
+        config=config,
+        overrides=overrides,
+        model=model,
+        args=tuple(_strings(value, where + ("args",), fail)),
+        seeds=tuple(seeds),
         evaluate=_get(value, where + ("evaluate",), bool, True, fail),
-        benchmarks=tuple(_strings(value, where + ("benchmarks",), fail)), creates=creates,
-        label=_get(value, where + ("label",), str, "", fail), nproc=1 if api else nproc)
+        benchmarks=tuple(_strings(value, where + ("benchmarks",), fail)),
+        creates=creates,
+        label=_get(value, where + ("label",), str, "", fail),
+        nproc=1 if api else nproc,
+    )
 
 
 def _references(run: RunSpec) -> list[str]:
@@ -307,12 +358,18 @@ def _references(run: RunSpec) -> list[str]:
 
 def _check_seeds(run: RunSpec, target: RunSpec, where: tuple, fail) -> None:
     if target.seeds and not run.seeds:
-        fail(where, f"run {run.name!r} has no seeds but reads {target.name!r}, which has "
-             f"seeds {list(target.seeds)}: give it seeds too")
+        fail(
+            where,
+            f"run {run.name!r} has no seeds but reads {target.name!r}, which has "
+            f"seeds {list(target.seeds)}: give it seeds too",
+        )
     missing = set(run.seeds) - set(target.seeds) if target.seeds else set()
     if missing:
-        fail(where, f"run {run.name!r}: seeds {sorted(missing)} are not seeds of "
-             f"{target.name!r} ({list(target.seeds)})")
+        fail(
+            where,
+            f"run {run.name!r}: seeds {sorted(missing)} are not seeds of "
+            f"{target.name!r} ({list(target.seeds)})",
+        )
 
 
 def _table_spec(index: int, value, runs: dict, fail) -> TableSpec:
@@ -321,34 +378,42 @@ def _table_spec(index: int, value, runs: dict, fail) -> TableSpec:
         fail(where, "each [[tables]] entry must be a table")
     for key in value:
         if key not in TABLE_KEYS:
-            fail(where + (key,), f"tables: unknown key {key!r} (valid: "
-                 f"{', '.join(sorted(TABLE_KEYS))})")
+            fail(
+                where + (key,),
+                f"tables: unknown key {key!r} (valid: {', '.join(sorted(TABLE_KEYS))})",
+            )
     rows = tuple(_strings(value, where + ("rows",), fail))
     deltas = tuple(_strings(value, where + ("deltas",), fail))
     compare = value.get("compare", [])
     if not isinstance(compare, list) or not all(
-            isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
-            for p in compare):
+        isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in compare
+    ):
         fail(where + ("compare",), "compare must be a list of [row, row] pairs")
     if not rows:
         fail(where, "a table needs rows = [run names]")
     for name in {*rows, *deltas, *(x for p in compare for x in p)}:
         if name not in runs:
             fail(where, f"tables: no run named {name!r} (runs: {', '.join(runs)})")
-        if runs[name].kind == "psyrl" or (runs[name].kind != "evaluate" and
-                                          not runs[name].evaluate):
+        if runs[name].kind == "psyrl" or (
+            runs[name].kind != "evaluate" and not runs[name].evaluate
+        ):
             fail(where, f"tables: run {name!r} has no evaluation to put in a table")
     columns = value.get("columns", "tasks")
     if columns not in ("tasks", "benchmarks"):
-        fail(where + ("columns",), f"columns must be \"tasks\" or \"benchmarks\", got {columns!r}")
+        fail(where + ("columns",), f'columns must be "tasks" or "benchmarks", got {columns!r}')
     metric = value.get("metric", "f1")
     if metric not in ("f1", "accuracy"):
-        fail(where + ("metric",), f"metric must be \"f1\" or \"accuracy\", got {metric!r}")
+        fail(where + ("metric",), f'metric must be "f1" or "accuracy", got {metric!r}')
     return TableSpec(
-        title=_get(value, where + ("title",), str, f"table {index + 1}", fail), rows=rows,
-        columns=columns, benchmark=_get(value, where + ("benchmark",), str, "", fail),
-        metric=metric, deltas=deltas, compare=tuple(tuple(p) for p in compare),
-        note=_get(value, where + ("note",), str, "", fail))
+        title=_get(value, where + ("title",), str, f"table {index + 1}", fail),
+        rows=rows,
+        columns=columns,
+        benchmark=_get(value, where + ("benchmark",), str, "", fail),
+        metric=metric,
+        deltas=deltas,
+        compare=tuple(tuple(p) for p in compare),
+        note=_get(value, where + ("note",), str, "", fail),
+    )
 
 
 # ---------------------------------------------------------------- planning
@@ -358,8 +423,10 @@ def with_seeds(experiment: Experiment, seeds: tuple[int, ...] | None) -> Experim
     """Every seeded run with `seeds` instead (e.g. `--seeds 0` for a quick check)."""
     if seeds is None:
         return experiment
-    runs = {name: RunSpec(**{**run.__dict__, "seeds": seeds if run.seeds else ()})
-            for name, run in experiment.runs.items()}
+    runs = {
+        name: RunSpec(**{**run.__dict__, "seeds": seeds if run.seeds else ()})
+        for name, run in experiment.runs.items()
+    }
     return Experiment(**{**experiment.__dict__, "runs": runs})
 
 
@@ -390,8 +457,10 @@ def plan(experiment: Experiment) -> list[Unit]:
         if state.get(unit.key) == "done":
             return
         if state.get(unit.key) == "open":
-            raise ExperimentError(f"{experiment.path}: the runs read each other in a cycle: "
-                                  f"{' -> '.join(chain + [unit.run.name])}")
+            raise ExperimentError(
+                f"{experiment.path}: the runs read each other in a cycle: "
+                f"{' -> '.join(chain + [unit.run.name])}"
+            )
         state[unit.key] = "open"
         for need in unit.needs:
             visit(units[need], chain + [unit.run.name])

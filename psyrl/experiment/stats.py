@@ -39,16 +39,24 @@ class Estimate:
     items: int
 
     def as_dict(self) -> dict:
-        return {"mean": self.mean, "low": self.low, "high": self.high, "seeds": self.seeds,
-                "items": self.items}
+        return {
+            "mean": self.mean,
+            "low": self.low,
+            "high": self.high,
+            "seeds": self.seeds,
+            "items": self.items,
+        }
 
 
 def _by_item(values: Mapping | Sequence) -> Mapping:
     return values if isinstance(values, Mapping) else dict(enumerate(values))
 
 
-def bootstrap(scores: Mapping[int, Mapping[str, float] | Sequence[float]], resamples: int = 2000,
-              seed: int = 0) -> Estimate:
+def bootstrap(
+    scores: Mapping[int, Mapping[str, float] | Sequence[float]],
+    resamples: int = 2000,
+    seed: int = 0,
+) -> Estimate:
     """The mean over seeds and items, with the crossed percentile bootstrap interval (a sequence of
     scores stands for items 0, 1, ...)."""
     if not scores:
@@ -69,8 +77,12 @@ def bootstrap(scores: Mapping[int, Mapping[str, float] | Sequence[float]], resam
     return Estimate(float(matrix.mean()), float(low), float(high), count, n)
 
 
-def paired(a: Mapping[int, Mapping[str, float]], b: Mapping[int, Mapping[str, float]],
-           resamples: int = 2000, seed: int = 0) -> Estimate:
+def paired(
+    a: Mapping[int, Mapping[str, float]],
+    b: Mapping[int, Mapping[str, float]],
+    resamples: int = 2000,
+    seed: int = 0,
+) -> Estimate:
     """A - B over the seeds both rows have and the items both scored. Seed -1 marks a run without
     seeds (e.g. an evaluation of a fixed model): it pairs with every seed of the other row."""
     if list(a) == [UNSEEDED] and list(b) != [UNSEEDED]:

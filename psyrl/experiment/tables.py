@@ -31,8 +31,13 @@ def row_scores(units: Sequence[Unit], table: TableSpec) -> dict[str, Scores]:
             value = _metric(r, table.metric)
             if value is None:
                 continue
-            column = r["benchmark"] if table.columns == "benchmarks" else r["task"] \
-                if table.benchmark else f"{r['benchmark']}{SEP}{r['task']}"
+            column = (
+                r["benchmark"]
+                if table.columns == "benchmarks"
+                else r["task"]
+                if table.benchmark
+                else f"{r['benchmark']}{SEP}{r['task']}"
+            )
             item = f"{r['benchmark']}/{r['id']}"
             columns.setdefault(column, {}).setdefault(seed, {})[item] = value
             columns.setdefault(ALL, {}).setdefault(seed, {})[item] = value
@@ -49,15 +54,19 @@ def _metric(row: dict, metric: str) -> float | None:
 def build_table(experiment: Experiment, table: TableSpec, units: Sequence[Unit]) -> dict:
     """{title, metric, columns, rows: [{run, label, seeds, cells}], deltas: {base: rows},
     compare: [...]}; a cell is an Estimate's dict, or None where the run has no such column."""
-    by_run = {name: [u for u in units if u.run.name == name]
-              for name in {*table.rows, *table.deltas, *(x for p in table.compare for x in p)}}
+    by_run = {
+        name: [u for u in units if u.run.name == name]
+        for name in {*table.rows, *table.deltas, *(x for p in table.compare for x in p)}
+    }
     scores = {name: row_scores(group, table) for name, group in by_run.items()}
     if table.columns == "tasks" and not table.benchmark:
         # one benchmark (the usual case): its tasks by their own names
         named = {c.partition(SEP)[0] for run in scores.values() for c in run if c != ALL}
         if len(named) <= 1:
-            scores = {name: {c.partition(SEP)[2] if c != ALL else c: v for c, v in run.items()}
-                      for name, run in scores.items()}
+            scores = {
+                name: {c.partition(SEP)[2] if c != ALL else c: v for c, v in run.items()}
+                for name, run in scores.items()
+            }
     columns = [c for c in _first_seen(scores[name] for name in table.rows) if c != ALL] + [ALL]
     resamples = experiment.resamples
 
@@ -70,8 +79,9 @@ def build_table(experiment: Experiment, table: TableSpec, units: Sequence[Unit])
                 out[column] = None
             else:
                 try:
-                    estimate = paired(mine, theirs, resamples) if against else \
-                        bootstrap(mine, resamples)
+                    estimate = (
+                        paired(mine, theirs, resamples) if against else bootstrap(mine, resamples)
+                    )
                 except ValueError:  # no seed or item in common (runs of other --seeds)
                     out[column] = None
                     continue
@@ -82,15 +92,31 @@ def build_table(experiment: Experiment, table: TableSpec, units: Sequence[Unit])
         return experiment.runs[name].label or name
 
     result = {
-        "title": table.title, "metric": table.metric, "columns": columns, "note": table.note,
-        "rows": [{"run": n, "label": label(n), "seeds": _seeds(scores[n]), "cells": cells(n)}
-                 for n in table.rows],
-        "deltas": {base: [{"run": n, "label": label(n), "cells": cells(n, base)}
-                          for n in table.rows if n != base and scores[n] and scores[base]]
-                   for base in table.deltas},
-        "compare": [{"a": a, "b": b, "label": f"{label(a)} − {label(b)}",
-                     "cells": cells(a, b) if scores[a] and scores[b] else {}}
-                    for a, b in table.compare],
+        "title": table.title,
+        "metric": table.metric,
+        "columns": columns,
+        "note": table.note,
+        "rows": [
+            {"run": n, "label": label(n), "seeds": _seeds(scores[n]), "cells": cells(n)}
+            for n in table.rows
+        ],
+        "deltas": {
+            base: [
+                {"run": n, "label": label(n), "cells": cells(n, base)}
+                for n in table.rows
+                if n != base and scores[n] and scores[base]
+            ]
+            for base in table.deltas
+        },
+        "compare": [
+            {
+                "a": a,
+                "b": b,
+                "label": f"{label(a)} − {label(b)}",
+                "cells": cells(a, b) if scores[a] and scores[b] else {},
+            }
+            for a, b in table.compare
+        ],
     }
     return result
 
@@ -132,22 +158,41 @@ def table_markdown(table: dict) -> str:
     rows = []
     for row in table["rows"]:
         seeds = row["seeds"]
-        runs = f"{len(seeds)} seeds" if len(seeds) > 1 else f"seed {seeds[0]}" if seeds else \
-            ("1 run" if row["cells"][ALL] else "not run yet")
+        runs = (
+            f"{len(seeds)} seeds"
+            if len(seeds) > 1
+            else f"seed {seeds[0]}"
+            if seeds
+            else ("1 run" if row["cells"][ALL] else "not run yet")
+        )
         rows.append([f"{row['label']} ({runs})"] + [_cell(row["cells"][c]) for c in columns])
     parts += [_grid(["run"] + columns, rows), ""]
     for base, delta_rows in table["deltas"].items():
         label = next((r["label"] for r in table["rows"] if r["run"] == base), base)
         parts += [f"Δ vs {label} (paired by seed and item):", ""]
-        parts += [_grid(["run"] + columns,
-                        [[r["label"]] + [_cell(r["cells"][c], True) for c in columns]
-                         for r in delta_rows]), ""]
+        parts += [
+            _grid(
+                ["run"] + columns,
+                [[r["label"]] + [_cell(r["cells"][c], True) for c in columns] for r in delta_rows],
+            ),
+            "",
+        ]
     if table["compare"]:
-        parts += ["Paired comparisons (a difference whose interval excludes 0 is one the seeds "
-                  "and items support):", ""]
-        parts += [_grid(["A − B"] + columns,
-                        [[c["label"]] + [_cell(c["cells"].get(col), True) for col in columns]
-                         for c in table["compare"]]), ""]
+        parts += [
+            "Paired comparisons (a difference whose interval excludes 0 is one the seeds "
+            "and items support):",
+            "",
+        ]
+        parts += [
+            _grid(
+                ["A − B"] + columns,
+                [
+                    [c["label"]] + [_cell(c["cells"].get(col), True) for col in columns]
+                    for c in table["compare"]
+                ],
+            ),
+            "",
+        ]
     return "\n".join(parts)
 
 
@@ -157,13 +202,30 @@ def results_markdown(experiment: Experiment, tables: list[dict], runs: list[dict
     parts = [f"# {experiment.name}", ""]
     if experiment.description:
         parts += [experiment.description, ""]
-    parts += [f"`psyrl experiment {experiment.path}`: {done} of {len(runs)} runs done; "
-              f"{wall / 60:.1f} min of run time recorded (runs of earlier invocations included); "
-              f"runs in {experiment.run_root}/.", ""]
+    parts += [
+        f"`psyrl experiment {experiment.path}`: {done} of {len(runs)} runs done; "
+        f"{wall / 60:.1f} min of run time recorded (runs of earlier invocations included); "
+        f"runs in {experiment.run_root}/.",
+        "",
+    ]
     parts += [table_markdown(t) for t in tables]
-    parts += ["## Runs", "", _grid(["run", "status", "wall", "directory"], [
-        [r["title"], r["status"], f"{r['wall_s']:.0f} s" if r.get("wall_s") else "–", r["dir"]]
-        for r in runs]), ""]
+    parts += [
+        "## Runs",
+        "",
+        _grid(
+            ["run", "status", "wall", "directory"],
+            [
+                [
+                    r["title"],
+                    r["status"],
+                    f"{r['wall_s']:.0f} s" if r.get("wall_s") else "–",
+                    r["dir"],
+                ]
+                for r in runs
+            ],
+        ),
+        "",
+    ]
     return "\n".join(parts)
 
 
@@ -175,9 +237,20 @@ def write_results(experiment: Experiment, tables: list[dict], runs: list[dict]) 
 
     out = experiment.results_dir
     out.mkdir(parents=True, exist_ok=True)
-    write_text(out / "results.json", json.dumps(
-        {"experiment": experiment.name, "file": str(experiment.path),
-         "description": experiment.description, "runs": runs, "tables": tables},
-        indent=1, ensure_ascii=False) + "\n")
+    write_text(
+        out / "results.json",
+        json.dumps(
+            {
+                "experiment": experiment.name,
+                "file": str(experiment.path),
+                "description": experiment.description,
+                "runs": runs,
+                "tables": tables,
+            },
+            indent=1,
+            ensure_ascii=False,
+        )
+        + "\n",
+    )
     write_text(out / "results.md", results_markdown(experiment, tables, runs))
     return out

@@ -50,8 +50,19 @@ SUGGEST_MARGIN_GIB = 2.0
 TIGHT = 0.95
 # Qwen2.5-{0.5B,1.5B,3B}-Instruct in a path
 SHIPPED = re.compile(r"qwen2\.5-(0\.5|1\.5|3)b", re.IGNORECASE)
-PARTS = ("params", "grads", "adam", "gathered", "grad sync", "activations", "log-probs",
-         "reference", "sampler", "transfer", "CUDA")
+PARTS = (
+    "params",
+    "grads",
+    "adam",
+    "gathered",
+    "grad sync",
+    "activations",
+    "log-probs",
+    "reference",
+    "sampler",
+    "transfer",
+    "CUDA",
+)
 OFFLOADS = ("none", "phase", "always")
 
 
@@ -63,7 +74,8 @@ def shipped_architecture_dir(path: str) -> Path | None:
     if match is None:
         return None
     return Path(
-        str(resources.files("psyrl") / "assets" / "models" / f"qwen2.5-{match.group(1)}b-instruct"))
+        str(resources.files("psyrl") / "assets" / "models" / f"qwen2.5-{match.group(1)}b-instruct")
+    )
 
 
 def load_architecture(model_cfg) -> tuple[object, str]:
@@ -80,7 +92,8 @@ def load_architecture(model_cfg) -> tuple[object, str]:
         raise ValueError(
             f"model.path = {model_cfg.path!r}: no config.json there, and the path names none of "
             "the architectures psyrl ships (Qwen2.5-0.5B/1.5B/3B-Instruct); point model.path at a "
-            "Hugging Face model directory")
+            "Hugging Face model directory"
+        )
     return AutoConfig.from_pretrained(str(shipped)), f"psyrl's copy of {shipped.name}/config.json"
 
 
@@ -130,16 +143,30 @@ def shapes(architecture) -> Shapes:
     with bias, o_proj and the SiLU MLP without, two RMSNorm gains per layer, the final norm,
     embedding and LM head)."""
     if getattr(architecture, "model_type", None) != "qwen2":
-        raise ValueError(f"psyrl plan models Qwen2 architectures (model_type 'qwen2'), not "
-                         f"{getattr(architecture, 'model_type', None)!r}")
+        raise ValueError(
+            f"psyrl plan models Qwen2 architectures (model_type 'qwen2'), not "
+            f"{getattr(architecture, 'model_type', None)!r}"
+        )
     H, nh = architecture.hidden_size, architecture.num_attention_heads
     nkv = architecture.num_key_value_heads
     hd = getattr(architecture, "head_dim", None) or H // nh
     ffn, V = architecture.intermediate_size, architecture.vocab_size
     # q, k, v (+ bias)
-    layer = ((nh * hd, H), (nh * hd,), (nkv * hd, H), (nkv * hd,), (nkv * hd, H), (nkv * hd,),
-             # o_proj, gate, up, down, the two RMSNorms
-             (H, nh * hd), (ffn, H), (ffn, H), (H, ffn), (H,), (H,))
+    layer = (
+        (nh * hd, H),
+        (nh * hd,),
+        (nkv * hd, H),
+        (nkv * hd,),
+        (nkv * hd, H),
+        (nkv * hd,),
+        # o_proj, gate, up, down, the two RMSNorms
+        (H, nh * hd),
+        (ffn, H),
+        (ffn, H),
+        (H, ffn),
+        (H,),
+        (H,),
+    )
     tied = bool(architecture.tie_word_embeddings)
     root = ((V, H), (H,)) + (() if tied else ((V, H),))  # embedding, final norm, untied LM head
     return Shapes(H, architecture.num_hidden_layers, nh, nkv, hd, ffn, V, tied, layer, root)
@@ -176,9 +203,17 @@ def layer_forward_per_token(sh: Shapes, b: int) -> int:
     return max(mlp, attention, norm)
 
 
-def compute_moments(sh: Shapes, rows: float, seq_len: int, targets: int, b: int, grad_bytes: int,
-                    checkpointing: bool, backward: bool,
-                    autocast: bool = False) -> dict[str, dict[str, float]]:
+def compute_moments(
+    sh: Shapes,
+    rows: float,
+    seq_len: int,
+    targets: int,
+    b: int,
+    grad_bytes: int,
+    checkpointing: bool,
+    backward: bool,
+    autocast: bool = False,
+) -> dict[str, dict[str, float]]:
     """Bytes of one micro-batch through psyrl.runtime.model.Policy (the decoder, then
     token_logprobs' ChunkLogprobs), at each moment that can be its peak: {moment: {"activations":
     ..., "log-probs": ...}}. rows x seq_len tokens (a padded batch), `targets` scored positions,
@@ -200,9 +235,11 @@ def compute_moments(sh: Shapes, rows: float, seq_len: int, targets: int, b: int,
     if not backward:  # no_grad: nothing is saved; one layer's working set, then the head
         layer = tokens * layer_forward_per_token(sh, b) + float_mask
         return {
-            "layer forward": {"activations": bool_mask + layer, "log-probs": 0.0}, "head forward": {
-                "activations": bool_mask, "log-probs": hidden + rows_saved + chunk_forward
-            }
+            "layer forward": {"activations": bool_mask + layer, "log-probs": 0.0},
+            "head forward": {
+                "activations": bool_mask,
+                "log-probs": hidden + rows_saved + chunk_forward,
+            },
         }
     # sdpa saves its additive mask too
     layer_saved = tokens * layer_saved_per_token(sh, b) + float_mask
@@ -226,16 +263,17 @@ def compute_moments(sh: Shapes, rows: float, seq_len: int, targets: int, b: int,
     return {
         "head forward": {
             "activations": bool_mask + stack + final,
-            "log-probs": hidden + rows_saved + chunk_forward
+            "log-probs": hidden + rows_saved + chunk_forward,
         },
         # the first chunk's weight gradient is new; from the second on it is added to the running
         # sum
         "head backward": {
             "activations": bool_mask + stack + final,
-            "log-probs": rows_saved + chunk_backward + head_grad * (2 if chunks > 1 else 1) + casts
+            "log-probs": rows_saved + chunk_backward + head_grad * (2 if chunks > 1 else 1) + casts,
         },
         "layer backward": {
-            "activations": bool_mask + stack + recomputed + layer_backward, "log-probs": head_grad
+            "activations": bool_mask + stack + recomputed + layer_backward,
+            "log-probs": head_grad,
         },
         # the embedding's dense gradient joins the head's; the input's gradient is [tokens, H]
         "root backward": {"activations": tokens * b * H, "log-probs": 2 * head_grad},
@@ -329,18 +367,26 @@ class Plan:
 
     @property
     def problems(self) -> list[str]:
-        out = [f"{p.name} needs {p.total / GIB:.1f} GiB of {self.gpu_memory_gib:g}: {p.fix}"
-               for p in self.phases if not p.fits]
+        out = [
+            f"{p.name} needs {p.total / GIB:.1f} GiB of {self.gpu_memory_gib:g}: {p.fix}"
+            for p in self.phases
+            if not p.fits
+        ]
         if not self._kv_ok:
             out.append(
                 f"rollout: the vLLM pool leaves {self.pool.kv / GIB:.2f} GiB of KV cache, less "
-                f"than one sequence of {self.pool.max_model_len} tokens (vLLM refuses to start): " +
-                (f"set sampler.gpu_memory_utilization = {self.suggested_utilization:.2f}" if self.
-                 suggested_utilization else self.suggestion_note))
+                f"than one sequence of {self.pool.max_model_len} tokens (vLLM refuses to start): "
+                + (
+                    f"set sampler.gpu_memory_utilization = {self.suggested_utilization:.2f}"
+                    if self.suggested_utilization
+                    else self.suggestion_note
+                )
+            )
         if self.host_fits is False:
             out.append(
                 f"host RAM needs {self.host_total / GIB:.1f} GiB of {self.host_memory_gib:g} per "
-                f"node: {self.host_fix}")
+                f"node: {self.host_fix}"
+            )
         return out
 
     def verdict(self) -> str:
@@ -350,12 +396,19 @@ class Plan:
             peak = max(self.phases, key=lambda p: p.total)
             return (
                 f"memory plan: fits {self.gpus} x {self.gpu_memory_gib:g} GiB (peak "
-                f"{peak.total / GIB:.1f} GiB: {peak.name})")
+                f"{peak.total / GIB:.1f} GiB: {peak.name})"
+            )
         return f"memory plan: {self.problems[0]}"
 
 
-def plan(cfg, architecture, gpus: int, gpu_memory_gib: float, host_memory_gib: float | None = None,
-         trainer: str = "tgrpo") -> Plan:
+def plan(
+    cfg,
+    architecture,
+    gpus: int,
+    gpu_memory_gib: float,
+    host_memory_gib: float | None = None,
+    trainer: str = "tgrpo",
+) -> Plan:
     """The memory plan of `cfg` on `gpus` GPUs of `gpu_memory_gib` each (one node): per phase, GiB
     per GPU by part and whether it fits, with a computed fix for each phase that does not; host RAM
     per node; the suggested sampler.gpu_memory_utilization; the cost of fsdp.defer_grad_sync.
@@ -367,22 +420,26 @@ def plan(cfg, architecture, gpus: int, gpu_memory_gib: float, host_memory_gib: f
     result = _plan(cfg, sh, gpus, gpu_memory_gib, host_memory_gib, trainer)
     for phase in result.phases:
         if not phase.fits:
-            phase.fix = _find_fix(cfg, sh, gpus, gpu_memory_gib, host_memory_gib, trainer,
-                                  phase.name, result)
+            phase.fix = _find_fix(
+                cfg, sh, gpus, gpu_memory_gib, host_memory_gib, trainer, phase.name, result
+            )
     if result.host_fits is False:
-        result.host_fix = _find_fix(cfg, sh, gpus, gpu_memory_gib, host_memory_gib, trainer, "host",
-                                    result)
+        result.host_fix = _find_fix(
+            cfg, sh, gpus, gpu_memory_gib, host_memory_gib, trainer, "host", result
+        )
     return result
 
 
-def _suggest(cfg, sh: Shapes, gpus: int, gpu_memory_gib: float,
-             trainer: str) -> tuple[float | None, str]:
+def _suggest(
+    cfg, sh: Shapes, gpus: int, gpu_memory_gib: float, trainer: str
+) -> tuple[float | None, str]:
     capacity = gpu_memory_gib * GIB
     best = None
     for k in range(1, 20 + 1):  # k / 20: multiples of 0.05 without float steps
         util = k / 20
-        trial = _with(cfg, {("sampler", "gpu_memory_utilization"): util,
-                            ("sampler", "engine"): "vllm"})
+        trial = _with(
+            cfg, {("sampler", "gpu_memory_utilization"): util, ("sampler", "engine"): "vllm"}
+        )
         rollout = _rollout(trial, sh, gpus, capacity, trainer)
         pool = _pool(trial, sh, gpus, capacity)
         if rollout.total + SUGGEST_MARGIN_GIB * GIB <= capacity and pool.sequences >= 1:
@@ -392,7 +449,8 @@ def _suggest(cfg, sh: Shapes, gpus: int, gpu_memory_gib: float,
             f"no sampler.gpu_memory_utilization lets the rollout fit on {gpu_memory_gib:g} GiB "
             f"with one {cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens}-token sequence "
             f"of KV cache and {SUGGEST_MARGIN_GIB:g} GiB to spare: offload more (fsdp.offload) or "
-            "raise sampler.tensor_parallel")
+            "raise sampler.tensor_parallel"
+        )
     return best, ""
 
 
@@ -444,9 +502,20 @@ def _setup(cfg, sh: Shapes, gpus: int, trainer: str) -> _Run:
         reference = b * sh.params
     else:  # FSDP2 shard in model.dtype; with ref_offload it lives on the host (CPUOffloadPolicy)
         reference = 0.0 if cfg.fsdp.ref_offload else b * shard
-    return _Run(world, b, grad_b, offload, 4.0 * shard, 4.0 * shard, 8.0 * shard, gathered,
-                reference, kl, CUDA_CONTEXT_GIB * GIB, trainer == "tgrpo"
-                or bool(cfg.data.valid_file))
+    return _Run(
+        world,
+        b,
+        grad_b,
+        offload,
+        4.0 * shard,
+        4.0 * shard,
+        8.0 * shard,
+        gathered,
+        reference,
+        kl,
+        CUDA_CONTEXT_GIB * GIB,
+        trainer == "tgrpo" or bool(cfg.data.valid_file),
+    )
 
 
 def _resident(run: _Run, on_device: bool, grads: bool) -> dict[str, float]:
@@ -487,11 +556,20 @@ def _pool(cfg, sh: Shapes, gpus: int, capacity: float) -> Pool:
     # its product), plus
     # the sampler's [max_num_seqs, V] float32 logits and three temporaries of the same size
     # (softmax, top-p sort)
-    activation = step_tokens * b * (
-        2 * sh.hidden + 3 * sh.intermediate / tp) + cfg.sampler.max_num_seqs * sh.vocab * 16
+    activation = (
+        step_tokens * b * (2 * sh.hidden + 3 * sh.intermediate / tp)
+        + cfg.sampler.max_num_seqs * sh.vocab * 16
+    )
     graphs = 0.0 if cfg.sampler.enforce_eager else VLLM_GRAPHS_GIB * GIB
-    return Pool(cfg.sampler.gpu_memory_utilization * capacity, weights, activation, graphs,
-                kv_per_token, max_model_len, cfg.sampler.max_num_seqs)
+    return Pool(
+        cfg.sampler.gpu_memory_utilization * capacity,
+        weights,
+        activation,
+        graphs,
+        kv_per_token,
+        max_model_len,
+        cfg.sampler.max_num_seqs,
+    )
 
 
 def _torch_generation(cfg, sh: Shapes, run: _Run) -> float:
@@ -502,8 +580,9 @@ def _torch_generation(cfg, sh: Shapes, run: _Run) -> float:
     full = prompt + cfg.rollout.max_new_tokens
     # K and V of every layer (transformers' cache)
     kv_per_token = 2 * sh.layers * sh.kv_heads * sh.head_dim * run.b
-    prefill = compute_moments(sh, rows, prompt, rows, run.b, run.grad_b, False,
-                              False)["layer forward"]["activations"]
+    prefill = compute_moments(sh, rows, prompt, rows, run.b, run.grad_b, False, False)[
+        "layer forward"
+    ]["activations"]
     # [rows, V] float32 logits, probabilities and the draw's temporary
     logits = rows * sh.vocab * 4 * 3
     return max(rows * full * kv_per_token, rows * prompt * kv_per_token + prefill) + logits
@@ -513,8 +592,9 @@ def _parts(**values: float) -> dict[str, float]:
     return {p: float(values.get(p.replace(" ", "_").replace("-", "_"), 0.0)) for p in PARTS}
 
 
-def _rollout(cfg, sh: Shapes, gpus: int, capacity: float, trainer: str,
-             name: str = "rollout") -> Phase:
+def _rollout(
+    cfg, sh: Shapes, gpus: int, capacity: float, trainer: str, name: str = "rollout"
+) -> Phase:
     """Generation: the sampler awake beside what the trainer keeps on the GPU ("phase": nothing)."""
     run = _setup(cfg, sh, gpus, trainer)
     resident = _resident(run, on_device=run.offload == "none", grads=False)
@@ -523,8 +603,12 @@ def _rollout(cfg, sh: Shapes, gpus: int, capacity: float, trainer: str,
         sampler = cfg.sampler.gpu_memory_utilization * capacity
     else:
         sampler = run.b * sh.params + _torch_generation(cfg, sh, run)
-    return Phase(name, _parts(**resident, reference=run.reference, sampler=sampler, CUDA=run.cuda),
-                 "generation", capacity)
+    return Phase(
+        name,
+        _parts(**resident, reference=run.reference, sampler=sampler, CUDA=run.cuda),
+        "generation",
+        capacity,
+    )
 
 
 def _batch(rows: int, seq_len: int, budget: int, max_response: int) -> tuple[float, int, int]:
@@ -561,28 +645,53 @@ def _grad_sync(sh: Shapes, run: _Run, moment: str, defer: bool) -> float:
     return deferred
 
 
-def _compute_phase(cfg, sh: Shapes, gpus: int, capacity: float, trainer: str, name: str,
-                   rows: float, seq_len: int, targets: int, backward: bool,
-                   on_device: bool = True) -> Phase:
+def _compute_phase(
+    cfg,
+    sh: Shapes,
+    gpus: int,
+    capacity: float,
+    trainer: str,
+    name: str,
+    rows: float,
+    seq_len: int,
+    targets: int,
+    backward: bool,
+    on_device: bool = True,
+) -> Phase:
     """A forward (and backward) of one micro-batch beside the resident memory; the peak over its
     moments."""
     run = _setup(cfg, sh, gpus, trainer)
-    moments = compute_moments(sh, rows, seq_len, targets, run.b, run.grad_b,
-                              cfg.model.gradient_checkpointing, backward, autocast=run.world == 1
-                              and run.b == 2)
+    moments = compute_moments(
+        sh,
+        rows,
+        seq_len,
+        targets,
+        run.b,
+        run.grad_b,
+        cfg.model.gradient_checkpointing,
+        backward,
+        autocast=run.world == 1 and run.b == 2,
+    )
     # the end of the backward: the root unit's gradients reduce-scattered
     if backward and run.world > 1:
         moments["root reduce"] = {
-            "activations": 0.0, "log-probs": run.grad_b * sh.vocab * sh.hidden
+            "activations": 0.0,
+            "log-probs": run.grad_b * sh.vocab * sh.hidden,
         }
     resident = _resident(run, on_device, grads=backward)
     best = None
     for moment, compute in moments.items():
         sync = _grad_sync(sh, run, moment, cfg.fsdp.defer_grad_sync) if backward else 0.0
-        parts = _parts(**resident, gathered=run.gathered, grad_sync=sync,
-                       activations=compute["activations"], log_probs=compute["log-probs"],
-                       reference=run.reference, sampler=_sampler_idle(cfg, sh, run,
-                                                                      capacity), CUDA=run.cuda)
+        parts = _parts(
+            **resident,
+            gathered=run.gathered,
+            grad_sync=sync,
+            activations=compute["activations"],
+            log_probs=compute["log-probs"],
+            reference=run.reference,
+            sampler=_sampler_idle(cfg, sh, run, capacity),
+            CUDA=run.cuda,
+        )
         phase = Phase(name, parts, moment, capacity)
         if best is None or phase.total > best.total:
             best = phase
@@ -612,8 +721,12 @@ def _sync(cfg, sh: Shapes, gpus: int, capacity: float, trainer: str) -> Phase:
         sampler = run.b * sh.params
     return Phase(
         "sync",
-        _parts(**resident, reference=run.reference, sampler=sampler, transfer=transfer,
-               CUDA=run.cuda), "bucket", capacity)
+        _parts(
+            **resident, reference=run.reference, sampler=sampler, transfer=transfer, CUDA=run.cuda
+        ),
+        "bucket",
+        capacity,
+    )
 
 
 def _checkpoint(cfg, sh: Shapes, gpus: int, capacity: float, trainer: str) -> Phase:
@@ -628,9 +741,16 @@ def _checkpoint(cfg, sh: Shapes, gpus: int, capacity: float, trainer: str) -> Ph
     transfer = largest * (2 + 1 / run.world) if on_device and run.world > 1 else 0.0
     return Phase(
         "checkpoint",
-        _parts(**_resident(run, on_device, False), reference=run.reference,
-               sampler=_sampler_idle(cfg, sh, run, capacity), transfer=transfer, CUDA=run.cuda),
-        "largest tensor", capacity)
+        _parts(
+            **_resident(run, on_device, False),
+            reference=run.reference,
+            sampler=_sampler_idle(cfg, sh, run, capacity),
+            transfer=transfer,
+            CUDA=run.cuda,
+        ),
+        "largest tensor",
+        capacity,
+    )
 
 
 def _phases(cfg, sh: Shapes, gpus: int, capacity: float, trainer: str) -> list[Phase]:
@@ -640,30 +760,36 @@ def _phases(cfg, sh: Shapes, gpus: int, capacity: float, trainer: str) -> list[P
         seq = cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens
         response = cfg.rollout.max_new_tokens
         phases.append(_rollout(cfg, sh, gpus, capacity, trainer))
-        rows, seq_len, targets = _batch(cfg.optim.logprob_micro_batch, seq,
-                                        cfg.optim.logprob_micro_batch_tokens, response)
+        rows, seq_len, targets = _batch(
+            cfg.optim.logprob_micro_batch, seq, cfg.optim.logprob_micro_batch_tokens, response
+        )
         phases.append(
-            _compute_phase(cfg, sh, gpus, capacity, trainer, "experience", rows, seq_len, targets,
-                           False))
-        rows, seq_len, targets = _batch(cfg.optim.micro_batch, seq, cfg.optim.micro_batch_tokens,
-                                        response)
+            _compute_phase(
+                cfg, sh, gpus, capacity, trainer, "experience", rows, seq_len, targets, False
+            )
+        )
+        rows, seq_len, targets = _batch(
+            cfg.optim.micro_batch, seq, cfg.optim.micro_batch_tokens, response
+        )
         phases.append(
-            _compute_phase(cfg, sh, gpus, capacity, trainer, "update", rows, seq_len, targets,
-                           True))
+            _compute_phase(cfg, sh, gpus, capacity, trainer, "update", rows, seq_len, targets, True)
+        )
         phases.append(_sync(cfg, sh, gpus, capacity, trainer))
     else:
         seq = cfg.data.max_length
         rows, seq_len, targets = _batch(cfg.optim.micro_batch, seq, 0, seq)
         phases.append(
-            _compute_phase(cfg, sh, gpus, capacity, trainer, "update", rows, seq_len, targets,
-                           True))
+            _compute_phase(cfg, sh, gpus, capacity, trainer, "update", rows, seq_len, targets, True)
+        )
     # generation with the sampler awake, then the gradient-free loss pass of the SFT targets
     if cfg.data.valid_file:
         generation = _rollout(cfg, sh, gpus, capacity, trainer, "validation")
-        rows, seq_len, targets = _batch(cfg.optim.logprob_micro_batch, cfg.data.max_length, 0,
-                                        cfg.data.max_length)
-        loss = _compute_phase(cfg, sh, gpus, capacity, trainer, "validation", rows, seq_len,
-                              targets, False)
+        rows, seq_len, targets = _batch(
+            cfg.optim.logprob_micro_batch, cfg.data.max_length, 0, cfg.data.max_length
+        )
+        loss = _compute_phase(
+            cfg, sh, gpus, capacity, trainer, "validation", rows, seq_len, targets, False
+        )
         loss.peak_at = f"loss pass ({loss.peak_at})"
         phases.append(max(generation, loss, key=lambda p: p.total))
     phases.append(_checkpoint(cfg, sh, gpus, capacity, trainer))
@@ -678,12 +804,14 @@ def _host(cfg, sh: Shapes, gpus: int, trainer: str) -> tuple[dict[str, float], d
     }
     # float32 shards + AdamW pinned; "always" also gradients
     if run.offload in ("phase", "always") and run.world > 1:
-        label = "actor shards + AdamW, pinned" + (" (+ gradients)"
-                                                  if run.offload == "always" else "")
+        label = "actor shards + AdamW, pinned" + (
+            " (+ gradients)" if run.offload == "always" else ""
+        )
         stays[label] = (16.0 if run.offload == "always" else 12.0) * sh.shard(run.world) * run.world
     if run.kl and run.world > 1 and cfg.fsdp.ref_offload:  # CPUOffloadPolicy shards in model.dtype
-        stays[f"reference model ({cfg.model.dtype}, CPU offload)"] = run.b * sh.shard(
-            run.world) * run.world
+        stays[f"reference model ({cfg.model.dtype}, CPU offload)"] = (
+            run.b * sh.shard(run.world) * run.world
+        )
     # sleep level 1: weights to the host
     if run.sampler and cfg.sampler.engine == "vllm" and cfg.sampler.sleep:
         stays["vLLM weights asleep"] = run.b * sh.params / cfg.sampler.tensor_parallel * gpus
@@ -699,23 +827,35 @@ def _host(cfg, sh: Shapes, gpus: int, trainer: str) -> tuple[dict[str, float], d
     return stays, transient
 
 
-def _plan(cfg, sh: Shapes, gpus: int, gpu_memory_gib: float, host_memory_gib: float | None,
-          trainer: str) -> Plan:
+def _plan(
+    cfg, sh: Shapes, gpus: int, gpu_memory_gib: float, host_memory_gib: float | None, trainer: str
+) -> Plan:
     if gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {gpus}")
     if cfg.sampler.engine == "vllm" and gpus % cfg.sampler.tensor_parallel:
         raise ValueError(
             f"sampler.tensor_parallel = {cfg.sampler.tensor_parallel} must divide the {gpus} GPUs "
-            "(each group of consecutive ranks holds one vLLM engine)")
+            "(each group of consecutive ranks holds one vLLM engine)"
+        )
     capacity = gpu_memory_gib * GIB
     phases = _phases(cfg, sh, gpus, capacity, trainer)
     stays, transient = _host(cfg, sh, gpus, trainer)
-    result = Plan(trainer, gpus, gpu_memory_gib, host_memory_gib, sh.params, phases, stays,
-                  transient, settings=_settings(cfg, trainer))
+    result = Plan(
+        trainer,
+        gpus,
+        gpu_memory_gib,
+        host_memory_gib,
+        sh.params,
+        phases,
+        stays,
+        transient,
+        settings=_settings(cfg, trainer),
+    )
     if cfg.sampler.engine == "vllm" and (trainer == "tgrpo" or cfg.data.valid_file):
         result.pool = _pool(cfg, sh, gpus, capacity)
         result.suggested_utilization, result.suggestion_note = _suggest(
-            cfg, sh, gpus, gpu_memory_gib, trainer)
+            cfg, sh, gpus, gpu_memory_gib, trainer
+        )
     if gpus > 1:  # re-planned with the flag flipped: the update's difference
         flipped = _with(cfg, {("fsdp", "defer_grad_sync"): not cfg.fsdp.defer_grad_sync})
         other = next(p for p in _phases(flipped, sh, gpus, capacity, trainer) if p.name == "update")
@@ -729,26 +869,37 @@ def _settings(cfg, trainer: str) -> str:
     parts = [
         f"model.dtype {cfg.model.dtype}",
         f"gradient_checkpointing {flag(cfg.model.gradient_checkpointing)}",
-        f"fsdp.offload {cfg.fsdp.offload}"
+        f"fsdp.offload {cfg.fsdp.offload}",
     ]
     if trainer == "tgrpo":
         o = cfg.optim
-        parts.append(f"ref_offload {flag(cfg.fsdp.ref_offload)}" if cfg.loss.kl_coef >
-                     0 else "no reference")
+        parts.append(
+            f"ref_offload {flag(cfg.fsdp.ref_offload)}" if cfg.loss.kl_coef > 0 else "no reference"
+        )
         parts.append(
             f"sequences of {cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens} tokens, "
             "micro-batches "
-            +
-            (f"of {o.micro_batch_tokens} tokens" if o.micro_batch_tokens else f"of {o.micro_batch}"
-             ) + " (update), " + (f"{o.logprob_micro_batch_tokens} tokens" if o.
-                                  logprob_micro_batch_tokens else f"{o.logprob_micro_batch}") +
-            " (experience)")
+            + (
+                f"of {o.micro_batch_tokens} tokens"
+                if o.micro_batch_tokens
+                else f"of {o.micro_batch}"
+            )
+            + " (update), "
+            + (
+                f"{o.logprob_micro_batch_tokens} tokens"
+                if o.logprob_micro_batch_tokens
+                else f"{o.logprob_micro_batch}"
+            )
+            + " (experience)"
+        )
     else:
         parts.append(f"micro-batches of {cfg.optim.micro_batch} x {cfg.data.max_length} tokens")
     sampler = f"sampler {cfg.sampler.engine}"
     if cfg.sampler.engine == "vllm":
-        sampler += (f" (TP {cfg.sampler.tensor_parallel}, "
-                    f"gpu_memory_utilization {cfg.sampler.gpu_memory_utilization:g})")
+        sampler += (
+            f" (TP {cfg.sampler.tensor_parallel}, "
+            f"gpu_memory_utilization {cfg.sampler.gpu_memory_utilization:g})"
+        )
     else:
         sampler += f" (batch {cfg.sampler.batch})"
     return ", ".join(parts + [sampler])
@@ -767,7 +918,7 @@ def _candidates(cfg, sh: Shapes, gpus: int, gpu_memory_gib: float, trainer: str)
     a smaller token budget (update, then experience), more tensor parallelism, gradient
     checkpointing."""
     out = []
-    for mode in OFFLOADS[OFFLOADS.index(cfg.fsdp.offload) + 1:]:
+    for mode in OFFLOADS[OFFLOADS.index(cfg.fsdp.offload) + 1 :]:
         if trainer == "sft" and mode == "phase":
             continue  # SFT has no rollout: phase equals none
         out.append({("fsdp", "offload"): mode})
@@ -777,8 +928,10 @@ def _candidates(cfg, sh: Shapes, gpus: int, gpu_memory_gib: float, trainer: str)
             out.append({("sampler", "gpu_memory_utilization"): util})
     if trainer == "tgrpo":
         seq = cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens
-        for key, rows in (("micro_batch_tokens", cfg.optim.micro_batch),
-                          ("logprob_micro_batch_tokens", cfg.optim.logprob_micro_batch)):
+        for key, rows in (
+            ("micro_batch_tokens", cfg.optim.micro_batch),
+            ("logprob_micro_batch_tokens", cfg.optim.logprob_micro_batch),
+        ):
             current = getattr(cfg.optim, key) or rows * seq
             # whole longest sequences per micro-batch, largest first
             for n in range(max(current // seq, 1), 0, -1):
@@ -786,8 +939,11 @@ def _candidates(cfg, sh: Shapes, gpus: int, gpu_memory_gib: float, trainer: str)
                     out.append({("optim", key): n * seq})
     if cfg.sampler.engine == "vllm":
         for tp in (2, 4):
-            if tp > cfg.sampler.tensor_parallel and gpus % tp == 0 and (sh.kv_heads % tp == 0
-                                                                        or tp % sh.kv_heads == 0):
+            if (
+                tp > cfg.sampler.tensor_parallel
+                and gpus % tp == 0
+                and (sh.kv_heads % tp == 0 or tp % sh.kv_heads == 0)
+            ):
                 out.append({("sampler", "tensor_parallel"): tp})
     if not cfg.model.gradient_checkpointing:
         out.append({("model", "gradient_checkpointing"): True})
@@ -795,10 +951,12 @@ def _candidates(cfg, sh: Shapes, gpus: int, gpu_memory_gib: float, trainer: str)
 
 
 def _describe(changes: dict) -> str:
-    show = lambda v: f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(
-        v, bool) else f"{v:g}"
-    return " and ".join(f"set {table}.{key} = {show(value)}"
-                        for (table, key), value in changes.items())
+    show = lambda v: (
+        f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else f"{v:g}"
+    )
+    return " and ".join(
+        f"set {table}.{key} = {show(value)}" for (table, key), value in changes.items()
+    )
 
 
 def _host_candidates(cfg, trainer: str) -> list[dict]:
@@ -816,13 +974,24 @@ def _host_candidates(cfg, trainer: str) -> list[dict]:
     return out
 
 
-def _find_fix(cfg, sh: Shapes, gpus: int, gpu_memory_gib: float, host_memory_gib: float | None,
-              trainer: str, name: str, current: Plan) -> str:
+def _find_fix(
+    cfg,
+    sh: Shapes,
+    gpus: int,
+    gpu_memory_gib: float,
+    host_memory_gib: float | None,
+    trainer: str,
+    name: str,
+    current: Plan,
+) -> str:
     """The first change (single ones, then pairs) after which phase `name` (or "host": the host RAM)
     fits and no phase that fitted stops fitting."""
     fitted = {p.name for p in current.phases if p.fits}
-    singles = _host_candidates(cfg, trainer) if name == "host" else _candidates(
-        cfg, sh, gpus, gpu_memory_gib, trainer)
+    singles = (
+        _host_candidates(cfg, trainer)
+        if name == "host"
+        else _candidates(cfg, sh, gpus, gpu_memory_gib, trainer)
+    )
     pairs = [{**a, **b} for a, b in itertools.combinations(singles, 2) if not set(a) & set(b)]
     for changes in singles + pairs:
         trial = _with(cfg, changes)
@@ -854,32 +1023,47 @@ def format_plan(p: Plan) -> str:
         fits = "NO" if not ph.fits else "tight" if ph.total > TIGHT * ph.capacity else "yes"
         rows.append([ph.name, *(g(ph.parts[k]) for k in PARTS), g(ph.total), fits, ph.peak_at])
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    line = lambda r: "  ".join(c.ljust(w) if i in (0, len(r) - 1) else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+    line = lambda r: "  ".join(
+        c.ljust(w) if i in (0, len(r) - 1) else c.rjust(w)
+        for i, (c, w) in enumerate(zip(r, widths))
+    ).rstrip()
     size = f"{p.parameters / 1e9:.2f}B" if p.parameters >= 1e9 else f"{p.parameters / 1e6:.1f}M"
-    out = [f"{size} parameters on {p.gpus} x {p.gpu_memory_gib:g} GiB GPUs (one node)",
-           f"settings: {p.settings}",
-           "", line(head), *map(line, rows), ""]
+    out = [
+        f"{size} parameters on {p.gpus} x {p.gpu_memory_gib:g} GiB GPUs (one node)",
+        f"settings: {p.settings}",
+        "",
+        line(head),
+        *map(line, rows),
+        "",
+    ]
     if p.pool is not None:
         q = p.pool
         out.append(
             f"vLLM pool per GPU {g(q.pool)} GiB = weights {g(q.weights)} + activation peak "
             f"{g(q.activation)} (estimate) + CUDA graphs {g(q.graphs)} (estimate) + KV cache "
             f"{g(q.kv)} GiB: {max(q.kv, 0) / q.kv_per_token:,.0f} tokens, {q.sequences} sequences "
-            f"of {q.max_model_len} tokens at once (sampler.max_num_seqs {q.max_num_seqs}" +
-            ("; vLLM refuses to start below 1)" if q.sequences <
-             1 else "; the rest wait)" if q.sequences < q.max_num_seqs else ")"))
+            f"of {q.max_model_len} tokens at once (sampler.max_num_seqs {q.max_num_seqs}"
+            + (
+                "; vLLM refuses to start below 1)"
+                if q.sequences < 1
+                else "; the rest wait)"
+                if q.sequences < q.max_num_seqs
+                else ")"
+            )
+        )
     if p.suggested_utilization is not None:
         out.append(
             f"suggested sampler.gpu_memory_utilization: {p.suggested_utilization:.2f} (the rollout "
             f"fits with {SUGGEST_MARGIN_GIB:g} GiB to spare and the KV cache holds a max_model_len "
-            "sequence)")
+            "sequence)"
+        )
     elif p.suggestion_note:
         out.append(f"suggested sampler.gpu_memory_utilization: none: {p.suggestion_note}")
     if p.gpus > 1:
         out.append(
             f"fsdp.defer_grad_sync = true: +{g(p.defer_grad_sync_bytes)} GiB per GPU in the update "
-            "(float32 unsharded gradients of every parameter)")
+            "(float32 unsharded gradients of every parameter)"
+        )
     out += ["", f"host RAM per node ({p.gpus} ranks)      GiB"]
     width = max(len(k) for k in [*p.host, *p.host_transient])
     out += [f"  {k.ljust(width)}  {g(v):>7}" for k, v in p.host.items()]
@@ -887,17 +1071,27 @@ def format_plan(p: Plan) -> str:
         f"  {k.ljust(width)}  {g(v):>7}  (transient: the larger one counts)"
         for k, v in p.host_transient.items()
     ]
-    verdict = "unknown (pass --host-memory-gib)" if p.host_fits is None else \
-        f"fits {p.host_memory_gib:g} GiB" if p.host_fits else \
-        f"does NOT fit {p.host_memory_gib:g} GiB"
+    verdict = (
+        "unknown (pass --host-memory-gib)"
+        if p.host_fits is None
+        else f"fits {p.host_memory_gib:g} GiB"
+        if p.host_fits
+        else f"does NOT fit {p.host_memory_gib:g} GiB"
+    )
     out += [f"  {'total'.ljust(width)}  {g(p.host_total):>7}  {verdict}", ""]
     for ph in p.phases:
-        out.append(f"{ph.name}: " +
-                   (f"fits ({ph.total / GIB:.1f} of {p.gpu_memory_gib:g} GiB)" if ph.
-                    fits else f"needs {ph.total / GIB:.1f} of {p.gpu_memory_gib:g} GiB: {ph.fix}"))
+        out.append(
+            f"{ph.name}: "
+            + (
+                f"fits ({ph.total / GIB:.1f} of {p.gpu_memory_gib:g} GiB)"
+                if ph.fits
+                else f"needs {ph.total / GIB:.1f} of {p.gpu_memory_gib:g} GiB: {ph.fix}"
+            )
+        )
     if p.host_fits is False:
         out.append(
-            f"host RAM: needs {p.host_total / GIB:.1f} of {p.host_memory_gib:g} GiB: {p.host_fix}")
+            f"host RAM: needs {p.host_total / GIB:.1f} of {p.host_memory_gib:g} GiB: {p.host_fix}"
+        )
     if not p._kv_ok:
         out.append(next(line for line in p.problems if line.startswith("rollout: the vLLM pool")))
     out += ["", p.verdict(), "", "assumptions: " + ASSUMPTIONS]
@@ -911,4 +1105,5 @@ ASSUMPTIONS = (
     f"peak are estimates, its step {VLLM_STEP_TOKENS[False]} tokens ({VLLM_STEP_TOKENS[True]} on a "
     "GPU from 70 GiB); the CUDA caching allocator's fragmentation is not counted (a phase above "
     f"{TIGHT:.0%} is 'tight'); checked on a CPU (a decoder layer's saved bytes exactly, in float32 "
-    "and bf16; a forward/backward's peak within 15 % in float32), not on a GPU.")
+    "and bf16; a forward/backward's peak within 15 % in float32), not on a GPU."
+)

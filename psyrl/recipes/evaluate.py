@@ -76,7 +76,8 @@ GENERATION_KEYS = (
     "max_new_tokens",
     "dtype",
     "engine",
-    "base_url")
+    "base_url",
+)
 # settings absent from the eval.json of an older psyrl: what it used
 DEFAULTS_BEFORE = {"engine": "torch"}
 
@@ -96,16 +97,27 @@ def split_specs(values) -> list[str]:
     return [v.strip() for value in values for v in value.split(",") if v.strip()]
 
 
-def main(gen: GenerationOptions, benchmarks, benchmark_dir, mode, limit, half, split_seed,
-         out_dir, overwrite, api: ApiOptions | None = None) -> None:
+def main(
+    gen: GenerationOptions,
+    benchmarks,
+    benchmark_dir,
+    mode,
+    limit,
+    half,
+    split_seed,
+    out_dir,
+    overwrite,
+    api: ApiOptions | None = None,
+) -> None:
     """Evaluate --model (options checked by the command line): join the ranks, evaluate, report;
     every error is one message from rank 0. With `api` (--engine openai): one process, no model."""
     specs = split_specs(benchmarks) or list(PAPER_BENCHMARKS)
     if api is not None:
         out = Path(out_dir or Path("runs") / "eval" / api.model.replace("/", "-"))
         try:
-            evaluate_api(gen, api, specs, benchmark_dir, mode, limit, half, split_seed, out,
-                         overwrite)
+            evaluate_api(
+                gen, api, specs, benchmark_dir, mode, limit, half, split_seed, out, overwrite
+            )
         except Preempted as e:
             click.echo(str(e))
             raise SystemExit(EXIT_PREEMPTED) from None
@@ -126,8 +138,18 @@ def main(gen: GenerationOptions, benchmarks, benchmark_dir, mode, limit, half, s
         fail_once(e, "evaluate", (EvalError, DataError, VLLMUnavailable))
 
 
-def evaluate(dist, gen: GenerationOptions, specs, benchmark_dir, mode, limit, half, split_seed,
-             out: Path, overwrite) -> None:
+def evaluate(
+    dist,
+    gen: GenerationOptions,
+    specs,
+    benchmark_dir,
+    mode,
+    limit,
+    half,
+    split_seed,
+    out: Path,
+    overwrite,
+) -> None:
     # ------------------------------------------------------------- inputs, checked before any write
     sources, items = selection(specs, benchmark_dir, limit, half, split_seed)
     generation = load_generation(dist, gen)  # the tokenizer; the model loads after the resume check
@@ -138,8 +160,10 @@ def evaluate(dist, gen: GenerationOptions, specs, benchmark_dir, mode, limit, ha
         raise EvalError(f"{model_dir} holds no weights (*.safetensors or *.bin)")
     given = {**generation.settings, "prompt": mode}
     recorded = (*GENERATION_KEYS, "tensor_parallel", "gpu_memory_utilization")
-    settings = {**{k: given[k] for k in recorded if k in given},
-                **selection_settings(sources, limit, half, split_seed)}
+    settings = {
+        **{k: given[k] for k in recorded if k in given},
+        **selection_settings(sources, limit, half, split_seed),
+    }
     predictions = out / "predictions.jsonl"
     done: dict[str, dict] = {}
     problem = None
@@ -157,33 +181,54 @@ def evaluate(dist, gen: GenerationOptions, specs, benchmark_dir, mode, limit, ha
     pending = [(s, r) for s, r in items if r.id not in done_ids]
     # similar lengths per batch: less padding
     pending.sort(key=lambda item: len(prompts.content(item[1])))
-    print0(f"evaluate: {model_dir} on {dist.world} x {dist.device}: {len(items)} items "
-           f"({', '.join(f'{s.name} {sum(1 for x, _ in items if x is s)}' for s in sources)}); "
-           f"{len(done_ids)} already in {predictions}, {len(pending)} to generate", dist)
+    print0(
+        f"evaluate: {model_dir} on {dist.world} x {dist.device}: {len(items)} items "
+        f"({', '.join(f'{s.name} {sum(1 for x, _ in items if x is s)}' for s in sources)}); "
+        f"{len(done_ids)} already in {predictions}, {len(pending)} to generate",
+        dist,
+    )
 
     # ------------------------------------------------------- generate and score, appending as we go
     stats = {"rank": dist.rank, "items": 0, "response_tokens": 0, "generate_s": 0.0}
     t0 = time.perf_counter()
     per_round = gen.batch * dist.world
-    bar = tqdm(total=len(items), initial=len(done_ids), desc="evaluate", unit="item",
-               dynamic_ncols=True, disable=not (gen.progress and dist.is_main))
-    with (predictions.open("a", encoding="utf-8") if dist.is_main else contextlib.nullcontext()
-          as sink, Preemption(RunConfig().preempt_signals) as preemption):
+    bar = tqdm(
+        total=len(items),
+        initial=len(done_ids),
+        desc="evaluate",
+        unit="item",
+        dynamic_ncols=True,
+        disable=not (gen.progress and dist.is_main),
+    )
+    with (
+        predictions.open("a", encoding="utf-8")
+        if dist.is_main
+        else contextlib.nullcontext() as sink,
+        Preemption(RunConfig().preempt_signals) as preemption,
+    ):
         for start in range(0, len(pending), per_round):
             # strided: each rank gets short and long
-            mine = pending[start:start + per_round][dist.rank::dist.world]
+            mine = pending[start : start + per_round][dist.rank :: dist.world]
             texts = [prompts.render(tokenizer, r, prompt_cfg) for _, r in mine]
             ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
             t = time.perf_counter()
             seeds = [item_seed(gen.seed, r.id) for _, r in mine]
             samples = sampler.generate(  # collective: even with no item
-                ids, 1, gen.temperature, gen.top_p, gen.max_new_tokens, seeds)
+                ids, 1, gen.temperature, gen.top_p, gen.max_new_tokens, seeds
+            )
             stats["generate_s"] += time.perf_counter() - t
             rows = []
             for (source, record), text, group in zip(mine, texts, samples):
                 s = group[0]
-                row = score_response(record, source.name, s.text, len(s.token_ids), s.finish_reason,
-                                     sum(s.logprobs) / len(s.logprobs), mode)
+                row = score_response(
+                    record,
+                    source.name,
+                    s.text,
+                    len(s.token_ids),
+                    s.finish_reason,
+                    sum(s.logprobs) / len(s.logprobs),
+                    mode,
+                )
                 rows.append({**row, "prompt": text})
                 stats["items"] += 1
                 stats["response_tokens"] += len(s.token_ids)
@@ -200,7 +245,8 @@ def evaluate(dist, gen: GenerationOptions, specs, benchmark_dir, mode, limit, ha
                 sampler.close()
                 raise Preempted(
                     f"evaluate: preempted by {stop} after {len(done_ids) + start + per_round} of "
-                    f"{len(items)} items, all in {predictions}; run the same command to resume")
+                    f"{len(items)} items, all in {predictions}; run the same command to resume"
+                )
     bar.close()
     wall = time.perf_counter() - t0
     per_rank = all_gather_lists([stats], dist)
@@ -210,30 +256,58 @@ def evaluate(dist, gen: GenerationOptions, specs, benchmark_dir, mode, limit, ha
 
     # ---------------------------------------------------------------- results
     perf = {
-        "ranks": dist.world, "device": str(dist.device), "generated_items": len(pending),
-        "wall_s": wall, "items_per_s": len(pending) / wall if pending and wall > 0 else None,
-        "per_rank": per_rank
+        "ranks": dist.world,
+        "device": str(dist.device),
+        "generated_items": len(pending),
+        "wall_s": wall,
+        "items_per_s": len(pending) / wall if pending and wall > 0 else None,
+        "per_rank": per_rank,
     }
     write_results(out, model_label(model_dir), items, done, settings, perf)
-    speed = f"{perf['items_per_s']:.2f} items/s over {dist.world} rank(s)" if perf[
-        "items_per_s"] else "nothing new"
+    speed = (
+        f"{perf['items_per_s']:.2f} items/s over {dist.world} rank(s)"
+        if perf["items_per_s"]
+        else "nothing new"
+    )
     print0(
         f"evaluate: {len(pending)} items generated in {wall:.1f} s ({speed}); {out}/results.md, "
-        "results.json, predictions.jsonl", dist)
+        "results.json, predictions.jsonl",
+        dist,
+    )
 
 
-def evaluate_api(gen: GenerationOptions, api: ApiOptions, specs, benchmark_dir, mode, limit,
-                 half, split_seed, out: Path, overwrite) -> None:
+def evaluate_api(
+    gen: GenerationOptions,
+    api: ApiOptions,
+    specs,
+    benchmark_dir,
+    mode,
+    limit,
+    half,
+    split_seed,
+    out: Path,
+    overwrite,
+) -> None:
     """`--engine openai`: the same items, prompts, seeds, scoring, files and resume as `evaluate`,
     each response one chat-completions request (`api.concurrency` in flight, one process)."""
     # ------------------------------------------------------------- inputs, checked before any write
     sources, items = selection(specs, benchmark_dir, limit, half, split_seed)
     # the key's variable by name only: its value never reaches a file or the screen
-    settings = {"model": api.model, "engine": "openai", "base_url": api.base_url,
-                "api_key_env": api.key_env, "prompt": mode, "temperature": gen.temperature,
-                "top_p": gen.top_p, "seed": gen.seed, "max_new_tokens": gen.max_new_tokens,
-                "concurrency": api.concurrency, "request_timeout": api.timeout,
-                "retries": api.retries, **selection_settings(sources, limit, half, split_seed)}
+    settings = {
+        "model": api.model,
+        "engine": "openai",
+        "base_url": api.base_url,
+        "api_key_env": api.key_env,
+        "prompt": mode,
+        "temperature": gen.temperature,
+        "top_p": gen.top_p,
+        "seed": gen.seed,
+        "max_new_tokens": gen.max_new_tokens,
+        "concurrency": api.concurrency,
+        "request_timeout": api.timeout,
+        "retries": api.retries,
+        **selection_settings(sources, limit, half, split_seed),
+    }
     done = start_output(out, settings, items, overwrite)
     predictions = out / "predictions.jsonl"
     prompt_cfg = PromptConfig(mode=mode)
@@ -244,25 +318,41 @@ def evaluate_api(gen: GenerationOptions, api: ApiOptions, specs, benchmark_dir, 
         f"evaluate: {api.model} at {api.url} ({key} from ${api.key_env}), {api.concurrency} "
         f"requests in flight: {len(items)} items "
         f"({', '.join(f'{s.name} {sum(1 for x, _ in items if x is s)}' for s in sources)}); "
-        f"{len(done)} already in {predictions}, {len(pending)} to request")
+        f"{len(done)} already in {predictions}, {len(pending)} to request"
+    )
 
     # ------------------------------------------- request and score, appending each as it finishes
     def body(job) -> dict:
         _, record, messages = job
-        return request_body(api.model, messages, gen.temperature, gen.top_p, gen.max_new_tokens,
-                            item_seed(gen.seed, record.id))
+        return request_body(
+            api.model,
+            messages,
+            gen.temperature,
+            gen.top_p,
+            gen.max_new_tokens,
+            item_seed(gen.seed, record.id),
+        )
 
     stats = {"items": 0, "response_tokens": 0}
     t0 = time.perf_counter()
-    with (predictions.open("a", encoding="utf-8") as sink,
-          Preemption(RunConfig().preempt_signals) as preemption,
-          tqdm(total=len(items), initial=len(done), desc="evaluate", unit="item",
-               dynamic_ncols=True, disable=not gen.progress) as bar):
+    with (
+        predictions.open("a", encoding="utf-8") as sink,
+        Preemption(RunConfig().preempt_signals) as preemption,
+        tqdm(
+            total=len(items),
+            initial=len(done),
+            desc="evaluate",
+            unit="item",
+            dynamic_ncols=True,
+            disable=not gen.progress,
+        ) as bar,
+    ):
         # a signal: no new request; those in flight finish and are kept
         finished = complete_all(client, pending, body, lambda: preemption.received != 0)
         for (source, record, messages), answer in finished:
-            row = score_response(record, source.name, answer.text, answer.tokens, answer.finish,
-                                 None, mode)  # no log-probs: not every API returns them
+            row = score_response(
+                record, source.name, answer.text, answer.tokens, answer.finish, None, mode
+            )  # no log-probs: not every API returns them
             row["prompt"] = json.dumps(messages, ensure_ascii=False)  # what was sent
             # on disk at once: a crash loses only the requests in flight
             sink.write(json.dumps(row) + "\n")
@@ -277,16 +367,25 @@ def evaluate_api(gen: GenerationOptions, api: ApiOptions, specs, benchmark_dir, 
     if stop and len(done) < len(items):
         raise Preempted(
             f"evaluate: preempted by {signal.Signals(stop).name} after {len(done)} of "
-            f"{len(items)} items, all in {predictions}; run the same command to resume")
+            f"{len(items)} items, all in {predictions}; run the same command to resume"
+        )
 
     # ---------------------------------------------------------------- results
-    perf = {"ranks": 1, "device": api.url, "generated_items": stats["items"], "wall_s": wall,
-            "items_per_s": stats["items"] / wall if stats["items"] and wall > 0 else None,
-            "concurrency": api.concurrency, "per_rank": [{"rank": 0, **stats}]}
+    perf = {
+        "ranks": 1,
+        "device": api.url,
+        "generated_items": stats["items"],
+        "wall_s": wall,
+        "items_per_s": stats["items"] / wall if stats["items"] and wall > 0 else None,
+        "concurrency": api.concurrency,
+        "per_rank": [{"rank": 0, **stats}],
+    }
     write_results(out, api.model, items, done, settings, perf)
     speed = f"{perf['items_per_s']:.2f} items/s" if perf["items_per_s"] else "nothing new"
-    click.echo(f"evaluate: {stats['items']} items requested in {wall:.1f} s ({speed}); "
-               f"{out}/results.md, results.json, predictions.jsonl")
+    click.echo(
+        f"evaluate: {stats['items']} items requested in {wall:.1f} s ({speed}); "
+        f"{out}/results.md, results.json, predictions.jsonl"
+    )
 
 
 def selection(specs, benchmark_dir, limit, half, split_seed) -> tuple[list, list]:
@@ -295,16 +394,22 @@ def selection(specs, benchmark_dir, limit, half, split_seed) -> tuple[list, list
     items = [(s, r) for s in sources for r in select_items(s.records, limit, half, split_seed)]
     if not items:
         raise EvalError(
-            f"no item to evaluate in {', '.join(s.name for s in sources)} (split {half})")
+            f"no item to evaluate in {', '.join(s.name for s in sources)} (split {half})"
+        )
     return sources, items
 
 
 def selection_settings(sources, limit, half, split_seed) -> dict:
     """What eval.json records of the selection, whatever generates."""
-    return {"split": half, "split_seed": split_seed, "limit": limit,
-            "options": PromptConfig().options,
-            "sources": [{"name": s.name, "path": str(s.path.resolve()), "schema": s.schema}
-                        for s in sources]}
+    return {
+        "split": half,
+        "split_seed": split_seed,
+        "limit": limit,
+        "options": PromptConfig().options,
+        "sources": [
+            {"name": s.name, "path": str(s.path.resolve()), "schema": s.schema} for s in sources
+        ],
+    }
 
 
 def start_output(out: Path, settings: dict, items: list, overwrite: bool) -> dict[str, dict]:
@@ -320,8 +425,9 @@ def start_output(out: Path, settings: dict, items: list, overwrite: bool) -> dic
     return done
 
 
-def write_results(out: Path, label: str, items: list, done: dict[str, dict], settings: dict,
-                  perf: dict) -> None:
+def write_results(
+    out: Path, label: str, items: list, done: dict[str, dict], settings: dict, perf: dict
+) -> None:
     """predictions.jsonl in item order (the same file for any ranks, batch, engine order or
     resume), results.json, results.md (printed)."""
     rows = [done[r.id] for _, r in items]
@@ -329,11 +435,15 @@ def write_results(out: Path, label: str, items: list, done: dict[str, dict], set
     results = aggregate(rows)
     write_text(
         out / "results.json",
-        json.dumps({"settings": settings, "results": results, "perf": perf}, indent=2) + "\n")
+        json.dumps({"settings": settings, "results": results, "perf": perf}, indent=2) + "\n",
+    )
     markdown = results_markdown(label, results, settings)
     try:
-        markdown += "\n## RQ5: Unexpected Outcome Test (ToMbench)\n\n" + counts_markdown(
-            [label], [lengths_by_index(rows)]) + "\n"
+        markdown += (
+            "\n## RQ5: Unexpected Outcome Test (ToMbench)\n\n"
+            + counts_markdown([label], [lengths_by_index(rows)])
+            + "\n"
+        )
     except EvalError:
         pass  # no ToMbench Unexpected Outcome Test item in this evaluation
     write_text(out / "results.md", markdown)
@@ -350,20 +460,23 @@ def previous_predictions(out: Path, settings: dict, items: list) -> dict[str, di
     if not saved.is_file():
         raise EvalError(
             f"{out} holds predictions.jsonl but no eval.json: not an evaluate.py directory, or "
-            "damaged; use another --out or --overwrite")
+            "damaged; use another --out or --overwrite"
+        )
     try:
         before = json.loads(saved.read_text(encoding="utf-8"))
     except ValueError as e:
         raise EvalError(f"{saved}: {e}; use --overwrite to start again") from None
     before = {**DEFAULTS_BEFORE, **before}
     changed = [  # a key an engine does not record is None (--engine openai: no dtype)
-        f"{k}: {before.get(k)!r} -> {settings.get(k)!r}" for k in GENERATION_KEYS
+        f"{k}: {before.get(k)!r} -> {settings.get(k)!r}"
+        for k in GENERATION_KEYS
         if before.get(k) != settings.get(k)
     ]
     if changed:
         raise EvalError(
             f"{out} holds predictions made differently ({'; '.join(changed)}); use another --out, "
-            "or --overwrite to delete them")
+            "or --overwrite to delete them"
+        )
     rows, _ = read_predictions(predictions, tolerate_torn_end=True)
     selected = {r.id: (s, r) for s, r in items}
     outside = sorted({r["id"] for r in rows} - set(selected))
@@ -377,4 +490,3 @@ def previous_predictions(out: Path, settings: dict, items: list) -> dict[str, di
         source, record = selected[row["id"]]
         row["benchmark"], row["task"] = source.name, task_of(record)
     return {r["id"]: r for r in rows}
-

@@ -32,19 +32,25 @@ from psyrl.core.config import ConfigError
 from psyrl.core.records import Cursor, DataError, load_records, load_stimuliqa, next_indices
 from psyrl.core.runlog import peak_memory_gib
 from psyrl.rl.rewards import load_reward_plugin
+from psyrl.run.directory import Run, check_memory_plan
+from psyrl.run.validation import longest_prompt, sample_items, validate
 from psyrl.runtime.checkpoint import select_checkpoint
 from psyrl.runtime.distributed import Dist, all_reduce, print0, rank_share
 from psyrl.runtime.model import autocast, load_tokenizer
 from psyrl.runtime.optim import build_optimizer, clipped_step, lr_factor, set_lr
 from psyrl.runtime.policy import build_policy, build_sampler, sync_weights
-from psyrl.run.directory import Run, check_memory_plan
 from psyrl.sft.loss import build_examples, micro_batch_losses, response_tokens
-from psyrl.run.validation import longest_prompt, sample_items, validate
 
-LINE_FIELDS = [("loss", "train/loss", ".4f"), ("grad", "train/grad_norm", ".3f"),
-               ("lr", "train/lr", ".2e"), ("tok/s", "perf/tokens_per_s", ".0f"),
-               ("peak GiB", "perf/peak_mem_gib", ".2f"), ("valid f1", "valid/f1", ".4f"),
-               ("valid acc", "valid/accuracy", ".4f"), ("valid loss", "valid/loss", ".4f")]
+LINE_FIELDS = [
+    ("loss", "train/loss", ".4f"),
+    ("grad", "train/grad_norm", ".3f"),
+    ("lr", "train/lr", ".2e"),
+    ("tok/s", "perf/tokens_per_s", ".0f"),
+    ("peak GiB", "perf/peak_mem_gib", ".2f"),
+    ("valid f1", "valid/f1", ".4f"),
+    ("valid acc", "valid/accuracy", ".4f"),
+    ("valid loss", "valid/loss", ".4f"),
+]
 
 
 def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
@@ -53,7 +59,8 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
     if cfg.optim.global_batch % dist.world:
         raise click.ClickException(
             f"optim.global_batch = {cfg.optim.global_batch} must be a multiple of the "
-            f"{dist.world} ranks (each rank takes an equal share of every step)")
+            f"{dist.world} ranks (each rank takes an equal share of every step)"
+        )
     try:
         train_records = load_stimuliqa(cfg.data.train_file)
         valid_records = load_records(cfg.data.valid_file) if cfg.data.valid_file else []
@@ -63,8 +70,9 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
         plugin = load_reward_plugin(cfg.reward.custom) if cfg.reward.custom else None
     except (ConfigError, DataError, OSError, ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
-    examples, counts = build_examples(train_records, tokenizer, cfg.prompt, cfg.data.max_length,
-                                      cfg.data.think_from)
+    examples, counts = build_examples(
+        train_records, tokenizer, cfg.prompt, cfg.data.max_length, cfg.data.think_from
+    )
     if not examples:
         raise click.ClickException(f"{cfg.data.train_file}: no usable training example ({counts})")
     run.check_data(cfg.data.train_file, len(examples))
@@ -85,7 +93,8 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
         f"{f' (FSDP2{offload})' if dist.sharded else ''}; {counts['kept']} training examples "
         f"(skipped: {counts['no_reasoning']} without {cfg.data.think_from}, {counts['too_long']} "
         f"over {cfg.data.max_length} tokens); {len(valid_records)} validation items; {steps} "
-        f"steps of {batch} sequences")
+        f"steps of {batch} sequences"
+    )
 
     sampler = None  # built at the first validation, synced before each later one
 
@@ -93,8 +102,14 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
         nonlocal sampler
         if sampler is None:
             # validates only
-            sampler = build_sampler(policy, cfg, tokenizer, dist, cfg.rollout.valid_temperature,
-                                    longest_prompt(valid_records, tokenizer, cfg))
+            sampler = build_sampler(
+                policy,
+                cfg,
+                tokenizer,
+                dist,
+                cfg.rollout.valid_temperature,
+                longest_prompt(valid_records, tokenizer, cfg),
+            )
         else:
             sync_weights(sampler, policy, cfg, dist)
         return validate(policy, sampler, tokenizer, valid_records, cfg, dist, plugin=plugin)
@@ -110,14 +125,22 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
             t0 = time.perf_counter()
             lr = cfg.optim.lr * lr_factor(step - 1, cfg.optim, steps)
             set_lr(optimizer, lr)
-            indices, cursor = next_indices(cursor, len(examples), batch, cfg.run.seed,
-                                           cfg.data.shuffle)
+            indices, cursor = next_indices(
+                cursor, len(examples), batch, cfg.run.seed, cfg.data.shuffle
+            )
             step_examples = [examples[i] for i in indices]
             # global: the gradient does not depend on micro-batching
             normalizer = response_tokens(step_examples)
             loss_sum = torch.zeros((), device=dist.device)
-            for loss in micro_batch_losses(policy, rank_share(step_examples, dist), micro,
-                                           tokenizer.pad_token_id, normalizer, dist.device, amp):
+            for loss in micro_batch_losses(
+                policy,
+                rank_share(step_examples, dist),
+                micro,
+                tokenizer.pad_token_id,
+                normalizer,
+                dist.device,
+                amp,
+            ):
                 loss.backward()
                 # read once per step: .item() per micro-batch would sync a GPU each time
                 loss_sum += loss.detach()
@@ -130,11 +153,17 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
             # ------------------------------------------------------------ log, validate, checkpoint
             peak = all_reduce(torch.tensor(peak_memory_gib(dist.device)), dist, "max")
             row = {
-                "step": step, "steps": steps, "train/loss": all_reduce(loss_sum, dist).item(),
-                "train/grad_norm": grad_norm, "train/lr": lr,
+                "step": step,
+                "steps": steps,
+                "train/loss": all_reduce(loss_sum, dist).item(),
+                "train/grad_norm": grad_norm,
+                "train/lr": lr,
                 "train/tokens": sum(len(e.input_ids) for e in step_examples),
-                "train/response_tokens": normalizer, "train/skipped_updates": skipped_updates,
-                "data/epoch": cursor.epoch, "perf/step_s": elapsed, "perf/peak_mem_gib": float(peak)
+                "train/response_tokens": normalizer,
+                "train/skipped_updates": skipped_updates,
+                "data/epoch": cursor.epoch,
+                "perf/step_s": elapsed,
+                "perf/peak_mem_gib": float(peak),
             }
             row["perf/tokens_per_s"] = row["train/tokens"] / elapsed
             save = run.should_save(step)
@@ -146,9 +175,15 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
             # a signal on any rank during the step: its checkpoint, then out (not at the last)
             stop = run.preempted_after(step)
             if save or stop:
-                run.save(step, policy, optimizer, tokenizer,
-                         {"cursor": vars(cursor), "skipped_updates": skipped_updates}, {},
-                         (valid_records, metrics, outputs) if valid_records and save else None)
+                run.save(
+                    step,
+                    policy,
+                    optimizer,
+                    tokenizer,
+                    {"cursor": vars(cursor), "skipped_updates": skipped_updates},
+                    {},
+                    (valid_records, metrics, outputs) if valid_records and save else None,
+                )
             run.advance(step, row)
             if stop or (save and (stop := run.preempted_after(step))):  # or during the save
                 if sampler is not None:
@@ -164,5 +199,5 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
         print0(
             f"sft: median-F1 checkpoint (appendix B): step {step}, valid F1 {score:.4f}, "
             f"{path / 'hf'}",
-            dist)
-
+            dist,
+        )

@@ -28,19 +28,40 @@ from psyrl.core.atomic import write_text
 from psyrl.core.config import Config, ConfigError, config_changes, load_config
 from psyrl.core.records import BenchmarkRecord, load_records, read_jsonl
 from psyrl.eval.report import results_markdown
-from psyrl.rl.rollout import COLUMNS
-from psyrl.runtime.checkpoint import checkpoint_dirs, select_checkpoint
 from psyrl.report.plot import PANELS, load_runs, moving_average, series
 from psyrl.report.summary import summary_table
+from psyrl.rl.rollout import COLUMNS
+from psyrl.runtime.checkpoint import checkpoint_dirs, select_checkpoint
 
 # SFT logs neither rewards nor KL: its losses are the curves a person looks at
-SFT_PANELS = [("train/loss", "SFT loss (per response token)"),
-              ("valid/loss", "held-out loss (SFT targets)")]
+SFT_PANELS = [
+    ("train/loss", "SFT loss (per response token)"),
+    ("valid/loss", "held-out loss (SFT targets)"),
+]
 # matplotlib's default cycle: a run keeps the colour it has in `psyrl plot`'s curves.png
-COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-          "#7f7f7f", "#bcbd22", "#17becf"]
-VALID_ORDER = ["valid/f1", "valid/reward", "valid/format", "valid/length", "valid/loss",
-               "valid/accuracy", "valid/not_applicable", "valid/custom", "valid/items"]
+COLORS = [
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+]
+VALID_ORDER = [
+    "valid/f1",
+    "valid/reward",
+    "valid/format",
+    "valid/length",
+    "valid/loss",
+    "valid/accuracy",
+    "valid/not_applicable",
+    "valid/custom",
+    "valid/items",
+]
 SAMPLE_KEYS = ("id", "sample", "response", "tokens", "finish_reason", "advantage")
 # panel geometry in SVG user units: plot area inside the margins
 WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 400, 230, 56, 12, 10, 30
@@ -78,8 +99,16 @@ def read_run(label: str, run_dir: Path, rows: list[dict]) -> RunData:
             config = load_config(config_path)
         except ConfigError:
             config = None  # shown as text, without the cross-run diff
-    return RunData(label, run_dir, rows, text, config, read_validation(run_dir),
-                   read_evaluations(run_dir), sample_files(run_dir))
+    return RunData(
+        label,
+        run_dir,
+        rows,
+        text,
+        config,
+        read_validation(run_dir),
+        read_evaluations(run_dir),
+        sample_files(run_dir),
+    )
 
 
 def read_json(path: Path) -> dict:
@@ -93,16 +122,20 @@ def read_json(path: Path) -> dict:
 
 
 def read_validation(run_dir: Path) -> list[tuple[int, dict]]:
-    return [(step, read_json(d / "validation.json")) for step, d in checkpoint_dirs(run_dir)
-            if (d / "validation.json").is_file()]
+    return [
+        (step, read_json(d / "validation.json"))
+        for step, d in checkpoint_dirs(run_dir)
+        if (d / "validation.json").is_file()
+    ]
 
 
 def read_evaluations(run_dir: Path) -> list[tuple[str, dict, dict]]:
     found = []
     for path in sorted(run_dir.glob("*/results.json")):
         saved = read_json(path)
-        if not isinstance(saved.get("results"), dict) or not isinstance(saved.get("settings"),
-                                                                         dict):
+        if not isinstance(saved.get("results"), dict) or not isinstance(
+            saved.get("settings"), dict
+        ):
             raise ValueError(f"{path}: not an evaluate.py results.json (no results or settings)")
         found.append((path.parent.name, saved["settings"], saved["results"]))
     return found
@@ -175,15 +208,21 @@ def prompt_records(run: RunData, ids: set[str]) -> tuple[dict[str, dict], str]:
     note = ""
     digest = trained_data_digest(run.dir)
     if digest and digest != hashlib.sha256(path.read_bytes()).hexdigest():
-        note = (f"{path} changed since the run (its sha256 differs from the checkpoints' "
-                "trainer.json): the stories shown may not be the ones trained on")
+        note = (
+            f"{path} changed since the run (its sha256 differs from the checkpoints' "
+            "trainer.json): the stories shown may not be the ones trained on"
+        )
     prompts = {}
     for r in load_records(path):
         if r.id not in ids:
             continue
         if isinstance(r, BenchmarkRecord):
-            prompts[r.id] = {"story": r.context, "question": r.question, "answer": r.answer,
-                             "options": list(r.options)}
+            prompts[r.id] = {
+                "story": r.context,
+                "question": r.question,
+                "answer": r.answer,
+                "options": list(r.options),
+            }
         else:
             prompts[r.id] = {"story": r.stimuli, "question": r.question, "answer": r.answer}
     return prompts, note or f"stories and gold answers from {path}"
@@ -242,17 +281,26 @@ def markdown_html(text: str, heading: int = 4) -> str:
             right = [c.endswith(":") for c in cells[1]] if len(cells) > 1 else []
             rows = ["<tr>" + "".join(f"<th>{inline_markdown(c)}</th>" for c in cells[0]) + "</tr>"]
             for row in cells[2:]:
-                rows.append("<tr>" + "".join(
-                    f'<td{" class=num" if i < len(right) and right[i] else ""}>'
-                    f"{inline_markdown(c)}</td>" for i, c in enumerate(row)) + "</tr>")
+                rows.append(
+                    "<tr>"
+                    + "".join(
+                        f"<td{' class=num' if i < len(right) and right[i] else ''}>"
+                        f"{inline_markdown(c)}</td>"
+                        for i, c in enumerate(row)
+                    )
+                    + "</tr>"
+                )
             out.append('<table class="md">' + "".join(rows) + "</table>")
         elif block:
             out.append("<p>" + inline_markdown(" ".join(block)) + "</p>")
         block.clear()
 
     for line in text.splitlines():
-        if not line.strip() or line.startswith("#") or (block and block[0].startswith("|")
-                                                          != line.startswith("|")):
+        if (
+            not line.strip()
+            or line.startswith("#")
+            or (block and block[0].startswith("|") != line.startswith("|"))
+        ):
             flush()
         if line.startswith("#"):
             level = min(6, heading + len(line) - len(line.lstrip("#")) - 1)
@@ -287,14 +335,16 @@ def padded(lo: float, hi: float) -> tuple[float, float]:
     return lo - (hi - lo) * 0.05, hi + (hi - lo) * 0.05
 
 
-def svg_panel(metric: str, lines: list[tuple[str, str, list[int], list[float]]],
-              smooth: int) -> tuple[str, dict]:
+def svg_panel(
+    metric: str, lines: list[tuple[str, str, list[int], list[float]]], smooth: int
+) -> tuple[str, dict]:
     """One panel: every run's series of `metric` (thin per step and thick trailing mean, or dots
     for the validation scores), axes and ticks; and the data the JS cursor reads out."""
     steps = [s for _, _, xs, _ in lines for s in xs]
     values = [v for _, _, _, ys in lines for v in ys]
-    x0, x1 = (min(steps), max(steps)) if min(steps) < max(steps) else (min(steps) - 1,
-                                                                        max(steps) + 1)
+    x0, x1 = (
+        (min(steps), max(steps)) if min(steps) < max(steps) else (min(steps) - 1, max(steps) + 1)
+    )
     y0, y1 = padded(min(values), max(values))
     width, height = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     px = lambda s: LEFT + (s - x0) / (x1 - x0) * width
@@ -302,14 +352,18 @@ def svg_panel(metric: str, lines: list[tuple[str, str, list[int], list[float]]],
     path = lambda xs, ys: "M" + " L".join(f"{px(s):.1f},{py(v):.1f}" for s, v in zip(xs, ys))
     parts = [f'<rect class="frame" x="{LEFT}" y="{TOP}" width="{width}" height="{height}"/>']
     for v in nice_ticks(y0, y1):
-        parts.append(f'<line class="grid" x1="{LEFT}" x2="{LEFT + width}" y1="{py(v):.1f}" '
-                     f'y2="{py(v):.1f}"/><text class="ytick" x="{LEFT - 4}" y="{py(v) + 3:.1f}">'
-                     f"{tick_label(v)}</text>")
+        parts.append(
+            f'<line class="grid" x1="{LEFT}" x2="{LEFT + width}" y1="{py(v):.1f}" '
+            f'y2="{py(v):.1f}"/><text class="ytick" x="{LEFT - 4}" y="{py(v) + 3:.1f}">'
+            f"{tick_label(v)}</text>"
+        )
     for s in nice_ticks(x0, x1):
         if s == int(s):  # steps are whole
-            parts.append(f'<line class="grid" x1="{px(s):.1f}" x2="{px(s):.1f}" y1="{TOP}" '
-                         f'y2="{TOP + height}"/><text class="xtick" x="{px(s):.1f}" '
-                         f'y="{TOP + height + 14}">{int(s)}</text>')
+            parts.append(
+                f'<line class="grid" x1="{px(s):.1f}" x2="{px(s):.1f}" y1="{TOP}" '
+                f'y2="{TOP + height}"/><text class="xtick" x="{px(s):.1f}" '
+                f'y="{TOP + height + 14}">{int(s)}</text>'
+            )
     parts.append(f'<text class="xlabel" x="{LEFT + width}" y="{HEIGHT - 2}">step</text>')
     readout = []
     valid = metric.startswith("valid/")
@@ -318,41 +372,69 @@ def svg_panel(metric: str, lines: list[tuple[str, str, list[int], list[float]]],
         mean = ys if valid or smooth <= 1 else moving_average(ys, smooth)
         if not valid and smooth > 1:
             parts.append(f'<path class="raw" {tag} d="{path(xs, ys)}"/>')
-        parts.append(f'<path class="line" {tag} d="{path(xs, mean)}"><title>{esc(label)}</title>'
-                     "</path>")
+        parts.append(
+            f'<path class="line" {tag} d="{path(xs, mean)}"><title>{esc(label)}</title></path>'
+        )
         if valid:
-            parts += [f'<circle class="dot" {tag} fill="{color}" cx="{px(s):.1f}" '
-                      f'cy="{py(v):.1f}" r="3"><title>{esc(label)}: step {s}, '
-                      f"{v:.4g}</title></circle>" for s, v in zip(xs, ys)]
-        readout.append({"label": label, "color": color, "steps": xs, "values": ys,
-                        "mean": None if mean is ys else mean})
+            parts += [
+                f'<circle class="dot" {tag} fill="{color}" cx="{px(s):.1f}" '
+                f'cy="{py(v):.1f}" r="3"><title>{esc(label)}: step {s}, '
+                f"{v:.4g}</title></circle>"
+                for s, v in zip(xs, ys)
+            ]
+        readout.append(
+            {
+                "label": label,
+                "color": color,
+                "steps": xs,
+                "values": ys,
+                "mean": None if mean is ys else mean,
+            }
+        )
     parts.append(f'<line class="cursor" x1="0" x2="0" y1="{TOP}" y2="{TOP + height}"/>')
-    svg = (f'<svg class="panel" viewBox="0 0 {WIDTH} {HEIGHT}" data-metric="{esc(metric)}" '
-           f'data-x0="{x0}" data-x1="{x1}" data-left="{LEFT}" data-width="{width}" role="img">'
-           + "".join(parts) + "</svg>")
+    svg = (
+        f'<svg class="panel" viewBox="0 0 {WIDTH} {HEIGHT}" data-metric="{esc(metric)}" '
+        f'data-x0="{x0}" data-x1="{x1}" data-left="{LEFT}" data-width="{width}" role="img">'
+        + "".join(parts)
+        + "</svg>"
+    )
     return svg, readout
 
 
 def curves_section(runs: list[RunData], smooth: int) -> str:
     panels, data = [], {}
     for metric, title in PANELS + SFT_PANELS:
-        lines = [(run.label, COLORS[n % len(COLORS)], *series(run.rows, metric))
-                 for n, run in enumerate(runs)]
+        lines = [
+            (run.label, COLORS[n % len(COLORS)], *series(run.rows, metric))
+            for n, run in enumerate(runs)
+        ]
         lines = [line for line in lines if line[2]]
         if not lines:
             continue
         svg, data[metric] = svg_panel(metric, lines, smooth)
-        panels.append(f'<figure class="curve"><figcaption>{esc(title)} <code>{esc(metric)}'
-                      f'</code></figcaption>{svg}<div class="readout"></div></figure>')
+        panels.append(
+            f'<figure class="curve"><figcaption>{esc(title)} <code>{esc(metric)}'
+            f'</code></figcaption>{svg}<div class="readout"></div></figure>'
+        )
     if not panels:
-        return ('<p class="empty">No curves: none of the runs logged a metric psyrl draws (' +
-                ", ".join(esc(m) for m, _ in PANELS + SFT_PANELS) + ").</p>")
-    legend = "".join(f'<span class="key"><i style="background:{COLORS[n % len(COLORS)]}"></i>'
-                     f"{esc(run.label)}</span>" for n, run in enumerate(runs))
-    how = (f"thin: per step; thick: trailing mean of {smooth} steps; " if smooth > 1 else "")
-    return (f'<p class="legend">{legend}</p><p class="note">{how}dots: held-out validation. '
-            'Hover a panel to read every run\'s value at a step.</p><div class="curves">' +
-            "".join(panels) + "</div>" + json_block("curve-data", data))
+        return (
+            '<p class="empty">No curves: none of the runs logged a metric psyrl draws ('
+            + ", ".join(esc(m) for m, _ in PANELS + SFT_PANELS)
+            + ").</p>"
+        )
+    legend = "".join(
+        f'<span class="key"><i style="background:{COLORS[n % len(COLORS)]}"></i>'
+        f"{esc(run.label)}</span>"
+        for n, run in enumerate(runs)
+    )
+    how = f"thin: per step; thick: trailing mean of {smooth} steps; " if smooth > 1 else ""
+    return (
+        f'<p class="legend">{legend}</p><p class="note">{how}dots: held-out validation. '
+        'Hover a panel to read every run\'s value at a step.</p><div class="curves">'
+        + "".join(panels)
+        + "</div>"
+        + json_block("curve-data", data)
+    )
 
 
 # ---------------------------------------------------------------- tables
@@ -371,8 +453,9 @@ def runs_section(runs: list[RunData]) -> str:
     for run in runs:
         kind = trainer(run)
         steps = max((r["step"] for r in run.rows), default=0)
-        planned = max((r.get("steps", 0) for r in run.rows
-                       if isinstance(r.get("steps"), int)), default=0)
+        planned = max(
+            (r.get("steps", 0) for r in run.rows if isinstance(r.get("steps"), int)), default=0
+        )
         facts = [f"trainer {kind}", f"steps logged {steps}" + (f" of {planned}" if planned else "")]
         if run.config is not None:
             model = run.config.model.path or "tiny random-init model from [model]"
@@ -382,15 +465,23 @@ def runs_section(runs: list[RunData]) -> str:
         facts = [esc(f) for f in facts]
         if run is not first and run.config is not None and first.config is not None:
             changed = [k for k in config_changes(first.config, run.config) if k != "run.name"]
-            facts.append(f"<details><summary>config differs from {esc(first.label)} in "
-                         f"{len(changed)} key(s) besides run.name</summary>"
-                         f"{esc(', '.join(changed))}</details>")
-        config = (f"<details><summary>config.resolved.toml</summary><pre>{esc(run.config_text)}"
-                  "</pre></details>" if run.config_text is not None else
-                  '<p class="empty">no config.resolved.toml in this run directory</p>')
-        out.append(f'<div class="run"><h3>{esc(run.label)}</h3><p class="path">'
-                   f"{esc(run.dir.resolve())}</p><ul>" +
-                   "".join(f"<li>{f}</li>" for f in facts) + f"</ul>{config}</div>")
+            facts.append(
+                f"<details><summary>config differs from {esc(first.label)} in "
+                f"{len(changed)} key(s) besides run.name</summary>"
+                f"{esc(', '.join(changed))}</details>"
+            )
+        config = (
+            f"<details><summary>config.resolved.toml</summary><pre>{esc(run.config_text)}"
+            "</pre></details>"
+            if run.config_text is not None
+            else '<p class="empty">no config.resolved.toml in this run directory</p>'
+        )
+        out.append(
+            f'<div class="run"><h3>{esc(run.label)}</h3><p class="path">'
+            f"{esc(run.dir.resolve())}</p><ul>"
+            + "".join(f"<li>{f}</li>" for f in facts)
+            + f"</ul>{config}</div>"
+        )
     return "".join(out)
 
 
@@ -398,8 +489,10 @@ def summary_note(runs: list[RunData]) -> str:
     sft = [run.label for run in runs if not trainer(run).startswith("T-GRPO")]
     if not sft:
         return ""
-    return (f'<p class="note">{esc(", ".join(sft))}: no T-GRPO rewards (SFT); the reward column '
-            "is its config's [reward] table, which SFT does not use.</p>")
+    return (
+        f'<p class="note">{esc(", ".join(sft))}: no T-GRPO rewards (SFT); the reward column '
+        "is its config's [reward] table, which SFT does not use.</p>"
+    )
 
 
 def validation_section(runs: list[RunData]) -> str:
@@ -407,13 +500,16 @@ def validation_section(runs: list[RunData]) -> str:
     for run in runs:
         out.append(f"<h3>{esc(run.label)}</h3>")
         rows = list(run.validation)
-        start = next((r for r in run.rows if r["step"] == 0
-                      and any(k.startswith("valid/") for k in r)), None)
+        start = next(
+            (r for r in run.rows if r["step"] == 0 and any(k.startswith("valid/") for k in r)), None
+        )
         if start and all(step != 0 for step, _ in rows):
             rows.insert(0, (0, start))
         if not rows:
-            out.append('<p class="empty">No held-out scores: the run has no checkpoints/step-N/'
-                       "validation.json (checkpoint.every = 0, or no data.valid_file).</p>")
+            out.append(
+                '<p class="empty">No held-out scores: the run has no checkpoints/step-N/'
+                "validation.json (checkpoint.every = 0, or no data.valid_file).</p>"
+            )
             continue
         keys = [k for k in VALID_ORDER if any(k in r for _, r in rows)]
         keys += sorted({k for _, r in rows for k in r if k.startswith("valid/")} - set(keys))
@@ -423,19 +519,30 @@ def validation_section(runs: list[RunData]) -> str:
                 chosen = select_checkpoint(run.dir, "median")[0]
             except (FileNotFoundError, KeyError):
                 chosen = None
-        head = "<tr><th>step</th>" + "".join(f"<th>{esc(k.removeprefix('valid/'))}</th>"
-                                             for k in keys) + "<th></th></tr>"
+        head = (
+            "<tr><th>step</th>"
+            + "".join(f"<th>{esc(k.removeprefix('valid/'))}</th>" for k in keys)
+            + "<th></th></tr>"
+        )
         body = []
         for step, scores in rows:
-            note = ("before training (metrics.jsonl)" if step == 0 and scores is start else
-                    f"checkpoints/step-{step}/validation.json")
+            note = (
+                "before training (metrics.jsonl)"
+                if step == 0 and scores is start
+                else f"checkpoints/step-{step}/validation.json"
+            )
             if step == chosen:
                 note += "; median F1: psyrl select-checkpoint's choice (appendix B)"
-            body.append(f'<tr data-step="{step}"><td class="num">{step}</td>' +
-                        "".join(number_cell(scores.get(k)) for k in keys) +
-                        f'<td class="note">{esc(note)}</td></tr>')
-        out.append(f'<table class="validation" data-run="{esc(run.label)}">{head}'
-                   + "".join(body) + "</table>")
+            body.append(
+                f'<tr data-step="{step}"><td class="num">{step}</td>'
+                + "".join(number_cell(scores.get(k)) for k in keys)
+                + f'<td class="note">{esc(note)}</td></tr>'
+            )
+        out.append(
+            f'<table class="validation" data-run="{esc(run.label)}">{head}'
+            + "".join(body)
+            + "</table>"
+        )
     return "".join(out)
 
 
@@ -443,20 +550,26 @@ def evaluation_section(runs: list[RunData]) -> str:
     out = []
     for run in runs:
         if not run.evaluations:
-            out.append(f'<h3>{esc(run.label)}</h3><p class="empty">No evaluation results: none of '
-                       f"{esc(run.dir)}/*/results.json exists (evaluate.py --model "
-                       f"{esc(run.dir)}/hf --out {esc(run.dir)}/eval-NAME writes one; make demo "
-                       "writes eval-mc).</p>")
+            out.append(
+                f'<h3>{esc(run.label)}</h3><p class="empty">No evaluation results: none of '
+                f"{esc(run.dir)}/*/results.json exists (evaluate.py --model "
+                f"{esc(run.dir)}/hf --out {esc(run.dir)}/eval-NAME writes one; make demo "
+                "writes eval-mc).</p>"
+            )
             continue
         for name, settings, results in run.evaluations:
             try:
                 text = results_markdown(run.label, results, settings)
             except (KeyError, TypeError, AttributeError) as e:
-                raise ValueError(f"{run.dir / name / 'results.json'}: not an evaluate.py "
-                                 f"results.json ({type(e).__name__}: {e})") from None
-            out.append(f'<div class="evaluation" data-run="{esc(run.label)}" '
-                       f'data-dir="{esc(name)}"><h3>{esc(run.label)} / {esc(name)}</h3>'
-                       f"{markdown_html(text)}</div>")
+                raise ValueError(
+                    f"{run.dir / name / 'results.json'}: not an evaluate.py "
+                    f"results.json ({type(e).__name__}: {e})"
+                ) from None
+            out.append(
+                f'<div class="evaluation" data-run="{esc(run.label)}" '
+                f'data-dir="{esc(name)}"><h3>{esc(run.label)} / {esc(name)}</h3>'
+                f"{markdown_html(text)}</div>"
+            )
     return "".join(out)
 
 
@@ -480,13 +593,22 @@ def rollouts_section(runs: list[RunData], sample_steps: int) -> str:
             blocks.append(json_block(f"samples-{k}-{step}", rows))
         prompts, note = prompt_records(run, ids)
         blocks.append(json_block(f"prompts-{k}", prompts))
-        meta.append({"label": run.label, "steps": steps, "finish": sorted(finishes),
-                     "columns": [[key, name] for key, name in COLUMNS.items() if key in keys],
-                     "note": note, "available": len(run.sample_steps)})
+        meta.append(
+            {
+                "label": run.label,
+                "steps": steps,
+                "finish": sorted(finishes),
+                "columns": [[key, name] for key, name in COLUMNS.items() if key in keys],
+                "note": note,
+                "available": len(run.sample_steps),
+            }
+        )
     if not meta:
-        return ('<p class="empty">No rollout samples: T-GRPO writes samples/step-N.jsonl every '
-                "log.samples_every steps (0 turns them off); SFT runs have none.</p>")
-    skipped = (f'<p class="note">No samples in: {esc(", ".join(without))}.</p>' if without else "")
+        return (
+            '<p class="empty">No rollout samples: T-GRPO writes samples/step-N.jsonl every '
+            "log.samples_every steps (0 turns them off); SFT runs have none.</p>"
+        )
+    skipped = f'<p class="note">No samples in: {esc(", ".join(without))}.</p>' if without else ""
     controls = """
 <div class="controls" id="r-controls">
  <label id="r-run-label">run <select id="r-run"></select></label>
@@ -505,33 +627,41 @@ def rollouts_section(runs: list[RunData], sample_steps: int) -> str:
 </div>
 <p class="note"><span id="r-count"></span> <span id="r-note"></span></p>
 <div id="r-rows"></div>"""
-    return (skipped + controls + json_block("rollout-meta", meta) + "\n" + "\n".join(blocks))
+    return skipped + controls + json_block("rollout-meta", meta) + "\n" + "\n".join(blocks)
 
 
 # ---------------------------------------------------------------- the page
 
 
-def build_report(run_dirs: list[str | Path], smooth: int = 5, window: int = 5,
-                 sample_steps: int = 0) -> str:
+def build_report(
+    run_dirs: list[str | Path], smooth: int = 5, window: int = 5, sample_steps: int = 0
+) -> str:
     """The page's HTML. A run directory without metrics.jsonl, or a line of one of its files that
     does not parse, is a ValueError or OSError naming the file (and the line)."""
-    runs = [read_run(label, Path(d), rows)
-            for d, (label, rows) in zip(run_dirs, load_runs(run_dirs))]
+    runs = [
+        read_run(label, Path(d), rows) for d, (label, rows) in zip(run_dirs, load_runs(run_dirs))
+    ]
     labels = ", ".join(run.label for run in runs)
     sections = [
         ("runs", "Runs and configs", runs_section(runs)),
-        ("summary", f"Start → end (psyrl summary, {window}-step means)",
-         markdown_html(summary_table(run_dirs, window)) + summary_note(runs)),
+        (
+            "summary",
+            f"Start → end (psyrl summary, {window}-step means)",
+            markdown_html(summary_table(run_dirs, window)) + summary_note(runs),
+        ),
         ("curves", "Training and held-out curves", curves_section(runs, smooth)),
         ("validation", "Held-out validation per checkpoint", validation_section(runs)),
         ("evaluation", "Evaluation", evaluation_section(runs)),
         ("rollouts", "Rollouts", rollouts_section(runs, sample_steps)),
     ]
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    nav = " · ".join(f'<a href="#sec-{key}">{esc(title.split(" (")[0])}</a>'
-                     for key, title, _ in sections)
-    body = "\n".join(f'<section id="sec-{key}"><h2>{esc(title)}</h2>\n{content}\n</section>'
-                     for key, title, content in sections)
+    nav = " · ".join(
+        f'<a href="#sec-{key}">{esc(title.split(" (")[0])}</a>' for key, title, _ in sections
+    )
+    body = "\n".join(
+        f'<section id="sec-{key}"><h2>{esc(title)}</h2>\n{content}\n</section>'
+        for key, title, content in sections
+    )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -549,8 +679,13 @@ def build_report(run_dirs: list[str | Path], smooth: int = 5, window: int = 5,
 """
 
 
-def write_report(run_dirs: list[str | Path], out: str | Path, smooth: int = 5, window: int = 5,
-                 sample_steps: int = 0) -> Path:
+def write_report(
+    run_dirs: list[str | Path],
+    out: str | Path,
+    smooth: int = 5,
+    window: int = 5,
+    sample_steps: int = 0,
+) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text(out, build_report(run_dirs, smooth, window, sample_steps))

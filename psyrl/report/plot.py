@@ -31,7 +31,8 @@ def load_runs(run_dirs: list[str | Path]) -> list[tuple[str, list[dict]]]:
         path = run_dir / "metrics.jsonl"
         if not path.is_file():
             raise FileNotFoundError(
-                f"{path}: not found (is {run_dir} a train_sft.py / train_tgrpo.py run directory?)")
+                f"{path}: not found (is {run_dir} a train_sft.py / train_tgrpo.py run directory?)"
+            )
         label = run_dir.resolve().name
         seen[label] = seen.get(label, 0) + 1
         runs.append((label if seen[label] == 1 else f"{label} ({seen[label]})", read_metrics(path)))
@@ -64,8 +65,9 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 5) -> l
     runs = load_runs(run_dirs)
     panels = [(m, t) for m, t in PANELS if any(series(rows, m)[0] for _, rows in runs)]
     if not panels:
-        raise ValueError("none of the runs logged a metric psyrl plots: " +
-                         ", ".join(m for m, _ in PANELS))
+        raise ValueError(
+            "none of the runs logged a metric psyrl plots: " + ", ".join(m for m, _ in PANELS)
+        )
     cols = min(4, len(panels))
     nrows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows), squeeze=False)
@@ -86,7 +88,7 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, smooth: int = 5) -> l
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     handles = {}
     for ax in axes.flat:  # one legend for the figure: every run, whichever panels it has

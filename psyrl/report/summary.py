@@ -10,8 +10,11 @@ import tomli
 
 from psyrl.report.plot import load_runs, series
 
-COLUMNS = [("reward/final", "final reward"), ("reward/f1", "train F1"),
-           ("response/length", "length")]
+COLUMNS = [
+    ("reward/final", "final reward"),
+    ("reward/f1", "train F1"),
+    ("response/length", "length"),
+]
 
 
 def window_means(rows: list[dict], metric: str, window: int) -> tuple[float, float] | None:
@@ -43,13 +46,18 @@ def summary_table(run_dirs: list[str | Path], window: int = 5) -> str:
     for run_dir, (label, rows) in zip(map(Path, run_dirs), load_runs(run_dirs)):
         steps, f1 = series(rows, "valid/f1")
         _, reward = series(rows, "valid/reward")
-        cells = [label, reward_variant(run_dir), str(max((r["step"] for r in rows), default=0)),
-                 change(f1[0], f1[-1]) + f" (step {steps[0]} → {steps[-1]})" if f1 else "-",
-                 change(reward[0], reward[-1]) if reward else "-"]
+        cells = [
+            label,
+            reward_variant(run_dir),
+            str(max((r["step"] for r in rows), default=0)),
+            change(f1[0], f1[-1]) + f" (step {steps[0]} → {steps[-1]})" if f1 else "-",
+            change(reward[0], reward[-1]) if reward else "-",
+        ]
         for metric, _ in COLUMNS:
             means = window_means(rows, metric, window)
             cells.append(
-                change(*means, digits=1 if metric == "response/length" else 3) if means else "-")
+                change(*means, digits=1 if metric == "response/length" else 3) if means else "-"
+            )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

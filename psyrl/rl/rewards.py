@@ -41,9 +41,14 @@ def repetition_penalty(think: str | None, cap: float, eps: float = RewardConfig.
     return min(cap, (total - unique) / (total + eps))
 
 
-def answer_components(responses: Sequence[str], golds: Sequence[str], mode: str,
-                      cfg: RewardConfig, plugin: Callable | None = None,
-                      records: Sequence | None = None) -> Components:
+def answer_components(
+    responses: Sequence[str],
+    golds: Sequence[str],
+    mode: str,
+    cfg: RewardConfig,
+    plugin: Callable | None = None,
+    records: Sequence | None = None,
+) -> Components:
     """Per-sample r_F1 (eq. 4-5), r_fmt (eq. 6) and p_rep (eq. 9): everything that needs no
     cache. With a reward plug-in (`reward.custom`, loaded by `load_reward_plugin`), "f1" holds its
     accuracy for each response (given `records`, one per response), "token_f1" the paper's F1, and
@@ -72,22 +77,29 @@ def load_reward_plugin(spec: str) -> Callable:
     path, _, name = spec.rpartition(":")
     if not Path(path).is_file():
         raise ValueError(f"reward.custom = {spec!r}: no file {path}")
-    module_spec = importlib.util.spec_from_file_location(f"psyrl_reward_plugin_{Path(path).stem}",
-                                                         path)
+    module_spec = importlib.util.spec_from_file_location(
+        f"psyrl_reward_plugin_{Path(path).stem}", path
+    )
     module = importlib.util.module_from_spec(module_spec)
     try:
         module_spec.loader.exec_module(module)
     except Exception as e:  # the plug-in's own error, whatever it is: one message naming it
-        raise ValueError(f"reward.custom = {spec!r}: importing {path} failed: "
-                         f"{type(e).__name__}: {e}") from None
+        raise ValueError(
+            f"reward.custom = {spec!r}: importing {path} failed: {type(e).__name__}: {e}"
+        ) from None
     function = getattr(module, name, None)
     if not callable(function):
         raise ValueError(f"reward.custom = {spec!r}: {path} defines no function {name!r}")
     return function
 
 
-def plugin_scores(plugin: Callable, spec: str, responses: Sequence[str], golds: Sequence[str],
-                  records: Sequence | None) -> tuple[torch.Tensor, Components]:
+def plugin_scores(
+    plugin: Callable,
+    spec: str,
+    responses: Sequence[str],
+    golds: Sequence[str],
+    records: Sequence | None,
+) -> tuple[torch.Tensor, Components]:
     """(accuracy [N], {"custom/<name>": [N]}) from a reward plug-in, every value checked: one
     finite number per response, the accuracy in [0, 1]; ValueError naming the plug-in and the
     sample otherwise."""
@@ -98,28 +110,37 @@ def plugin_scores(plugin: Callable, spec: str, responses: Sequence[str], golds: 
         raise ValueError(f"reward.custom = {spec!r} raised {type(e).__name__}: {e}") from None
     scores, extras = out if isinstance(out, tuple) and len(out) == 2 else (out, {})
     if not isinstance(extras, dict):
-        raise ValueError(f"reward.custom = {spec!r}: expected (scores, {{name: values}}), got a "
-                         f"{type(extras).__name__} beside the scores")
+        raise ValueError(
+            f"reward.custom = {spec!r}: expected (scores, {{name: values}}), got a "
+            f"{type(extras).__name__} beside the scores"
+        )
 
     def values(what: str, given, low=-math.inf, high=math.inf) -> torch.Tensor:
         try:
             floats = [float(v) for v in given]
         except (TypeError, ValueError):
-            raise ValueError(f"reward.custom = {spec!r}: {what}: expected one number per response, "
-                             f"got {type(given).__name__}") from None
+            raise ValueError(
+                f"reward.custom = {spec!r}: {what}: expected one number per response, "
+                f"got {type(given).__name__}"
+            ) from None
         if len(floats) != len(responses):
-            raise ValueError(f"reward.custom = {spec!r}: {what}: {len(floats)} values for "
-                             f"{len(responses)} responses")
+            raise ValueError(
+                f"reward.custom = {spec!r}: {what}: {len(floats)} values for "
+                f"{len(responses)} responses"
+            )
         for i, v in enumerate(floats):
             if not (math.isfinite(v) and low <= v <= high):
                 item = f" (id {records[i].id})" if hasattr(records[i], "id") else ""
                 bounds = f" in [{low:g}, {high:g}]" if math.isfinite(low) else " finite"
-                raise ValueError(f"reward.custom = {spec!r}: {what} of sample {i}{item} is {v}, "
-                                 f"expected a number{bounds}")
+                raise ValueError(
+                    f"reward.custom = {spec!r}: {what} of sample {i}{item} is {v}, "
+                    f"expected a number{bounds}"
+                )
         return torch.tensor(floats, dtype=torch.float64)
 
     return values("score", scores, 0.0, 1.0), {
-        f"custom/{name}": values(f"component {name!r}", v) for name, v in extras.items()}
+        f"custom/{name}": values(f"component {name!r}", v) for name, v in extras.items()
+    }
 
 
 def length_ratio(lengths: torch.Tensor, mean_length: float) -> torch.Tensor:
@@ -140,14 +161,16 @@ def _f1_gain(f1: torch.Tensor, mean_f1: float, cfg: RewardConfig) -> torch.Tenso
     return torch.log1p(f1 / (mean_f1 + cfg.eps))  # log(1 + r_F1 / r-bar_F1), eq. 13-14
 
 
-def length_reward(f1: torch.Tensor, ratio: torch.Tensor, mean_f1: float,
-                  cfg: RewardConfig) -> torch.Tensor:
+def length_reward(
+    f1: torch.Tensor, ratio: torch.Tensor, mean_f1: float, cfg: RewardConfig
+) -> torch.Tensor:
     """Eq. 13: log(1 + r_F1/r-bar_F1) * L/L-bar where L/L-bar <= L_+, else 0."""
     return torch.where(ratio <= cfg.l_plus, _f1_gain(f1, mean_f1, cfg) * ratio, 0.0)
 
 
-def short_reward(f1: torch.Tensor, ratio: torch.Tensor, mean_f1: float,
-                 cfg: RewardConfig) -> torch.Tensor:
+def short_reward(
+    f1: torch.Tensor, ratio: torch.Tensor, mean_f1: float, cfg: RewardConfig
+) -> torch.Tensor:
     """Eq. 14 where L/L-bar >= S_-, else 0. Eq. 14 repeats eq. 13's L/L-bar, which favours long
     answers; SPEC §2 uses L-bar/L (`short_reward_literal = true` gives the printed form)."""
     keep = ratio >= cfg.s_minus  # s_minus > 0 (config), so ratio > 0 wherever it is used
@@ -196,8 +219,9 @@ def score_batch(
 ) -> tuple[torch.Tensor, Components]:
     """Score N responses against their gold answers given token lengths and cache statistics:
     returns (final rewards [N], every component [N])."""
-    return final_rewards(answer_components(responses, golds, mode, cfg), lengths, mean_length,
-                         mean_f1, cfg)
+    return final_rewards(
+        answer_components(responses, golds, mode, cfg), lengths, mean_length, mean_f1, cfg
+    )
 
 
 def reward_metrics(components: Components) -> dict[str, float]:
@@ -214,8 +238,7 @@ def reward_metrics(components: Components) -> dict[str, float]:
         "length": "response/length",
     }  # fmt: skip
     metrics = {
-        label: components[key].mean().item()
-        for key, label in names.items() if key in components
+        label: components[key].mean().item() for key, label in names.items() if key in components
     }
     for side in ("short", "long"):
         if f"br_{side}" in components:

@@ -70,17 +70,21 @@ class TrajectoryCache:
 
     def state_dict(self) -> dict:
         """JSON-serialisable state (floats round-trip exactly through JSON), for checkpoints."""
-        steps = [{k: (None if v is None else v.tolist())
-                  for k, v in s.items()} for s in self._steps]
+        steps = [
+            {k: (None if v is None else v.tolist()) for k, v in s.items()} for s in self._steps
+        ]
         return {"size": self.size, "steps": steps}
 
     def load_state_dict(self, state: dict) -> None:
         if state["size"] != self.size:
             raise ValueError(
-                f"checkpoint cache size {state['size']} differs from the configured {self.size}")
+                f"checkpoint cache size {state['size']} differs from the configured {self.size}"
+            )
         self._steps.clear()
         for s in state["steps"]:
-            self._steps.append({
-                k: (None if v is None else torch.tensor(v, dtype=torch.float64))
-                for k, v in s.items()
-            })
+            self._steps.append(
+                {
+                    k: (None if v is None else torch.tensor(v, dtype=torch.float64))
+                    for k, v in s.items()
+                }
+            )

@@ -22,8 +22,14 @@ from psyrl.runtime.distributed import Dist, all_reduce
 from psyrl.runtime.model import collate
 from psyrl.runtime.optim import clipped_step
 
-TOKEN_METRICS = ("clip_frac_high", "clip_frac_low", "dual_clip_frac", "ratio_mean", "ppo_kl",
-                 "entropy")
+TOKEN_METRICS = (
+    "clip_frac_high",
+    "clip_frac_low",
+    "dual_clip_frac",
+    "ratio_mean",
+    "ppo_kl",
+    "entropy",
+)
 SEQUENCE_METRICS = ("pg_loss", "kl")
 
 
@@ -49,8 +55,9 @@ def micro_batches(lengths: list[int], size: int, budget: int) -> list[list[int]]
 def agreed_count(count: int, dist: Dist) -> int:
     """The largest micro-batch count of any rank: every rank runs that many forwards (fillers after
     its own)."""
-    return int(all_reduce(torch.tensor(float(count)), dist,
-                          "max").item()) if dist.sharded else count
+    return (
+        int(all_reduce(torch.tensor(float(count)), dist, "max").item()) if dist.sharded else count
+    )
 
 
 def collated(batch: RolloutBatch, pad_id: int, device: torch.device):
@@ -64,19 +71,24 @@ def shortest(batch: RolloutBatch) -> list[int]:
     return [min(range(len(batch)), key=lambda i: len(batch.token_ids[i]))]
 
 
-def sequence_logprobs(model, batch: RolloutBatch, pad_id: int, cfg, dist: Dist,
-                      amp) -> list[torch.Tensor]:
+def sequence_logprobs(
+    model, batch: RolloutBatch, pad_id: int, cfg, dist: Dist, amp
+) -> list[torch.Tensor]:
     """Per sequence, the log-probs of its response tokens under `model` at rollout.temperature (no
     gradient), in the batch's order; optim.logprob_micro_batch sequences a forward, or micro-batches
     of optim.logprob_micro_batch_tokens (module doc)."""
     out: list = [None] * len(batch)
-    batches = micro_batches([len(ids) for ids in batch.token_ids], cfg.optim.logprob_micro_batch,
-                            cfg.optim.logprob_micro_batch_tokens)
+    batches = micro_batches(
+        [len(ids) for ids in batch.token_ids],
+        cfg.optim.logprob_micro_batch,
+        cfg.optim.logprob_micro_batch_tokens,
+    )
     with torch.no_grad():
         for k in range(agreed_count(len(batches), dist)):
             chunk = batches[k] if k < len(batches) else []
-            input_ids, attention_mask, mask = collated(batch.select(chunk or shortest(batch)),
-                                                       pad_id, dist.device)
+            input_ids, attention_mask, mask = collated(
+                batch.select(chunk or shortest(batch)), pad_id, dist.device
+            )
             with amp:
                 logp = model(input_ids, attention_mask, cfg.rollout.temperature, mask)  # [b, T-1]
             for i, row, m in zip(chunk, logp, mask):
@@ -87,7 +99,8 @@ def sequence_logprobs(model, batch: RolloutBatch, pad_id: int, cfg, dist: Dist,
 def as_padded(values: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
     """Per-sequence response values laid out on a collated batch's response mask [b, T-1]."""
     return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_scatter(
-        mask, torch.cat(values).to(mask.device))
+        mask, torch.cat(values).to(mask.device)
+    )
 
 
 def update(policy, optimizer, batch: RolloutBatch, pad_id: int, cfg, dist: Dist, amp):
@@ -99,8 +112,9 @@ def update(policy, optimizer, batch: RolloutBatch, pad_id: int, cfg, dist: Dist,
     micro-batch would sync a GPU each time)."""
     T, normalizer = cfg.rollout.temperature, cfg.optim.global_batch * cfg.rollout.samples
     sums = defaultdict(float)
-    batches = micro_batches([len(ids) for ids in batch.token_ids], cfg.optim.micro_batch,
-                            cfg.optim.micro_batch_tokens)
+    batches = micro_batches(
+        [len(ids) for ids in batch.token_ids], cfg.optim.micro_batch, cfg.optim.micro_batch_tokens
+    )
     count = agreed_count(len(batches), dist)
     for k in range(count):
         # a filler runs the rank's shortest sequence, weight 0
@@ -140,8 +154,10 @@ def reduce_sums(sums: list[dict], dist: Dist) -> dict:
     keys = sorted(sums[0])
     total = all_reduce(
         torch.stack(
-            [sum(torch.as_tensor(s[k], dtype=torch.float64).cpu() for s in sums) for k in keys]),
-        dist)
+            [sum(torch.as_tensor(s[k], dtype=torch.float64).cpu() for s in sums) for k in keys]
+        ),
+        dist,
+    )
     s = dict(zip(keys, total.tolist()))
     out = {f"actor/{k}": s[k] / max(s["tokens"], 1) for k in TOKEN_METRICS}
     out.update({f"actor/{k}": s[k] / max(s["sequences"], 1) for k in SEQUENCE_METRICS})

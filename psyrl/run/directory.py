@@ -29,6 +29,8 @@ from psyrl.core.runlog import (
     step_line,
     truncate_metrics,
 )
+from psyrl.plan.memory import load_architecture, plan
+from psyrl.run.trackers import TrackedRun, Trackers
 from psyrl.runtime.checkpoint import (
     CheckpointError,
     export_hf,
@@ -45,18 +47,23 @@ from psyrl.runtime.distributed import (
     init_distributed,
     print0,
 )
-from psyrl.plan.memory import load_architecture, plan
 from psyrl.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption
 from psyrl.runtime.vllm_sampler import (  # imports no vLLM
     VLLMUnavailable,
     check_tensor_parallel,
     import_vllm,
 )
-from psyrl.run.trackers import TrackedRun, Trackers
 
 # may change on --resume: same numbers
-RESUME_FREE = ("run.name", "run.output_dir", "run.preempt_signals", "run.preempt_now", "log",
-               "checkpoint", "fsdp")
+RESUME_FREE = (
+    "run.name",
+    "run.output_dir",
+    "run.preempt_signals",
+    "run.preempt_now",
+    "log",
+    "checkpoint",
+    "fsdp",
+)
 
 
 def run_entry(train: Callable, config_path, overrides, overwrite: bool, resume: bool) -> None:
@@ -108,21 +115,26 @@ def check_memory_plan(cfg, dist: Dist, trainer: str) -> None:
         gpu_gib = torch.cuda.get_device_properties(dist.device).total_memory / 2**30
         # the host figures are per node, with every rank on it
         one_node = dist.world == dist.local_world
-        host_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf(
-            "SC_PHYS_PAGES") / 2**30 if one_node else None
+        host_gib = (
+            os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 if one_node else None
+        )
         memory = plan(cfg, architecture, dist.world, gpu_gib, host_gib, trainer)
     except ValueError as e:  # e.g. an architecture the planner does not model
         print0(f"memory plan: not available ({e})", dist)
         return
     print0(
-        memory.verdict() +
-        ("" if memory.fits else " (`psyrl plan --config ...` prints the whole table)"), dist)
-    gpus_fit = all(p.fits
-                   for p in memory.phases) and (memory.pool is None or memory.pool.sequences >= 1)
+        memory.verdict()
+        + ("" if memory.fits else " (`psyrl plan --config ...` prints the whole table)"),
+        dist,
+    )
+    gpus_fit = all(p.fits for p in memory.phases) and (
+        memory.pool is None or memory.pool.sequences >= 1
+    )
     # host RAM rests on a per-rank assumption: a warning only
     if not gpus_fit and cfg.run.memory_check:
         raise click.ClickException(
-            f"{memory.verdict()}; set run.memory_check = false to start anyway")
+            f"{memory.verdict()}; set run.memory_check = false to start anyway"
+        )
 
 
 class Run:
@@ -134,15 +146,17 @@ class Run:
     `advance` each step (and `preempted` / `stop` when a scheduler's signal came); `finish` exports
     the final model."""
 
-    def __init__(self, cfg, dist: Dist, name: str, line_fields: list, overwrite: bool,
-                 resume: bool):
+    def __init__(
+        self, cfg, dist: Dist, name: str, line_fields: list, overwrite: bool, resume: bool
+    ):
         self.cfg, self.dist, self.name, self.line_fields = cfg, dist, name, line_fields
         self.dir = Path(cfg.run.output_dir) / cfg.run.name
         exists = (self.dir / "metrics.jsonl").exists()
         if exists and not (overwrite or resume):
             raise click.ClickException(
                 f"{self.dir} already holds a run; pass --resume to continue it or "
-                "--overwrite to start over")
+                "--overwrite to start over"
+            )
         if resume and not exists:
             raise click.ClickException(f"--resume: {self.dir} holds no run")
         self.wipe = overwrite and exists
@@ -168,26 +182,33 @@ class Run:
         if checkpoint is None:
             raise click.ClickException(
                 f"--resume: {self.dir} holds no complete checkpoint with a training state "
-                "(checkpoint.every = 0 saves none; checkpoint.keep_state prunes older ones)")
+                "(checkpoint.every = 0 saves none; checkpoint.keep_state prunes older ones)"
+            )
         try:
             saved = load_config(checkpoint / "config.resolved.toml")
         except ConfigError as e:
             raise click.ClickException(
                 f"--resume: cannot read the config the run was started with ({e}); a run "
-                "started by an older psyrl may use keys this version no longer has") from None
-        changed = [k for k in config_changes(saved, self.cfg)
-                   if k not in RESUME_FREE and k.split(".")[0] not in RESUME_FREE]
+                "started by an older psyrl may use keys this version no longer has"
+            ) from None
+        changed = [
+            k
+            for k in config_changes(saved, self.cfg)
+            if k not in RESUME_FREE and k.split(".")[0] not in RESUME_FREE
+        ]
         if changed:
             raise click.ClickException(
                 f"--resume: the config differs from {checkpoint / 'config.resolved.toml'} "
-                f"in {', '.join(changed)}; resuming would not continue the same run")
+                f"in {', '.join(changed)}; resuming would not continue the same run"
+            )
         return checkpoint
 
     def check_data(self, data_path: str, count: int) -> None:
         """Fingerprint the training data; resuming on other data at the same path is refused: the
         saved data position would point into a different list."""
         self.data = {
-            "sha256": hashlib.sha256(Path(data_path).read_bytes()).hexdigest(), "examples": count
+            "sha256": hashlib.sha256(Path(data_path).read_bytes()).hexdigest(),
+            "examples": count,
         }
         if self.checkpoint:
             self.state = json.loads((self.checkpoint / "trainer.json").read_text(encoding="utf-8"))
@@ -195,7 +216,8 @@ class Run:
                 raise click.ClickException(
                     f"--resume: {data_path} is not the data {self.checkpoint} was trained "
                     f"on ({self.state.get('data')}, now {self.data}): its data position is "
-                    "void")
+                    "void"
+                )
 
     def start(self, train_records, valid_records) -> None:
         """Warn about legal but suspicious inputs, then create the run directory (emptied first on
@@ -204,12 +226,16 @@ class Run:
         if cfg.fsdp.offload == "always" and not dist.sharded:
             print0(
                 "note: fsdp.offload = 'always' applies under torchrun with 2 or more ranks; one "
-                "process keeps the model in place", dist)
+                "process keeps the model in place",
+                dist,
+            )
         shared = {r.id for r in train_records} & {r.id for r in valid_records}
         if shared:
             print0(
                 f"warning: {len(shared)} validation id(s) are also training ids (e.g. "
-                f"{min(shared)}): not held out", dist)
+                f"{min(shared)}): not held out",
+                dist,
+            )
         self.resolved = dump_config(cfg)
         if dist.is_main:
             if self.wipe:  # only ever delete what a run wrote
@@ -225,8 +251,13 @@ class Run:
         if self.checkpoint is None:
             return {}
         dist = self.dist
-        load_checkpoint(self.checkpoint, policy, optimizer, dist,
-                        lambda line: print(f"rank {dist.rank}: {line}", flush=True))
+        load_checkpoint(
+            self.checkpoint,
+            policy,
+            optimizer,
+            dist,
+            lambda line: print(f"rank {dist.rank}: {line}", flush=True),
+        )
         self.first = self.state["step"] + 1
         self.saved = self.state["step"]
         if dist.is_main:
@@ -236,7 +267,8 @@ class Run:
                 print0(
                     f"warning: dropped {broken} unreadable line(s) of metrics.jsonl (cut short by "
                     "the crash)",
-                    dist)
+                    dist,
+                )
         return self.state
 
     def banner(self, text: str) -> None:
@@ -255,11 +287,24 @@ class Run:
             if cfg.log.report_to:
                 self.trackers = Trackers(
                     cfg.log.report_to,
-                    TrackedRun(self.dir, cfg.run.name, cfg.log.project, dataclasses.asdict(cfg),
-                               self.resolved, self.first, self.sent))
-        self.bar = tqdm(total=self.cfg.run.steps, initial=self.first - 1, desc=self.name,
-                        unit="step", file=sys.stdout,
-                        disable=not (self.cfg.log.progress and self.dist.is_main))
+                    TrackedRun(
+                        self.dir,
+                        cfg.run.name,
+                        cfg.log.project,
+                        dataclasses.asdict(cfg),
+                        self.resolved,
+                        self.first,
+                        self.sent,
+                    ),
+                )
+        self.bar = tqdm(
+            total=self.cfg.run.steps,
+            initial=self.first - 1,
+            desc=self.name,
+            unit="step",
+            file=sys.stdout,
+            disable=not (self.cfg.log.progress and self.dist.is_main),
+        )
         self.preemption = Preemption(cfg.run.preempt_signals)
         return self
 
@@ -291,25 +336,53 @@ class Run:
         every = self.cfg.checkpoint.every
         return every > 0 and (step % every == 0 or step == self.cfg.run.steps)
 
-    def save(self, step: int, policy, optimizer, tokenizer, state: dict, files: dict[str, str],
-             validation=None) -> None:
+    def save(
+        self,
+        step: int,
+        policy,
+        optimizer,
+        tokenizer,
+        state: dict,
+        files: dict[str, str],
+        validation=None,
+    ) -> None:
         """`checkpoints/step-N/`: model, optimiser and RNG (`psyrl.runtime.checkpoint`), the
         resolved config, trainer.json (step, data fingerprint, `state`), `files`, and
         validation.json / validation.jsonl when `validation` is (records, metrics, outputs); a
         failed write is one message."""
-        files = {"config.resolved.toml": self.resolved,
-                 "trainer.json": json_text({"step": step, "data": self.data, **state}), **files}
+        files = {
+            "config.resolved.toml": self.resolved,
+            "trainer.json": json_text({"step": step, "data": self.data, **state}),
+            **files,
+        }
         if validation is not None:
             records, metrics, outputs = validation
             files["validation.json"] = json_text({"step": step, **metrics})
             files["validation.jsonl"] = "".join(
-                json.dumps({
-                    "id": r.id, "answer": r.answer, "response": s.text, "tokens": len(s.token_ids),
-                    "finish_reason": s.finish_reason
-                }) + "\n" for r, s in zip(records, outputs))
+                json.dumps(
+                    {
+                        "id": r.id,
+                        "answer": r.answer,
+                        "response": s.text,
+                        "tokens": len(s.token_ids),
+                        "finish_reason": s.finish_reason,
+                    }
+                )
+                + "\n"
+                for r, s in zip(records, outputs)
+            )
         try:
-            save_checkpoint(self.dir, step, policy, optimizer, tokenizer, files, self.dist,
-                            self.cfg.checkpoint.keep_state, self.cfg.checkpoint.export_dtype)
+            save_checkpoint(
+                self.dir,
+                step,
+                policy,
+                optimizer,
+                tokenizer,
+                files,
+                self.dist,
+                self.cfg.checkpoint.keep_state,
+                self.cfg.checkpoint.export_dtype,
+            )
         except CheckpointError as e:
             raise click.ClickException(str(e)) from None
         self.saved = step
@@ -329,11 +402,13 @@ class Run:
         if self.saved < 1:
             return Preempted(
                 f"{self.name}: preempted by {signal} before any checkpoint; nothing to resume: "
-                "run the same command with --overwrite to start again")
+                "run the same command with --overwrite to start again"
+            )
         return Preempted(
             f"{self.name}: preempted by {signal}; checkpoint of step {self.saved} in "
             f"{self.dir / 'checkpoints' / f'step-{self.saved}'}; run the same command with "
-            "--resume to continue")
+            "--resume to continue"
+        )
 
     def advance(self, step: int, row: dict) -> None:
         """The step is done: move the bar, and print its line every log.every steps and at the
@@ -346,11 +421,22 @@ class Run:
         """The final HF export `runs/<name>/hf/` in checkpoint.export_dtype, with its model card."""
         card = None
         if self.dist.is_main:
-            card = model_card(self.cfg, self.name, self.resolved, self.data,
-                              read_metrics(self.dir / "metrics.jsonl"))
+            card = model_card(
+                self.cfg,
+                self.name,
+                self.resolved,
+                self.data,
+                read_metrics(self.dir / "metrics.jsonl"),
+            )
         try:
-            export_hf(policy, tokenizer, self.dir / "hf", self.dist,
-                      self.cfg.checkpoint.export_dtype, {"README.md": card} if card else None)
+            export_hf(
+                policy,
+                tokenizer,
+                self.dir / "hf",
+                self.dist,
+                self.cfg.checkpoint.export_dtype,
+                {"README.md": card} if card else None,
+            )
         except CheckpointError as e:
             raise click.ClickException(str(e)) from None
         print0(f"{self.name}: done; final model in {self.dir / 'hf'}", self.dist)
@@ -359,8 +445,13 @@ class Run:
 def psyrl_commit() -> str:
     """The git commit of the psyrl checkout this runs from, or why there is none."""
     try:
-        found = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                               text=True, timeout=10, cwd=Path(psyrl.__file__).parent)
+        found = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(psyrl.__file__).parent,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown (no git)"
     return found.stdout.strip() if found.returncode == 0 else "unknown (not a git checkout)"
@@ -376,20 +467,45 @@ def model_card(cfg, trainer: str, resolved: str, data: dict, rows: list[dict]) -
         digest = hashlib.sha256(Path(cfg.data.valid_file).read_bytes()).hexdigest()
         files.append(("validation", cfg.data.valid_file, digest, cfg.data.valid_items or "all"))
     lines = [
-        "---", f"base_model: {json.dumps(cfg.model.path) if cfg.model.path else 'null'}",
-        "library_name: transformers", f"tags: [psyrl, {trainer}]", "---", "",
-        f"# {cfg.run.name}", "",
+        "---",
+        f"base_model: {json.dumps(cfg.model.path) if cfg.model.path else 'null'}",
+        "library_name: transformers",
+        f"tags: [psyrl, {trainer}]",
+        "---",
+        "",
+        f"# {cfg.run.name}",
+        "",
         f"Trained with psyrl {psyrl.__version__} (commit {psyrl_commit()}): `{trainer}`, "
         f"{cfg.run.steps} steps{'' if trainer == 'sft' else f', reward {cfg.reward.variant}'}; "
-        f"weights in {cfg.checkpoint.export_dtype}. Base model: {base}.", "",
-        "## Data", "", "| split | file | sha256 | items used |", "| --- | --- | --- | ---: |",
-        *[f"| {split} | `{path}` | `{digest}` | {n} |" for split, path, digest, n in files], ""]
+        f"weights in {cfg.checkpoint.export_dtype}. Base model: {base}.",
+        "",
+        "## Data",
+        "",
+        "| split | file | sha256 | items used |",
+        "| --- | --- | --- | ---: |",
+        *[f"| {split} | `{path}` | `{digest}` | {n} |" for split, path, digest, n in files],
+        "",
+    ]
     if valid:
         last = valid[-1]
-        lines += [f"## Held-out scores (validation at step {last['step']})", "",
-                  "| metric | value |", "| --- | ---: |",
-                  *[f"| {k} | {v:.4f} |" for k, v in last.items()
-                    if k.startswith("valid/") and isinstance(v, float)], ""]
-    lines += ["## Configuration (config.resolved.toml)", "", "```toml", resolved.rstrip(), "```",
-              ""]
+        lines += [
+            f"## Held-out scores (validation at step {last['step']})",
+            "",
+            "| metric | value |",
+            "| --- | ---: |",
+            *[
+                f"| {k} | {v:.4f} |"
+                for k, v in last.items()
+                if k.startswith("valid/") and isinstance(v, float)
+            ],
+            "",
+        ]
+    lines += [
+        "## Configuration (config.resolved.toml)",
+        "",
+        "```toml",
+        resolved.rstrip(),
+        "```",
+        "",
+    ]
     return "\n".join(lines)

@@ -26,6 +26,7 @@ IDS_FILE = "trackers.json"  # runs/<name>/trackers.json: the wandb run id, kept 
 @dataclass
 class TrackedRun:
     """What every tracker is told about the run at its start."""
+
     directory: Path  # runs/<name>/
     name: str
     project: str
@@ -40,13 +41,16 @@ def scalars(row: dict) -> dict[str, float]:
     return {
         k: float(v)
         for k, v in row.items()
-        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and
-        math.isfinite(v)
+        if k != "step"
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and math.isfinite(v)
     }
 
 
 class TensorBoard:
     """Scalars, the config and each sampled step's Markdown as text, in runs/<name>/tensorboard/."""
+
     rewinds = True
 
     def __init__(self, run: TrackedRun):
@@ -55,8 +59,9 @@ class TensorBoard:
         # purge_step writes a session-start marker; TensorBoard takes every start after the first
         # for a restart and drops the older events from its step on (plugin_event_accumulator.py,
         # _CheckForRestartAndMaybePurge), so a fresh run writes one at step 0 too
-        self.writer = SummaryWriter(str(run.directory / "tensorboard"),
-                                    purge_step=run.first if run.sent >= 0 else 0)
+        self.writer = SummaryWriter(
+            str(run.directory / "tensorboard"), purge_step=run.first if run.sent >= 0 else 0
+        )
         if run.sent < 0:
             self.writer.add_text("config", "```toml\n" + run.config_text + "\n```", 0)
 
@@ -76,6 +81,7 @@ class TensorBoard:
 class Wandb:
     """A wandb run (runs/<name>/wandb/) whose id is kept in trackers.json so --resume continues it;
     the samples as a wandb.Table. WANDB_MODE=offline keeps it on disk (`wandb sync` uploads it)."""
+
     rewinds = False
 
     def __init__(self, run: TrackedRun):
@@ -87,8 +93,14 @@ class Wandb:
             ids["wandb"] = secrets.token_hex(4)  # a wandb run id: lowercase letters, digits
             write_text(run.directory / IDS_FILE, json.dumps(ids, indent=1) + "\n")
         (run.directory / "wandb").mkdir(exist_ok=True)
-        self.run = wandb.init(project=run.project, name=run.name, id=ids["wandb"],
-                              dir=str(run.directory), config=run.config, resume="allow")
+        self.run = wandb.init(
+            project=run.project,
+            name=run.name,
+            id=ids["wandb"],
+            dir=str(run.directory),
+            config=run.config,
+            resume="allow",
+        )
 
     def log(self, step: int, values: dict[str, float]) -> None:
         self.run.log(values, step=step)
@@ -105,15 +117,22 @@ class Wandb:
 class Trackio:
     """A Trackio run named after the psyrl run (resumed by that name) in Trackio's own local
     database (TRACKIO_DIR, else ~/.cache/huggingface/trackio; `trackio show` opens it)."""
+
     rewinds = False
 
     def __init__(self, run: TrackedRun):
         import trackio
 
         self.trackio = trackio
-        self.run = trackio.init(project=run.project, name=run.name, config=run.config,
-                                resume="allow" if run.sent >= 0 else "never", embed=False,
-                                auto_log_cpu=False, auto_log_gpu=False)
+        self.run = trackio.init(
+            project=run.project,
+            name=run.name,
+            config=run.config,
+            resume="allow" if run.sent >= 0 else "never",
+            embed=False,
+            auto_log_cpu=False,
+            auto_log_gpu=False,
+        )
 
     def log(self, step: int, values: dict[str, float]) -> None:
         self.trackio.log(values, step=step)
@@ -145,13 +164,17 @@ class Trackers:
             try:
                 self.live[name] = KINDS[name](run)
             except ImportError as e:
-                self._warn(name, f"{e}; pip install \"{EXTRAS[name]}\"")
+                self._warn(name, f'{e}; pip install "{EXTRAS[name]}"')
             except Exception as e:  # noqa: BLE001 -- a tracker must never stop training
                 self._warn(name, f"{type(e).__name__}: {e}")
 
     def _warn(self, name: str, why: str) -> None:
-        print(f"warning: tracker {name} is off for the rest of the run ({why}); "
-              "metrics.jsonl has every row", file=sys.stderr, flush=True)
+        print(
+            f"warning: tracker {name} is off for the rest of the run ({why}); "
+            "metrics.jsonl has every row",
+            file=sys.stderr,
+            flush=True,
+        )
         self.live.pop(name, None)
 
     def _call(self, step: int, method: str, *args) -> None:

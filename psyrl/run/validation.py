@@ -40,9 +40,16 @@ def longest_prompt(records, tokenizer, cfg: Config) -> int:
     return max((len(prompts.prompt_ids(tokenizer, r, cfg.prompt)) for r in records), default=0)
 
 
-def validate(policy, sampler, tokenizer,
-             records: Sequence[StimuliRecord] | Sequence[BenchmarkRecord], cfg: Config,
-             dist: Dist = ONE_PROCESS, actor_on_device=contextlib.nullcontext, plugin=None):
+def validate(
+    policy,
+    sampler,
+    tokenizer,
+    records: Sequence[StimuliRecord] | Sequence[BenchmarkRecord],
+    cfg: Config,
+    dist: Dist = ONE_PROCESS,
+    actor_on_device=contextlib.nullcontext,
+    plugin=None,
+):
     """(metrics, outputs): valid/f1 (eq. 4-5 on the extracted answer), valid/format (eq. 6),
     valid/length (tokens), valid/reward (the mean final reward of reward.variant, L-bar and r-bar_F1
     taken over these responses: the same items at every validation, so start and end compare without
@@ -61,14 +68,27 @@ def validate(policy, sampler, tokenizer,
     amp = autocast(cfg.model, dist.device)
     local = rank_share(list(enumerate(records)), dist)
     ids = [prompts.prompt_ids(tokenizer, r, cfg.prompt) for _, r in local]
-    samples = sampler.generate(ids, 1, cfg.rollout.valid_temperature, cfg.rollout.top_p,
-                               cfg.rollout.max_new_tokens, [cfg.run.seed + i for i, _ in local])
+    samples = sampler.generate(
+        ids,
+        1,
+        cfg.rollout.valid_temperature,
+        cfg.rollout.top_p,
+        cfg.rollout.max_new_tokens,
+        [cfg.run.seed + i for i, _ in local],
+    )
     outputs = all_gather_lists([group[0] for group in samples], dist)
-    parts = answer_components([s.text for s in outputs], [r.answer for r in records],
-                              cfg.prompt.mode, cfg.reward, plugin, records)
+    parts = answer_components(
+        [s.text for s in outputs],
+        [r.answer for r in records],
+        cfg.prompt.mode,
+        cfg.reward,
+        plugin,
+        records,
+    )
     lengths = torch.tensor([len(s.token_ids) for s in outputs], dtype=torch.float64)
-    final, _ = final_rewards(parts, lengths,
-                             lengths.mean().item(), parts["f1"].mean().item(), cfg.reward)
+    final, _ = final_rewards(
+        parts, lengths, lengths.mean().item(), parts["f1"].mean().item(), cfg.reward
+    )
     metrics = {
         # reward.variant's final reward, these items as a one-step cache
         "valid/reward": final.mean().item(),
@@ -83,13 +103,15 @@ def validate(policy, sampler, tokenizer,
         choices = [
             best_option(extract_answer(s.text), list(r.options)) for s, r in zip(outputs, records)
         ]
-        metrics["valid/accuracy"] = sum(c == r.answer_index
-                                        for c, r in zip(choices, records)) / len(records)
+        metrics["valid/accuracy"] = sum(
+            c == r.answer_index for c, r in zip(choices, records)
+        ) / len(records)
         metrics["valid/not_applicable"] = sum(c is None for c in choices) / len(records)
         policy.train(was_training)
         return metrics, outputs
-    examples, _ = build_examples(records, tokenizer, cfg.prompt, cfg.data.max_length,
-                                 cfg.data.think_from)
+    examples, _ = build_examples(
+        records, tokenizer, cfg.prompt, cfg.data.max_length, cfg.data.think_from
+    )
     if examples:
         size = cfg.optim.logprob_micro_batch
         largest_share = math.ceil(len(examples) / dist.world)
@@ -98,9 +120,17 @@ def validate(policy, sampler, tokenizer,
         # FSDP's MixedPrecisionPolicy casts instead
         policy_amp = contextlib.nullcontext() if dist.sharded else amp
         with torch.no_grad(), actor_on_device():
-            losses = micro_batch_losses(policy, rank_share(examples, dist), size,
-                                        tokenizer.pad_token_id, response_tokens(examples),
-                                        dist.device, policy_amp, batches, examples[0])
+            losses = micro_batch_losses(
+                policy,
+                rank_share(examples, dist),
+                size,
+                tokenizer.pad_token_id,
+                response_tokens(examples),
+                dist.device,
+                policy_amp,
+                batches,
+                examples[0],
+            )
             metrics["valid/loss"] = all_reduce(torch.stack(list(losses)).sum(), dist).item()
     policy.train(was_training)
     return metrics, outputs

@@ -58,25 +58,35 @@ def _write_hf(policy, tokenizer, directory: Path, dist: Dist, dtype: str = "floa
     would write the live model's)."""
     state = {
         name: tensor.to(DTYPES[dtype])
-        for name, tensor in gather_to_rank0(policy, prefix="lm.") if tensor is not None
+        for name, tensor in gather_to_rank0(policy, prefix="lm.")
+        if tensor is not None
     }
     if dist.is_main:
         policy.lm.save_pretrained(str(directory), state_dict=state, safe_serialization=True)
         tokenizer.save_pretrained(str(directory))
         config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-        write_text(directory / "config.json",
-                   json.dumps({**config, "dtype": dtype}, indent=2, sort_keys=True) + "\n")
+        write_text(
+            directory / "config.json",
+            json.dumps({**config, "dtype": dtype}, indent=2, sort_keys=True) + "\n",
+        )
 
 
 def _fail(stage: str, final: Path, error: BaseException | None, dist: Dist) -> CheckpointError:
     reason = f"{type(error).__name__}: {error}" if error else "another rank failed"
     return CheckpointError(
         f"could not write {final} ({stage}, rank {dist.rank}: {reason}); the directory was not "
-        "created and earlier checkpoints are intact")
+        "created and earlier checkpoints are intact"
+    )
 
 
-def export_hf(policy, tokenizer, out_dir: str | Path, dist: Dist = ONE_PROCESS,
-              dtype: str = "float32", files: dict[str, str] | None = None) -> Path:
+def export_hf(
+    policy,
+    tokenizer,
+    out_dir: str | Path,
+    dist: Dist = ONE_PROCESS,
+    dtype: str = "float32",
+    files: dict[str, str] | None = None,
+) -> Path:
     """config.json, safetensors weights (in `dtype`), generation config and tokenizer files of
     `policy.lm` (sharded or not): loadable as they are by
     `transformers.AutoModelForCausalLM.from_pretrained` (and by vLLM); plus `files` (name -> text,
@@ -89,13 +99,18 @@ def export_hf(policy, tokenizer, out_dir: str | Path, dist: Dist = ONE_PROCESS,
         for name, text in (files or {}).items() if dist.is_main else ():
             write_text(tmp / name, text)
 
-    _write_stages([("HF export", write),
-                   ("rename", lambda: _publish(tmp, out, dist, manifest=False))], tmp, out, dist)
+    _write_stages(
+        [("HF export", write), ("rename", lambda: _publish(tmp, out, dist, manifest=False))],
+        tmp,
+        out,
+        dist,
+    )
     return out
 
 
-def _write_stages(stages: list[tuple[str, Callable[[], None]]], tmp: Path, final: Path,
-                  dist: Dist) -> None:
+def _write_stages(
+    stages: list[tuple[str, Callable[[], None]]], tmp: Path, final: Path, dist: Dist
+) -> None:
     """Run each stage on every rank; after each one the ranks agree it succeeded on all of them,
     else the temporary directory goes and every rank raises (none is left waiting in the next
     collective)."""
@@ -112,8 +127,11 @@ def _write_stages(stages: list[tuple[str, Callable[[], None]]], tmp: Path, final
 
 
 def _manifest(directory: Path) -> dict[str, int]:
-    return {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*"))
-            if p.is_file() and p.name != MANIFEST}
+    return {
+        str(p.relative_to(directory)): p.stat().st_size
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
 
 
 def verify(directory: str | Path) -> str | None:
@@ -141,9 +159,17 @@ def write_manifest(directory: Path, manifest: dict | None = None) -> None:
     write_text(directory / MANIFEST, json_text(manifest))
 
 
-def save_checkpoint(run_dir: str | Path, step: int, policy, optimizer, tokenizer,
-                    files: dict[str, str], dist: Dist = ONE_PROCESS, keep_state: int = 0,
-                    export_dtype: str = "float32") -> Path:
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    policy,
+    optimizer,
+    tokenizer,
+    files: dict[str, str],
+    dist: Dist = ONE_PROCESS,
+    keep_state: int = 0,
+    export_dtype: str = "float32",
+) -> Path:
     """`checkpoints/step-N/`: HF export (in `export_dtype`), model + optimiser shards (float32
     master weights), every rank's RNG state and the given text files (resolved config, trainer
     state, scores, ...), assembled in a temporary directory and renamed into place. Collective. A
@@ -170,7 +196,8 @@ def _one_process_is_intended():
     that."""
     with warnings.catch_warnings():
         warnings.filterwarnings(
-            "ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+            "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
+        )
         yield
 
 
@@ -180,8 +207,11 @@ def _save_state(policy, optimizer, directory: Path) -> None:
     own index (`.metadata`)."""
     model_state, optim_state = get_state_dict(policy, optimizer)
     with _one_process_is_intended():
-        dcp.save({"model": model_state, "optim": optim_state["state"]},
-                 checkpoint_id=str(directory), no_dist=not tdist.is_initialized())
+        dcp.save(
+            {"model": model_state, "optim": optim_state["state"]},
+            checkpoint_id=str(directory),
+            no_dist=not tdist.is_initialized(),
+        )
 
 
 def _make_dir(tmp: Path, dist: Dist) -> None:
@@ -244,8 +274,7 @@ def prune_states(checkpoints: Path, keep: int) -> None:
         try:
             manifest = json.loads((d / MANIFEST).read_text(encoding="utf-8"))
             manifest["files"] = {
-                k: v
-                for k, v in manifest["files"].items() if k.split("/")[0] not in STATE_PARTS
+                k: v for k, v in manifest["files"].items() if k.split("/")[0] not in STATE_PARTS
             }
             write_manifest(d, {**manifest, "resumable": False})
         except (OSError, ValueError, KeyError):
@@ -266,8 +295,13 @@ def find_resumable(run_dir: str | Path, warn: Callable[[str], None]) -> Path | N
     return None
 
 
-def load_checkpoint(directory: str | Path, policy, optimizer, dist: Dist = ONE_PROCESS,
-                    warn: Callable[[str], None] = print) -> None:
+def load_checkpoint(
+    directory: str | Path,
+    policy,
+    optimizer,
+    dist: Dist = ONE_PROCESS,
+    warn: Callable[[str], None] = print,
+) -> None:
     """Restore model and optimiser shards (resharded by DCP if the rank count changed) and this
     rank's RNG states from a checkpoint `save_checkpoint` wrote. Collective."""
     directory = Path(directory)
@@ -276,13 +310,17 @@ def load_checkpoint(directory: str | Path, policy, optimizer, dist: Dist = ONE_P
     with _one_process_is_intended():
         dcp.load(state, checkpoint_id=str(directory / "state"), no_dist=not tdist.is_initialized())
     set_state_dict(
-        policy, optimizer, model_state_dict=state["model"],
-        optim_state_dict={"state": state["optim"], "param_groups": optim_state["param_groups"]})
+        policy,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict={"state": state["optim"], "param_groups": optim_state["param_groups"]},
+    )
     rng_file = directory / "rng" / f"rank-{dist.rank}.safetensors"
     if not rng_file.is_file():
         warn(
             f"warning: {directory} has no RNG state for rank {dist.rank} (written with another "
-            "rank count); random streams restart from the seed")
+            "rank count); random streams restart from the seed"
+        )
         return
     rng = load_file(str(rng_file))
     torch.set_rng_state(rng["cpu"])
@@ -295,8 +333,9 @@ def json_text(obj) -> str:
     return json.dumps(obj, indent=2, sort_keys=True) + "\n"
 
 
-def checkpoint_scores(run_dir: str | Path,
-                      metric: str = "valid/f1") -> list[tuple[int, float, Path]]:
+def checkpoint_scores(
+    run_dir: str | Path, metric: str = "valid/f1"
+) -> list[tuple[int, float, Path]]:
     """(step, score, directory) of every complete checkpoint with a validation.json, by step."""
     found = []
     for step, d in checkpoint_dirs(run_dir):
@@ -306,15 +345,17 @@ def checkpoint_scores(run_dir: str | Path,
     return found
 
 
-def select_checkpoint(run_dir: str | Path, rule: str = "median",
-                      metric: str = "valid/f1") -> tuple[int, float, Path]:
+def select_checkpoint(
+    run_dir: str | Path, rule: str = "median", metric: str = "valid/f1"
+) -> tuple[int, float, Path]:
     """Appendix B: GRPO starts from "the SFT checkpoint that achieves the median F1". `median` takes
     the lower median of the scores (a real checkpoint; the earlier step on ties); `best` the
     highest; `last` the latest."""
     scores = checkpoint_scores(run_dir, metric)
     if not scores:
         raise FileNotFoundError(
-            f"{run_dir}: no checkpoints/step-N/validation.json (set checkpoint.every > 0)")
+            f"{run_dir}: no checkpoints/step-N/validation.json (set checkpoint.every > 0)"
+        )
     if rule == "last":
         return scores[-1]
     if rule == "best":

@@ -81,13 +81,15 @@ def backend(device: torch.device, host_shards: bool) -> str:
 def set_threads(local_world: int) -> None:
     """Split this machine's cores between its ranks (torchrun's default OMP_NUM_THREADS=1 leaves
     cores idle, and the CPU-offloaded optimiser step runs on them)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count()
-                                                                                   or 1)
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     torch.set_num_threads(max(1, cores // local_world))
 
 
-def init_distributed(device_choice: str = "auto", host_shards: bool = False,
-                     timeout_minutes: int = 60) -> Dist:
+def init_distributed(
+    device_choice: str = "auto", host_shards: bool = False, timeout_minutes: int = 60
+) -> Dist:
     """Join the torchrun process group (when WORLD_SIZE > 1) and build the explicit device mesh: the
     default mesh can pick CUDA on a GPU machine and then fail with gloo."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -99,9 +101,11 @@ def init_distributed(device_choice: str = "auto", host_shards: bool = False,
         return Dist(device=device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    tdist.init_process_group(backend(device, host_shards),
-                             timeout=datetime.timedelta(minutes=timeout_minutes),
-                             device_id=device if device.type == "cuda" else None)
+    tdist.init_process_group(
+        backend(device, host_shards),
+        timeout=datetime.timedelta(minutes=timeout_minutes),
+        device_id=device if device.type == "cuda" else None,
+    )
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("fsdp",))
     return Dist(rank, world, local_rank, local_world, device, mesh)
 
@@ -146,8 +150,10 @@ def cleanup(dist: Dist) -> None:
     if left:
         print(
             f"rank {dist.rank}: warning: {left} gloo thread(s) still run after the process group "
-            "was destroyed (something still holds it); the exit may abort", file=sys.stderr,
-            flush=True)
+            "was destroyed (something still holds it); the exit may abort",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def print0(line: str, dist: Dist) -> None:
@@ -158,8 +164,13 @@ def print0(line: str, dist: Dist) -> None:
         sys.stdout.flush()
 
 
-def shard(policy: nn.Module, dist: Dist, dtype: str = "float32", offload: bool = False,
-          reshard_after_forward: bool = True) -> nn.Module:
+def shard(
+    policy: nn.Module,
+    dist: Dist,
+    dtype: str = "float32",
+    offload: bool = False,
+    reshard_after_forward: bool = True,
+) -> nn.Module:
     """FSDP2: `fully_shard` each decoder layer, then the root (embedding, final norm, LM head). bf16
     keeps float32 master weights and reduces gradients in float32. CPU offload pins memory only when
     a GPU exists (pinning without one raises)."""
@@ -168,8 +179,10 @@ def shard(policy: nn.Module, dist: Dist, dtype: str = "float32", offload: bool =
         mp = MixedPrecisionPolicy(param_dtype=DTYPES[dtype], reduce_dtype=torch.float32)
     off = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy()
     kwargs = {
-        "mesh": dist.mesh, "mp_policy": mp, "offload_policy": off,
-        "reshard_after_forward": reshard_after_forward
+        "mesh": dist.mesh,
+        "mp_policy": mp,
+        "offload_policy": off,
+        "reshard_after_forward": reshard_after_forward,
     }
     units = [*policy.lm.get_decoder().layers, policy]
     for unit in units:
@@ -188,9 +201,14 @@ def cast_parameters(model: nn.Module, dtype: str) -> None:
         param.data = param.data.to(DTYPES[dtype])
 
 
-def load_sharded(build: Callable[[bool], nn.Module], dist: Dist, dtype: str = "float32",
-                 offload: bool = False, reshard_after_forward: bool = True,
-                 storage_dtype: str = "float32") -> nn.Module:
+def load_sharded(
+    build: Callable[[bool], nn.Module],
+    dist: Dist,
+    dtype: str = "float32",
+    offload: bool = False,
+    reshard_after_forward: bool = True,
+    storage_dtype: str = "float32",
+) -> nn.Module:
     """A sharded `Policy` whose weights are read on rank 0 only and broadcast: `build(empty)`
     returns the Policy, with real weights when empty is False (rank 0) or on the meta device (other
     ranks). `storage_dtype`: the dtype the shards are kept in (float32 master weights for a policy
@@ -203,30 +221,37 @@ def load_sharded(build: Callable[[bool], nn.Module], dist: Dist, dtype: str = "f
         error = e
     if not agree(error is None, dist):
         raise error or RuntimeError(
-            f"rank {dist.rank}: rank 0 could not load the model (see its error)")
+            f"rank {dist.rank}: rank 0 could not load the model (see its error)"
+        )
     cast_parameters(policy, storage_dtype)
     full = {k: v.detach().cpu() for k, v in policy.state_dict().items()} if dist.is_main else {}
-    buffers = {name: b.detach().clone()
-               for name, b in policy.named_buffers()} if dist.is_main else {}
+    buffers = (
+        {name: b.detach().clone() for name, b in policy.named_buffers()} if dist.is_main else {}
+    )
     shard(policy, dist, dtype, offload, reshard_after_forward)
     if not dist.is_main:
         policy.to_empty(device="cpu" if offload else dist.device)
-    set_model_state_dict(policy, full, options=StateDictOptions(full_state_dict=True,
-                                                                broadcast_from_rank0=True))
+    set_model_state_dict(
+        policy, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    )
     _broadcast_buffers(policy, buffers, dist)
     return policy
 
 
-def _broadcast_buffers(model: nn.Module, rank0_buffers: dict[str, torch.Tensor],
-                       dist: Dist) -> None:
+def _broadcast_buffers(
+    model: nn.Module, rank0_buffers: dict[str, torch.Tensor], dist: Dist
+) -> None:
     """Rank 0's buffers to every rank. Non-persistent buffers such as rotary `inv_freq` are not in
     the state dict, and `to_empty` left them uninitialised (measured: logits off by 0.006 when
     skipped)."""
     for name, buf in list(model.named_buffers()):
         owner, _, attr = name.rpartition(".")
         module = model.get_submodule(owner)
-        value = rank0_buffers[name].to(dist.device) if dist.is_main else torch.empty_like(
-            buf, device=dist.device)
+        value = (
+            rank0_buffers[name].to(dist.device)
+            if dist.is_main
+            else torch.empty_like(buf, device=dist.device)
+        )
         tdist.broadcast(value, src=0)
         setattr(module, attr, value)
 
@@ -241,8 +266,9 @@ def _unique_state(model: nn.Module, prefix: str) -> Iterator[tuple[str, torch.Te
             yield name.removeprefix(prefix), tensor
 
 
-def gather_full_state_dict(model: nn.Module, device: str | torch.device = "cpu",
-                           prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+def gather_full_state_dict(
+    model: nn.Module, device: str | torch.device = "cpu", prefix: str = ""
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor) one at a time, on every rank, in the parameters' own dtype: each sharded
     parameter is all-gathered when its turn comes, so at most one full tensor exists beyond the
     shards. Tied parameters appear once, under their first name; `prefix` is stripped from names
@@ -253,8 +279,9 @@ def gather_full_state_dict(model: nn.Module, device: str | torch.device = "cpu",
         yield name, full.detach().to(device)
 
 
-def gather_to_rank0(model: nn.Module,
-                    prefix: str = "") -> Iterator[tuple[str, torch.Tensor | None]]:
+def gather_to_rank0(
+    model: nn.Module, prefix: str = ""
+) -> Iterator[tuple[str, torch.Tensor | None]]:
     """(name, full float32-or-own-dtype tensor on the CPU) on rank 0, (name, None) on the others:
     what an export needs, where only the rank that writes should hold the whole model (an all-gather
     would give it to every rank). Each shard goes to rank 0 by `gather`, on the CPU when the shards
@@ -267,17 +294,20 @@ def gather_to_rank0(model: nn.Module,
         # FSDP2 shards dim 0 in chunks of ceil(rows / world)
         rows = math.ceil(tensor.shape[0] / world)
         padded = local.new_zeros((rows, *tensor.shape[1:]))
-        padded[:local.shape[0]].copy_(local)
+        padded[: local.shape[0]].copy_(local)
         parts = [torch.empty_like(padded) for _ in range(world)] if tdist.get_rank() == 0 else None
         tdist.gather(padded, parts, dst=0)
         # each part to the host before the concatenation: one full tensor on the GPU at most, not
         # two
-        yield name, torch.cat([p.cpu()
-                               for p in parts])[:tensor.shape[0]] if parts is not None else None
+        yield (
+            name,
+            torch.cat([p.cpu() for p in parts])[: tensor.shape[0]] if parts is not None else None,
+        )
 
 
-def sync_buckets(model: nn.Module, device: torch.device, dtype: torch.dtype, bucket_bytes: int,
-                 prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+def sync_buckets(
+    model: nn.Module, device: torch.device, dtype: torch.dtype, bucket_bytes: int, prefix: str = ""
+) -> Iterator[tuple[str, torch.Tensor]]:
     """The weight sync's stream: (name, full tensor in `dtype` on `device`), every rank, in
     state-dict order. Parameters are grouped into buckets of about `bucket_bytes` of full tensors;
     for each bucket every rank moves its local shards to `device` (non-blocking from pinned memory),
@@ -316,18 +346,19 @@ def _gather_bucket(bucket, device, dtype) -> Iterator[tuple[str, torch.Tensor]]:
     for _, tensor, _, start in layout:
         local = tensor.to_local().detach()
         # casts on device
-        flat[start:start + local.numel()].copy_(local.reshape(-1).to(device, non_blocking=True))
+        flat[start : start + local.numel()].copy_(local.reshape(-1).to(device, non_blocking=True))
     gathered = torch.empty(world * offset, dtype=dtype, device=device)  # [world, offset]
     tdist.all_gather_single(gathered, flat)
     gathered = gathered.view(world, offset)
     for name, tensor, per_rank, start in layout:
         # [world * padded rows, ...]
-        rows = gathered[:, start:start + per_rank].reshape(-1, *tensor.shape[1:])
-        yield name, rows[:tensor.shape[0]].contiguous()
+        rows = gathered[:, start : start + per_rank].reshape(-1, *tensor.shape[1:])
+        yield name, rows[: tensor.shape[0]].contiguous()
 
 
-def unsharded_copy(policy: nn.Module, empty_lm: nn.Module, dist: Dist,
-                   dtype: str = "float32") -> nn.Module:
+def unsharded_copy(
+    policy: nn.Module, empty_lm: nn.Module, dist: Dist, dtype: str = "float32"
+) -> nn.Module:
     """A full, unsharded copy of `policy.lm` on this rank (what a colocated sampler holds):
     `empty_lm` is the same architecture on the meta device, filled one tensor at a time from the
     shards. Collective."""
@@ -352,8 +383,13 @@ class PhaseOffload:
     distributed/fsdp/_fully_shard/_fully_shard.py), so the move goes through `_apply` and the
     Parameter objects, which the optimiser's state is keyed by, stay the same."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
-                 enabled: bool):
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        enabled: bool,
+    ):
         self.model, self.optimizer, self.device, self.enabled = model, optimizer, device, enabled
         self.pin = device.type == "cuda"  # pinning needs a GPU (it raises without one)
         self.on_host = False
@@ -411,10 +447,12 @@ def _moved(t: torch.Tensor, device: torch.device, pin: bool) -> torch.Tensor:
     that the test of this move on a CPU exercises FSDP2's re-registration of the shards."""
     if isinstance(t, DTensor):
         local = _moved(t.to_local(), device, pin)
-        return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False,
-                                  shape=t.shape, stride=t.stride())
-    out = torch.empty(t.shape, dtype=t.dtype, device=device, pin_memory=pin
-                      and device.type == "cpu")
+        return DTensor.from_local(
+            local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride()
+        )
+    out = torch.empty(
+        t.shape, dtype=t.dtype, device=device, pin_memory=pin and device.type == "cpu"
+    )
     return out.copy_(t, non_blocking=device.type != "cpu")
 
 
@@ -435,8 +473,9 @@ def all_reduce(value: torch.Tensor, dist: Dist, op: str = "sum") -> torch.Tensor
         return value
     out = value.detach().to(dist.device, torch.float64)
     tdist.all_reduce(
-        out, op={"sum": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX,
-                 "min": tdist.ReduceOp.MIN}[op])
+        out,
+        op={"sum": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN}[op],
+    )
     return out
 
 
@@ -456,7 +495,7 @@ def rank_share(items: Sequence, dist: Dist) -> list:
     order)."""
     base, extra = divmod(len(items), dist.world)
     start = dist.rank * base + min(dist.rank, extra)
-    return list(items[start:start + base + (1 if dist.rank < extra else 0)])
+    return list(items[start : start + base + (1 if dist.rank < extra else 0)])
 
 
 def all_gather_lists(local: list, dist: Dist) -> list:

@@ -58,13 +58,20 @@ class Generation:
             amp = autocast(self.model_cfg, dist.device)
             return TorchSampler(model, self.tokenizer, dist.device, gen.batch, amp=amp)
         architecture = model_config(self.model_cfg, self.tokenizer)
-        return VLLMSampler(Path(gen.model), self.tokenizer, dist, dtype=self.model_cfg.dtype,
-                           max_model_len=architecture.max_position_embeddings,
-                           batch=gen.batch * gen.tensor_parallel,
-                           tensor_parallel=gen.tensor_parallel,
-                           gpu_memory_utilization=gen.gpu_memory_utilization, sleep=False,
-                           dummy_weights=False, temperature=gen.temperature,
-                           progress=gen.progress and dist.is_main)
+        return VLLMSampler(
+            Path(gen.model),
+            self.tokenizer,
+            dist,
+            dtype=self.model_cfg.dtype,
+            max_model_len=architecture.max_position_embeddings,
+            batch=gen.batch * gen.tensor_parallel,
+            tensor_parallel=gen.tensor_parallel,
+            gpu_memory_utilization=gen.gpu_memory_utilization,
+            sleep=False,
+            dummy_weights=False,
+            temperature=gen.temperature,
+            progress=gen.progress and dist.is_main,
+        )
 
 
 def load_generation(dist: Dist, gen: GenerationOptions) -> Generation:
@@ -74,10 +81,18 @@ def load_generation(dist: Dist, gen: GenerationOptions) -> Generation:
     dtype = resolve_dtype(gen.dtype, dist.device)
     model_cfg = ModelConfig(path=str(model), tokenizer=gen.tokenizer, dtype=dtype)
     tokenizer = load_tokenizer(model_cfg)
-    settings = {"model": str(model.resolve()), "model_fingerprint": model_fingerprint(model),
-                "tokenizer": gen.tokenizer, "engine": gen.engine,
-                "tensor_parallel": gen.tensor_parallel,
-                "gpu_memory_utilization": gen.gpu_memory_utilization, "dtype": dtype,
-                "temperature": gen.temperature, "top_p": gen.top_p,
-                "max_new_tokens": gen.max_new_tokens, "seed": gen.seed, "samples": gen.samples}
+    settings = {
+        "model": str(model.resolve()),
+        "model_fingerprint": model_fingerprint(model),
+        "tokenizer": gen.tokenizer,
+        "engine": gen.engine,
+        "tensor_parallel": gen.tensor_parallel,
+        "gpu_memory_utilization": gen.gpu_memory_utilization,
+        "dtype": dtype,
+        "temperature": gen.temperature,
+        "top_p": gen.top_p,
+        "max_new_tokens": gen.max_new_tokens,
+        "seed": gen.seed,
+        "samples": gen.samples,
+    }
     return Generation(dist, gen, model_cfg, tokenizer, settings)

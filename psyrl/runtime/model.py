@@ -37,7 +37,8 @@ def shipped_tokenizer_dir(name: str) -> Path:
     """Directory of a tokenizer that ships inside the package (`tiny` or `qwen2.5`)."""
     if name not in SHIPPED_TOKENIZERS:
         raise ValueError(
-            f"unknown shipped tokenizer {name!r}; expected one of {', '.join(SHIPPED_TOKENIZERS)}")
+            f"unknown shipped tokenizer {name!r}; expected one of {', '.join(SHIPPED_TOKENIZERS)}"
+        )
     return Path(str(resources.files("psyrl") / "assets" / "tokenizers" / name))
 
 
@@ -46,7 +47,8 @@ def _model_dir(path: str) -> Path:
     if not p.is_dir():
         raise FileNotFoundError(
             f"no such model directory: {p} (model.path must be a local Hugging Face "
-            "model directory; psyrl never downloads from the hub)")
+            "model directory; psyrl never downloads from the hub)"
+        )
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"{p} is not a Hugging Face model directory: it has no config.json")
     refuse_remote_code(p, "config.json")
@@ -67,7 +69,8 @@ def refuse_remote_code(directory: Path, name: str) -> None:
         raise ValueError(
             f"{path} maps its classes to code in the checkpoint (auto_map: "
             f"{', '.join(sorted(config['auto_map']))}): psyrl never runs a model's remote code; "
-            "use a checkpoint of a built-in transformers architecture (e.g. Qwen2)")
+            "use a checkpoint of a built-in transformers architecture (e.g. Qwen2)"
+        )
 
 
 def weight_files(model_dir: Path) -> list[Path]:
@@ -101,13 +104,16 @@ def load_tokenizer(cfg: ModelConfig):
         directory = _model_dir(cfg.path)
     # else transformers would try the hub and report a confusing repo-id error
     if not directory.is_dir():
-        raise FileNotFoundError(f"no such tokenizer directory: {directory} (model.tokenizer is "
-                                f"{', '.join(SHIPPED_TOKENIZERS)}, a directory, or empty)")
+        raise FileNotFoundError(
+            f"no such tokenizer directory: {directory} (model.tokenizer is "
+            f"{', '.join(SHIPPED_TOKENIZERS)}, a directory, or empty)"
+        )
     refuse_remote_code(directory, "tokenizer_config.json")
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     if None in (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.chat_template):
         raise ValueError(
-            f"tokenizer in {directory} needs a pad token, an eos token and a chat template")
+            f"tokenizer in {directory} needs a pad token, an eos token and a chat template"
+        )
     tokenizer.padding_side = "left"
     return tokenizer
 
@@ -144,30 +150,44 @@ def model_config(cfg: ModelConfig, tokenizer):
     return tiny_config(cfg, tokenizer)
 
 
-def load_model(cfg: ModelConfig, tokenizer, seed: int = 0, device: str | torch.device = "cpu",
-               empty: bool = False):
+def load_model(
+    cfg: ModelConfig,
+    tokenizer,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    empty: bool = False,
+):
     """Float32 master weights: from `model.path`, or a tiny Qwen2 whose random init depends only on
     `seed`. empty=True builds the same architecture on the meta device without reading any weight
     (the ranks that receive rank 0's weights by broadcast,
     `psyrl.runtime.distributed.load_sharded`)."""
     if empty:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(model_config(cfg,
-                                                                  tokenizer), dtype=torch.float32,
-                                                     attn_implementation=cfg.attn_implementation)
+            model = AutoModelForCausalLM.from_config(
+                model_config(cfg, tokenizer),
+                dtype=torch.float32,
+                attn_implementation=cfg.attn_implementation,
+            )
     elif cfg.path:
-        model = AutoModelForCausalLM.from_pretrained(str(_model_dir(cfg.path)), dtype=torch.float32,
-                                                     attn_implementation=cfg.attn_implementation)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(_model_dir(cfg.path)),
+            dtype=torch.float32,
+            attn_implementation=cfg.attn_implementation,
+        )
     else:
         # seeded init that leaves the caller's RNG untouched
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = Qwen2ForCausalLM._from_config(tiny_config(cfg, tokenizer), dtype=torch.float32,
-                                                  attn_implementation=cfg.attn_implementation)
+            model = Qwen2ForCausalLM._from_config(
+                tiny_config(cfg, tokenizer),
+                dtype=torch.float32,
+                attn_implementation=cfg.attn_implementation,
+            )
     if model.get_output_embeddings().weight.shape[0] < len(tokenizer):
         raise ValueError(
             f"the model's vocabulary ({model.get_output_embeddings().weight.shape[0]}) is smaller "
-            f"than the tokenizer's ({len(tokenizer)})")
+            f"than the tokenizer's ({len(tokenizer)})"
+        )
     model.generation_config.eos_token_id = stop_token_ids(tokenizer)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     if cfg.gradient_checkpointing:
@@ -216,15 +236,23 @@ class ChunkLogprobs(torch.autograd.Function):
             grad.div_(T)
         grad = grad.to(dtype)
         grad_hidden = (grad @ w).to(hidden.dtype) if ctx.needs_input_grad[0] else None
-        grad_weight = (grad.t() @ hidden.to(dtype)).to(
-            weight.dtype) if ctx.needs_input_grad[1] else None
-        grad_bias = grad.sum(0).to(
-            bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
+        grad_weight = (
+            (grad.t() @ hidden.to(dtype)).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        )
+        grad_bias = (
+            grad.sum(0).to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
+        )
         return grad_hidden, grad_weight, grad_bias, None, None
 
 
-def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, positions=None,
-                   chunk: int = LOGPROB_CHUNK):
+def token_logprobs(
+    model,
+    input_ids,
+    attention_mask,
+    temperature: float = 1.0,
+    positions=None,
+    chunk: int = LOGPROB_CHUNK,
+):
     """log softmax(logits / T) over the full vocabulary: out[b, t] = log p(ids[b, t+1] | ids[b,
     :t+1]).
 
@@ -239,19 +267,26 @@ def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, p
         positions = attention_mask[:, 1:].bool()  # [B, T-1]
     decoder = model.get_decoder()
     # [B,T,H]
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
-                     use_cache=False).last_hidden_state
+    hidden = decoder(
+        input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+    ).last_hidden_state
     rows = hidden[:, :-1][positions]  # [N, H]
     targets = input_ids[:, 1:][positions]  # [N]
     head = model.get_output_embeddings()
     pieces = [
-        ChunkLogprobs.apply(rows[start:start + chunk], head.weight, head.bias,
-                            targets[start:start + chunk], temperature)
+        ChunkLogprobs.apply(
+            rows[start : start + chunk],
+            head.weight,
+            head.bias,
+            targets[start : start + chunk],
+            temperature,
+        )
         for start in range(0, rows.shape[0], chunk)
     ]
     values = torch.cat(pieces) if pieces else rows.new_zeros(0, dtype=torch.float32)  # [N]
-    return torch.zeros(positions.shape, dtype=torch.float32,
-                       device=values.device).masked_scatter(positions, values)
+    return torch.zeros(positions.shape, dtype=torch.float32, device=values.device).masked_scatter(
+        positions, values
+    )
 
 
 def collate(token_ids: Sequence[Sequence[int]], prompt_lengths: Sequence[int], pad_id: int):
@@ -267,7 +302,7 @@ def collate(token_ids: Sequence[Sequence[int]], prompt_lengths: Sequence[int], p
         n = len(ids)
         input_ids[row, :n] = torch.tensor(ids)
         attention_mask[row, :n] = 1
-        response_mask[row, prompt_len - 1:n - 1] = True
+        response_mask[row, prompt_len - 1 : n - 1] = True
     return input_ids, attention_mask, response_mask
 
 
@@ -304,4 +339,5 @@ def load_weights(model: nn.Module, named_tensors) -> None:
     missing = [name for name, p in model.named_parameters() if id(p) not in filled]
     if missing:
         raise ValueError(
-            f"load_weights: no tensor for {', '.join(missing[:5])} ({len(missing)} parameters)")
+            f"load_weights: no tensor for {', '.join(missing[:5])} ({len(missing)} parameters)"
+        )

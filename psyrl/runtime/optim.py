@@ -43,13 +43,15 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def clipped_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 max_norm: float) -> tuple[float, bool]:
+def clipped_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float
+) -> tuple[float, bool]:
     """Clip the global gradient norm to max_norm (0 = no clipping), step only when the norm is
     finite, clear the gradients. Returns (norm before clipping, whether the update was applied): a
     NaN/inf never reaches the weights."""
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                          max_norm if max_norm > 0 else math.inf)
+    norm = torch.nn.utils.clip_grad_norm_(
+        model.parameters(), max_norm if max_norm > 0 else math.inf
+    )
     # FSDP2: the norm over all shards
     norm = (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
     applied = math.isfinite(norm)

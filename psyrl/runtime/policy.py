@@ -23,10 +23,10 @@ def build_policy(cfg, tokenizer, dist: Dist) -> Policy:
     (FSDP2 CPUOffloadPolicy)."""
     if not dist.sharded:
         return Policy(load_model(cfg.model, tokenizer, seed=cfg.run.seed, device=dist.device))
-    build = lambda empty: Policy(load_model(cfg.model, tokenizer, seed=cfg.run.seed, empty=empty)
-                                 )  # noqa: E731
-    return load_sharded(build, dist, cfg.model.dtype, cfg.fsdp.offload == "always",
-                        cfg.fsdp.reshard_after_forward)
+    build = lambda empty: Policy(load_model(cfg.model, tokenizer, seed=cfg.run.seed, empty=empty))  # noqa: E731
+    return load_sharded(
+        build, dist, cfg.model.dtype, cfg.fsdp.offload == "always", cfg.fsdp.reshard_after_forward
+    )
 
 
 def build_reference(cfg, tokenizer, dist: Dist) -> Policy:
@@ -39,14 +39,27 @@ def build_reference(cfg, tokenizer, dist: Dist) -> Policy:
         reference = Policy(model)
     else:
         build = lambda empty: Policy(
-            load_model(cfg.model, tokenizer, seed=cfg.run.seed, empty=empty))  # noqa: E731
-        reference = load_sharded(build, dist, cfg.model.dtype, cfg.fsdp.ref_offload,
-                                 cfg.fsdp.reshard_after_forward, storage_dtype=cfg.model.dtype)
+            load_model(cfg.model, tokenizer, seed=cfg.run.seed, empty=empty)
+        )  # noqa: E731
+        reference = load_sharded(
+            build,
+            dist,
+            cfg.model.dtype,
+            cfg.fsdp.ref_offload,
+            cfg.fsdp.reshard_after_forward,
+            storage_dtype=cfg.model.dtype,
+        )
     return reference.eval().requires_grad_(False)
 
 
-def build_sampler(policy: Policy, cfg, tokenizer, dist: Dist, temperature: float | None = None,
-                  longest_prompt: int = 0):
+def build_sampler(
+    policy: Policy,
+    cfg,
+    tokenizer,
+    dist: Dist,
+    temperature: float | None = None,
+    longest_prompt: int = 0,
+):
     """The sampler of `sampler.engine`, holding the policy's current weights. `torch`: its own
     unsharded copy of the policy in the compute dtype, filled one tensor at a time from the
     (possibly sharded) policy. `vllm`: a colocated engine started on dummy weights, then given the
@@ -59,14 +72,21 @@ def build_sampler(policy: Policy, cfg, tokenizer, dist: Dist, temperature: float
         architecture = model_config(cfg.model, tokenizer)
         with engine_model_dir(architecture) as model_dir:
             sampler = VLLMSampler(
-                model_dir, tokenizer, dist, dtype=cfg.model.dtype,
-                max_model_len=max(cfg.rollout.max_prompt_tokens, longest_prompt) +
-                cfg.rollout.max_new_tokens, batch=cfg.sampler.max_num_seqs,
+                model_dir,
+                tokenizer,
+                dist,
+                dtype=cfg.model.dtype,
+                max_model_len=max(cfg.rollout.max_prompt_tokens, longest_prompt)
+                + cfg.rollout.max_new_tokens,
+                batch=cfg.sampler.max_num_seqs,
                 tensor_parallel=cfg.sampler.tensor_parallel,
-                gpu_memory_utilization=cfg.sampler.gpu_memory_utilization, sleep=cfg.sampler.sleep,
+                gpu_memory_utilization=cfg.sampler.gpu_memory_utilization,
+                sleep=cfg.sampler.sleep,
                 temperature=cfg.rollout.temperature if temperature is None else temperature,
                 enforce_eager=cfg.sampler.enforce_eager,
-                disable_custom_all_reduce=cfg.sampler.disable_custom_all_reduce, seed=cfg.run.seed)
+                disable_custom_all_reduce=cfg.sampler.disable_custom_all_reduce,
+                seed=cfg.run.seed,
+            )
         sync_weights(sampler, policy, cfg, dist)
         return sampler
     lm = unsharded_copy(policy, load_model(cfg.model, tokenizer, empty=True), dist, cfg.model.dtype)
@@ -78,5 +98,11 @@ def sync_weights(sampler, policy: Policy, cfg, dist: Dist) -> None:
     all-gathered in buckets of sampler.sync_bucket_mib (`psyrl.runtime.distributed.sync_buckets`),
     streamed into the sampler. Collective."""
     sampler.load_weights(
-        sync_buckets(policy, dist.device, DTYPES[cfg.model.dtype],
-                     cfg.sampler.sync_bucket_mib << 20, prefix="lm."))
+        sync_buckets(
+            policy,
+            dist.device,
+            DTYPES[cfg.model.dtype],
+            cfg.sampler.sync_bucket_mib << 20,
+            prefix="lm.",
+        )
+    )

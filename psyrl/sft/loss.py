@@ -27,8 +27,13 @@ class SFTExample:
     """input_ids[prompt_len:] is the response (target + end-of-turn): the tokens that carry loss."""
 
 
-def build_examples(records: Sequence[StimuliRecord], tokenizer, cfg: PromptConfig, max_length: int,
-                   think_from: str = "reasoning"):
+def build_examples(
+    records: Sequence[StimuliRecord],
+    tokenizer,
+    cfg: PromptConfig,
+    max_length: int,
+    think_from: str = "reasoning",
+):
     """(examples, counts): in `cot` mode the think text is each record's `think_from` field
     (data.think_from: `reasoning` or `reason`); records without it and examples over max_length
     are skipped and counted (counts keys: kept, no_reasoning, too_long)."""
@@ -39,8 +44,9 @@ def build_examples(records: Sequence[StimuliRecord], tokenizer, cfg: PromptConfi
             counts["no_reasoning"] += 1
             continue
         prompt = prompts.prompt_ids(tokenizer, r, cfg)
-        response = tokenizer(target,
-                             add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        response = tokenizer(target, add_special_tokens=False)["input_ids"] + [
+            tokenizer.eos_token_id
+        ]
         if len(prompt) + len(response) > max_length:
             counts["too_long"] += 1
             continue
@@ -60,9 +66,17 @@ def sft_loss(logp: torch.Tensor, loss_mask: torch.Tensor, normalizer: float) -> 
     return -(logp * loss_mask).sum() / normalizer  # logp, loss_mask: [B, T-1]
 
 
-def micro_batch_losses(policy, examples: Sequence[SFTExample], size: int, pad_id: int,
-                       normalizer: float, device: torch.device, amp, batches: int = 0,
-                       filler: SFTExample | None = None):
+def micro_batch_losses(
+    policy,
+    examples: Sequence[SFTExample],
+    size: int,
+    pad_id: int,
+    normalizer: float,
+    device: torch.device,
+    amp,
+    batches: int = 0,
+    filler: SFTExample | None = None,
+):
     """Each micro-batch's share of the step's SFT loss, in order; their sum is the loss of all
     `examples`. Training calls backward on each, validation sums them under no_grad. `policy` is a
     `psyrl.runtime.model.Policy`. batches > the micro-batches `examples` fill: the rest run `filler`
@@ -70,11 +84,13 @@ def micro_batch_losses(policy, examples: Sequence[SFTExample], size: int, pad_id
     all-gathers) even when its share is smaller."""
     starts = range(0, len(examples), size)
     for k in range(max(len(starts), batches)):
-        chunk, weight = (examples[starts[k]:starts[k] + size],
-                         1.0) if k < len(starts) else ([filler], 0.0)
+        chunk, weight = (
+            (examples[starts[k] : starts[k] + size], 1.0) if k < len(starts) else ([filler], 0.0)
+        )
         input_ids, attention_mask, loss_mask = (
             t.to(device)
-            for t in collate([e.input_ids for e in chunk], [e.prompt_len for e in chunk], pad_id))
+            for t in collate([e.input_ids for e in chunk], [e.prompt_len for e in chunk], pad_id)
+        )
         with amp:
             logp = policy(input_ids, attention_mask, 1.0, loss_mask)  # [b, T-1]
         yield sft_loss(logp, loss_mask, normalizer) * weight

@@ -32,21 +32,38 @@ def test_some_config_ships():
 
 def test_defaults_are_the_spec_values():
     c = load_config(None)
-    assert (c.reward.variant, c.reward.w_f1, c.reward.w_fmt, c.reward.delta) == ("bilateral", 0.5,
-                                                                                 0.5, 0.1)
-    assert (c.reward.tau_low, c.reward.tau_high, c.reward.tau_rep, c.reward.l_plus,
-            c.reward.s_minus) == (
-                0.75,
-                1.25,
-                0.5,
-                2.0,
-                0.5,
-            )
-    assert (c.reward.w_len, c.reward.w_short, c.reward.eps,
-            c.reward.short_reward_literal) == (0.1, 0.1, 1e-6, False)
+    assert (c.reward.variant, c.reward.w_f1, c.reward.w_fmt, c.reward.delta) == (
+        "bilateral",
+        0.5,
+        0.5,
+        0.1,
+    )
+    assert (
+        c.reward.tau_low,
+        c.reward.tau_high,
+        c.reward.tau_rep,
+        c.reward.l_plus,
+        c.reward.s_minus,
+    ) == (
+        0.75,
+        1.25,
+        0.5,
+        2.0,
+        0.5,
+    )
+    assert (c.reward.w_len, c.reward.w_short, c.reward.eps, c.reward.short_reward_literal) == (
+        0.1,
+        0.1,
+        1e-6,
+        False,
+    )
     assert (c.cache.size, c.advantage.scope, c.advantage.eps) == (4, "cache", 1e-6)
-    assert (c.loss.eps_low, c.loss.eps_high, c.loss.dual_clip, c.loss.kl_coef) == (0.2, 0.3, 3.0,
-                                                                                   1e-2)
+    assert (c.loss.eps_low, c.loss.eps_high, c.loss.dual_clip, c.loss.kl_coef) == (
+        0.2,
+        0.3,
+        3.0,
+        1e-2,
+    )
 
 
 @pytest.mark.parametrize("size", ["0.5b", "1.5b", "3b"])
@@ -56,8 +73,13 @@ def test_gpu_tgrpo_configs_carry_appendix_a3(size):
     assert (c.rollout.prompts, c.rollout.samples, c.optim.global_batch) == (512, 5, 128)
     assert (c.rollout.temperature, c.rollout.valid_temperature, c.rollout.top_p) == (1.0, 0.5, 0.99)
     assert (c.rollout.max_prompt_tokens, c.rollout.max_new_tokens, c.run.steps) == (2048, 2048, 315)
-    assert (c.optim.lr, c.optim.weight_decay, c.optim.grad_clip, c.optim.warmup_ratio,
-            c.optim.schedule) == (1e-6, 1e-2, 1.0, 0.0, "constant")
+    assert (
+        c.optim.lr,
+        c.optim.weight_decay,
+        c.optim.grad_clip,
+        c.optim.warmup_ratio,
+        c.optim.schedule,
+    ) == (1e-6, 1e-2, 1.0, 0.0, "constant")
     assert (c.optim.micro_batch, c.optim.logprob_micro_batch, c.loss.kl_coef) == (4, 16, 1e-2)
     # A.3 as EasyR1 reads it
     assert (c.model.dtype, c.fsdp.offload, c.fsdp.ref_offload) == ("bfloat16", "phase", True)
@@ -110,8 +132,8 @@ def test_wrong_types(tmp_path):
     assert error(path) == f"{path}:1: 'reward' must be a table ([reward]), got int"
     path = write(tmp_path, '[advantage]\nscope = "grop"\n')
     assert (
-        error(path) ==
-        f"{path}:2: [advantage] scope: expected one of 'cache', 'batch', 'group', got 'grop'; did "
+        error(path)
+        == f"{path}:2: [advantage] scope: expected one of 'cache', 'batch', 'group', got 'grop'; did "
         "you mean 'group'?"
     )
 
@@ -133,28 +155,35 @@ def test_int_is_accepted_for_float(tmp_path):
 def test_overrides_are_type_checked(tmp_path):
     path = write(tmp_path, "[reward]\nw_f1 = 0.5\n")
     c = load_config(
-        path, ["reward.w_f1=0.25", "run.name=my-run", "cache.size=2", 'reward.variant="base"'])
-    assert (c.reward.w_f1, c.run.name, c.cache.size, c.reward.variant) == (0.25, "my-run", 2,
-                                                                           "base")
+        path, ["reward.w_f1=0.25", "run.name=my-run", "cache.size=2", 'reward.variant="base"']
+    )
+    assert (c.reward.w_f1, c.run.name, c.cache.size, c.reward.variant) == (
+        0.25,
+        "my-run",
+        2,
+        "base",
+    )
     assert error(path, ["reward.w_f1=abc"]) == (
         "--set reward.w_f1=abc: [reward] w_f1: expected float, got string 'abc'"
         " (--set values are TOML: 0.5, true, '\"quoted text\"')"
     )
-    assert error(path,
-                 ["cache.size=-1"]) == "--set cache.size=-1: [cache] size: expected >= 1, got -1"
+    assert (
+        error(path, ["cache.size=-1"]) == "--set cache.size=-1: [cache] size: expected >= 1, got -1"
+    )
     assert error(path, ["reward.wf1=1"]).startswith(
         "--set reward.wf1=1: unknown key 'wf1' in [reward]; did you mean 'w_f1'?"
     )
-    assert error(path,
-                 ["rewrd.w_f1=1"
-                  ]).startswith("--set rewrd.w_f1=1: unknown table [rewrd]; did you mean 'reward'?")
+    assert error(path, ["rewrd.w_f1=1"]).startswith(
+        "--set rewrd.w_f1=1: unknown table [rewrd]; did you mean 'reward'?"
+    )
     assert "expected table.key=value" in error(path, ["w_f1=1"])
     assert "expected table.key=value" in error(path, ["reward.w_f1"])
 
 
 def test_missing_or_unreadable_file(tmp_path):
-    assert error(tmp_path /
-                 "nope.toml").startswith(f"{tmp_path / 'nope.toml'}: cannot read config file")
+    assert error(tmp_path / "nope.toml").startswith(
+        f"{tmp_path / 'nope.toml'}: cannot read config file"
+    )
     bad = tmp_path / "latin1.toml"
     bad.write_bytes(b'[run]\nname = "caf\xe9"\n')
     assert error(bad).startswith(f"{bad}: cannot read config file")
@@ -178,12 +207,18 @@ def test_line_numbers_for_every_toml_spelling(tmp_path):
         ("[reward]\nw_f1.value = 0.3\n", 2, "[reward] w_f1: expected float, got table"),
         ('[run]\nname = "a"\n\n[cache]\nsize = 2\n[loss]\nkl_coef = -1\n', 7, "[loss] kl_coef"),
         # inline
-        ("reward = { w_f1 = 0.3, tau_low = 2.0 }\n", 1,
-         "[reward] tau_low: expected 0 < tau_low <= 1"),
+        (
+            "reward = { w_f1 = 0.3, tau_low = 2.0 }\n",
+            1,
+            "[reward] tau_low: expected 0 < tau_low <= 1",
+        ),
         ("reward.delta = -1\n", 1, "[reward] delta: expected >= 0"),  # top-level dotted key
         ("[[reward]]\nw_f1 = 0.3\n", 1, "'reward' must be a table ([reward]), got array"),
-        ("steps = 40\n[run]\nname = 'a'\n", 1,
-         "key 'steps' is outside any table; it belongs under [run]"),
+        (
+            "steps = 40\n[run]\nname = 'a'\n",
+            1,
+            "key 'steps' is outside any table; it belongs under [run]",
+        ),
         ("colour = 1\n", 1, "unknown key 'colour' outside any table"),
     ]
     for text, line, message in cases:
@@ -229,16 +264,24 @@ def test_tables_check_their_choices_when_built_in_code():
 def test_readme_config_reference_is_generated_from_the_code():
     readme = (ROOT / "docs" / "config.md").read_text(encoding="utf-8")
     start, end = readme.index(README_START) + len(README_START), readme.index(README_END)
-    assert readme[start:end].strip() == config_reference().strip(
-    ), "run `make docs` to regenerate it"
+    assert readme[start:end].strip() == config_reference().strip(), (
+        "run `make docs` to regenerate it"
+    )
 
 
 def test_cli_config_show(tmp_path):
     runner = CliRunner()
-    result = runner.invoke(main, [
-        "config", "show", "--config",
-        str(write(tmp_path, "[cache]\nsize = 2\n")), "--set", "loss.kl_coef=0"
-    ])
+    result = runner.invoke(
+        main,
+        [
+            "config",
+            "show",
+            "--config",
+            str(write(tmp_path, "[cache]\nsize = 2\n")),
+            "--set",
+            "loss.kl_coef=0",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "[cache]\nsize = 2\n" in result.output and "kl_coef = 0.0" in result.output
     result = runner.invoke(main, ["config", "show", "--set", "cache.size=x"])
@@ -247,12 +290,14 @@ def test_cli_config_show(tmp_path):
 
 
 def test_cli_config_reference_writes_between_the_markers(tmp_path):
-    readme = write(tmp_path, f"# title\n{README_START}\nstale\n{README_END}\ntail\n",
-                   name="README.md")
+    readme = write(
+        tmp_path, f"# title\n{README_START}\nstale\n{README_END}\ntail\n", name="README.md"
+    )
     result = CliRunner().invoke(main, ["config", "reference", "--write-readme", str(readme)])
     assert result.exit_code == 0, result.output
-    assert readme.read_text(
-    ) == f"# title\n{README_START}\n{config_reference()}\n{README_END}\ntail\n"
+    assert (
+        readme.read_text() == f"# title\n{README_START}\n{config_reference()}\n{README_END}\ntail\n"
+    )
     no_markers = write(tmp_path, "# nothing here\n", name="OTHER.md")
     result = CliRunner().invoke(main, ["config", "reference", "--write-readme", str(no_markers)])
     assert result.exit_code == 1 and "markers" in result.output

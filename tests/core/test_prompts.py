@@ -13,15 +13,27 @@ COT = (
     "internally, then provides the answer to the user. The reasoning and answer are enclosed in "
     "the following tags:\n• Reasoning: <think> … </think>\n"
     "• Answer: <answer> … </answer>\n"
-    "Example: <think> reasoning process here </think> <answer> answer here </answer>")
+    "Example: <think> reasoning process here </think> <answer> answer here </answer>"
+)
 DIRECT = (
     "A conversation between User and Assistant. The user provides a “Stimuli:”, and the Assistant "
     "reads it and answers the “Question:”. The Assistant only provides the answer, enclosed as:\n"
-    "• <answer> answer here </answer>")
-SYSTEM = ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-          "<|im_end|>\n")
-RECORD = StimuliRecord("s/1", "  I lost my keys again.\n", "How did I feel?", "annoyed", "B_ann",
-                       "emotional reactions", "specific emotions", "keys lost")
+    "• <answer> answer here </answer>"
+)
+SYSTEM = (
+    "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    "<|im_end|>\n"
+)
+RECORD = StimuliRecord(
+    "s/1",
+    "  I lost my keys again.\n",
+    "How did I feel?",
+    "annoyed",
+    "B_ann",
+    "emotional reactions",
+    "specific emotions",
+    "keys lost",
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +46,12 @@ def test_instructions_are_the_papers_words():
 
 
 def test_rendered_cot_prompt_is_pinned(qwen):
-    expected = (SYSTEM +
-                "<|im_start|>user\nStimuli:   I lost my keys again.\n\nQuestion: How did I feel? " +
-                COT + "<|im_end|>\n<|im_start|>assistant\n")
+    expected = (
+        SYSTEM
+        + "<|im_start|>user\nStimuli:   I lost my keys again.\n\nQuestion: How did I feel? "
+        + COT
+        + "<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert prompts.render(qwen, RECORD, PromptConfig()) == expected
     ids = prompts.prompt_ids(qwen, RECORD, PromptConfig())
     # <|im_start|>system\n ... assistant\n
@@ -46,32 +61,41 @@ def test_rendered_cot_prompt_is_pinned(qwen):
 
 def test_direct_mode_and_system_placement(qwen):
     direct = prompts.render(qwen, RECORD, PromptConfig(mode="direct"))
-    assert direct.endswith("Question: How did I feel? " + DIRECT +
-                           "<|im_end|>\n<|im_start|>assistant\n")
+    assert direct.endswith(
+        "Question: How did I feel? " + DIRECT + "<|im_end|>\n<|im_start|>assistant\n"
+    )
     system = prompts.render(qwen, RECORD, PromptConfig(placement="system"))
-    assert system == ("<|im_start|>system\n" + COT +
-                      "<|im_end|>\n<|im_start|>user\nStimuli:   I lost my keys "
-                      "again.\n\nQuestion: How did I feel?<|im_end|>\n<|im_start|>assistant\n")
+    assert system == (
+        "<|im_start|>system\n" + COT + "<|im_end|>\n<|im_start|>user\nStimuli:   I lost my keys "
+        "again.\n\nQuestion: How did I feel?<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_options_appended_for_simpletom_and_socialiqa_only():
-    item = BenchmarkRecord("x", "socialiqa", "", "Kai waved.", "Why?", ("to greet", "to leave"), 0,
-                           "to greet")
+    item = BenchmarkRecord(
+        "x", "socialiqa", "", "Kai waved.", "Why?", ("to greet", "to leave"), 0, "to greet"
+    )
     with_options = "Stimuli: Kai waved.\nQuestion: Why?\nA. to greet\nB. to leave"
     assert prompts.content(item) == with_options
-    assert prompts.content(BenchmarkRecord(**{**item.__dict__, "benchmark": "cosmosqa"})) == \
-        "Stimuli: Kai waved.\nQuestion: Why?"
-    assert prompts.content(BenchmarkRecord(**{**item.__dict__, "benchmark": "cosmosqa"}),
-                           "all") == with_options
+    assert (
+        prompts.content(BenchmarkRecord(**{**item.__dict__, "benchmark": "cosmosqa"}))
+        == "Stimuli: Kai waved.\nQuestion: Why?"
+    )
+    assert (
+        prompts.content(BenchmarkRecord(**{**item.__dict__, "benchmark": "cosmosqa"}), "all")
+        == with_options
+    )
     assert prompts.content(item, "none") == "Stimuli: Kai waved.\nQuestion: Why?"
 
 
 @pytest.mark.parametrize(
-    "path", ["data/benchmarks/simpletom/test.jsonl", "data/benchmarks/socialiqa/dev.jsonl"])
+    "path", ["data/benchmarks/simpletom/test.jsonl", "data/benchmarks/socialiqa/dev.jsonl"]
+)
 def test_option_format_matches_the_shipped_question_with_options(path):
     for r in load_benchmark(path):
-        assert prompts.question_with_options(r.question,
-                                             r.options) == r.meta["question_with_options"]
+        assert (
+            prompts.question_with_options(r.question, r.options) == r.meta["question_with_options"]
+        )
 
 
 # ------------------------------------------------------------ data-generation prompts (psyrl build)

@@ -20,65 +20,89 @@ from psyrl.core.records import (
 )
 
 GOOD = {
-    "id": "a/1", "stimuli": "My dog ran away.", "question": "How did I feel?", "answer": "sad",
-    "variable": "B_sad", "dimension": "emotional reactions", "subdimension": "specific emotions",
-    "reasoning": "Losing a pet hurts."
+    "id": "a/1",
+    "stimuli": "My dog ran away.",
+    "question": "How did I feel?",
+    "answer": "sad",
+    "variable": "B_sad",
+    "dimension": "emotional reactions",
+    "subdimension": "specific emotions",
+    "reasoning": "Losing a pet hurts.",
 }
 MC = {
-    "id": "m/1", "benchmark": "socialiqa", "task": "", "context": "Kai smiled.", "question": "Why?",
-    "options": ["happy", "sad", "bored"], "answer_index": 0, "answer": "happy"
+    "id": "m/1",
+    "benchmark": "socialiqa",
+    "task": "",
+    "context": "Kai smiled.",
+    "question": "Why?",
+    "options": ["happy", "sad", "bored"],
+    "answer_index": 0,
+    "answer": "happy",
 }
 
 
 def write_lines(path: Path, lines) -> Path:
-    path.write_text("".join(
-        (line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    path.write_text(
+        "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines)
+    )
     return path
 
 
 def test_load_good_files(tmp_path):
     records = load_stimuliqa(
-        write_lines(tmp_path / "s.jsonl", [GOOD, {**GOOD, "id": "a/2", "reasoning": None}]))
+        write_lines(tmp_path / "s.jsonl", [GOOD, {**GOOD, "id": "a/2", "reasoning": None}])
+    )
     assert records[0] == StimuliRecord(**GOOD) and records[1].reasoning is None
     (mc,) = load_benchmark(write_lines(tmp_path / "b.jsonl", [MC]))
     assert mc.options == ("happy", "sad", "bored") and mc.meta == {}
 
 
-@pytest.mark.parametrize("line, expected", [
-    ("{not json", "invalid JSON"),
-    (json.dumps({k: v for k, v in GOOD.items() if k != "answer"}), "missing key 'answer'"),
-    (json.dumps({**GOOD, "answer": 3}), "key 'answer': expected a string, got 3"),
-    (json.dumps({**GOOD, "answer": "  "}), "key 'answer': must not be empty"),
-    (json.dumps({**GOOD, "reasonning": "x"}), "unknown key 'reasonning'"),
-    (json.dumps({**GOOD, "dimension": "emotions"}), "'emotions' is not one of"),
-    (json.dumps([1, 2]), "expected a JSON object, got list"),
-])
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("{not json", "invalid JSON"),
+        (json.dumps({k: v for k, v in GOOD.items() if k != "answer"}), "missing key 'answer'"),
+        (json.dumps({**GOOD, "answer": 3}), "key 'answer': expected a string, got 3"),
+        (json.dumps({**GOOD, "answer": "  "}), "key 'answer': must not be empty"),
+        (json.dumps({**GOOD, "reasonning": "x"}), "unknown key 'reasonning'"),
+        (json.dumps({**GOOD, "dimension": "emotions"}), "'emotions' is not one of"),
+        (json.dumps([1, 2]), "expected a JSON object, got list"),
+    ],
+)
 def test_bad_stimuli_line_names_file_and_line(tmp_path, line, expected):
     path = write_lines(tmp_path / "s.jsonl", [GOOD, line])
     with pytest.raises(DataError) as e:
         load_stimuliqa(path)
-    assert f"{path}:2: " in str(e.value) and expected in str(e.value) and "nothing loaded" in str(
-        e.value)
+    assert (
+        f"{path}:2: " in str(e.value)
+        and expected in str(e.value)
+        and "nothing loaded" in str(e.value)
+    )
 
 
-@pytest.mark.parametrize("change, expected", [
-    ({"options": ["only"], "answer": "only"}, "at least 2 options"),
-    ({"answer_index": 3}, "out of range for 3 options"),
-    ({"answer_index": True}, "expected an integer"),
-    ({"answer": "sad"}, "!= options[0]"),
-    ({"options": ["happy", ""]}, "an option is empty"),
-    ({"options": "happy"}, "expected a list of strings"),
-])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"options": ["only"], "answer": "only"}, "at least 2 options"),
+        ({"answer_index": 3}, "out of range for 3 options"),
+        ({"answer_index": True}, "expected an integer"),
+        ({"answer": "sad"}, "!= options[0]"),
+        ({"options": ["happy", ""]}, "an option is empty"),
+        ({"options": "happy"}, "expected a list of strings"),
+    ],
+)
 def test_bad_benchmark_line(tmp_path, change, expected):
     path = write_lines(tmp_path / "b.jsonl", [{**MC, **change}])
-    with pytest.raises(DataError,
-                       match=r"b\.jsonl:1: .*" + expected.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(
+        DataError, match=r"b\.jsonl:1: .*" + expected.replace("[", r"\[").replace("]", r"\]")
+    ):
         load_benchmark(path)
 
 
 def test_every_bad_line_is_reported_and_duplicates_caught(tmp_path):
-    path = write_lines(tmp_path / "s.jsonl",
-                       [GOOD, "{", GOOD, "", {**GOOD, "id": "a/3", "question": 1}])
+    path = write_lines(
+        tmp_path / "s.jsonl", [GOOD, "{", GOOD, "", {**GOOD, "id": "a/3", "question": 1}]
+    )
     message = str(pytest.raises(DataError, load_stimuliqa, path).value)
     assert "3 bad line(s)" in message
     assert f"{path}:2: invalid JSON" in message
@@ -88,8 +112,13 @@ def test_every_bad_line_is_reported_and_duplicates_caught(tmp_path):
 
 def test_bad_encoding_is_a_line_error_and_a_bom_is_fine(tmp_path):
     path = tmp_path / "s.jsonl"
-    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(GOOD).encode() + b"\n" +
-                     json.dumps({**GOOD, "id": "a/2"}).encode().replace(b"sad", b"s\xe9d") + b"\n")
+    path.write_bytes(
+        b"\xef\xbb\xbf"
+        + json.dumps(GOOD).encode()
+        + b"\n"
+        + json.dumps({**GOOD, "id": "a/2"}).encode().replace(b"sad", b"s\xe9d")
+        + b"\n"
+    )
     with pytest.raises(DataError, match=r"s\.jsonl:2: not valid UTF-8 \(byte \d+ of the line\)"):
         load_stimuliqa(path)
 
@@ -98,8 +127,9 @@ def test_read_jsonl_names_lines_and_drops_a_torn_end_only_when_asked(tmp_path):
     path = tmp_path / "r.jsonl"
     # line 2 blank; line 4 cut short by a crash (no newline)
     path.write_bytes(b'{"a": 1}\n\n[2]\n{"a": 3')
-    with pytest.raises(DataError,
-                       match=r"r\.jsonl:4: invalid JSON \(Expecting ',' delimiter at column 8\)$"):
+    with pytest.raises(
+        DataError, match=r"r\.jsonl:4: invalid JSON \(Expecting ',' delimiter at column 8\)$"
+    ):
         read_jsonl(path)
     torn = []
     assert read_jsonl(path, torn=torn) == [(1, {"a": 1}), (3, [2])]
@@ -109,8 +139,9 @@ def test_read_jsonl_names_lines_and_drops_a_torn_end_only_when_asked(tmp_path):
     with pytest.raises(DataError, match=r"r\.jsonl:2: invalid JSON"):
         read_jsonl(path, torn=[])
     bad = []
-    assert read_jsonl(path, bad=bad) == [(1, {"a": 1}),
-                                         (3, {"a": 3})] and [n for n, _ in bad] == [2]
+    assert read_jsonl(path, bad=bad) == [(1, {"a": 1}), (3, {"a": 3})] and [n for n, _ in bad] == [
+        2
+    ]
     # bad UTF-8 is named by its line and byte; a byte-order mark is no content
     path.write_bytes(b'\xef\xbb\xbf{"a": 1}\n{"a": "caf\xe9"}\n')
     with pytest.raises(DataError, match=r"r\.jsonl:2: not valid UTF-8 \(byte 11 of the line\)"):
@@ -122,6 +153,7 @@ def test_read_jsonl_names_lines_and_drops_a_torn_end_only_when_asked(tmp_path):
         if "a" not in value:
             raise ValueError("no key 'a'")
         return value["a"]
+
     with pytest.raises(DataError, match=r"r\.jsonl:2: no key 'a'"):
         read_jsonl(path, parse)
     assert read_jsonl(path, parse, torn=[]) == [(1, 1)]
@@ -155,8 +187,12 @@ def test_shipped_benchmarks_load():
     }
     # data/benchmarks/README.md's table
     assert counts == {
-        "bbh": 550, "cosmosqa": 2388, "emobench": 600, "simpletom": 2754, "socialiqa": 1563,
-        "tombench": 2289
+        "bbh": 550,
+        "cosmosqa": 2388,
+        "emobench": 600,
+        "simpletom": 2754,
+        "socialiqa": 1563,
+        "tombench": 2289,
     }
 
 
@@ -192,7 +228,8 @@ def test_reason_is_an_optional_field_kept_through_a_round_trip(tmp_path):
 def test_sft_target_thinks_with_the_reason_when_asked():
     r = StimuliRecord(**{**GOOD, "reasoning": None}, reason="A lost pet is a loss.")
     assert sft_target(r, "cot", "reason") == (
-        "<think>A lost pet is a loss.</think><answer>sad</answer>")
+        "<think>A lost pet is a loss.</think><answer>sad</answer>"
+    )
     assert sft_target(r, "cot") is None  # the default think text is `reasoning`, which it lacks
     assert sft_target(r, "direct", "reason") == sft_target(r, "direct") == "<answer>sad</answer>"
     both = StimuliRecord(**GOOD, reason="A lost pet is a loss.")
@@ -203,8 +240,11 @@ def test_sft_target_thinks_with_the_reason_when_asked():
 
 
 def test_split_rule():
-    records = [StimuliRecord(**{**GOOD, "id": f"{v}/{i}", "variable": v}) for v, n in
-               (("B_a", 7), ("C_low", 4), ("B_b", 5)) for i in range(n)]
+    records = [
+        StimuliRecord(**{**GOOD, "id": f"{v}/{i}", "variable": v})
+        for v, n in (("B_a", 7), ("C_low", 4), ("B_b", 5))
+        for i in range(n)
+    ]
     split = split_by_variable(records, n_train=3, n_test=2, seed=0)
     assert split.excluded == {"C_low": 4}  # 4 < 3 + 2
     assert [r.variable for r in split.train] == ["B_a"] * 3 + ["B_b"] * 3

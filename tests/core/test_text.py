@@ -119,7 +119,8 @@ def test_best_option_detects_equal_rationals_as_ties():
 
 words = st.lists(
     st.sampled_from(["joy", "sad", "fear", "the", "a", "Anger", "don't", "naïve", "😀", "x-y"]),
-    max_size=8)
+    max_size=8,
+)
 
 
 @given(words, words)
@@ -134,8 +135,10 @@ def test_f1_of_text_with_itself_is_one(x):
     assert token_f1(x, x) == 1.0  # non-empty: F1 = 1; empty: the both-empty rule gives 1 too
 
 
-@given(st.lists(st.frozensets(st.sampled_from("abcdef")), min_size=1, max_size=5),
-       st.frozensets(st.sampled_from("abcdef")))
+@given(
+    st.lists(st.frozensets(st.sampled_from("abcdef")), min_size=1, max_size=5),
+    st.frozensets(st.sampled_from("abcdef")),
+)
 def test_best_option_is_a_strict_maximum(options, pred):
     texts = [" ".join(sorted(o)) for o in options]
     choice = best_option(" ".join(sorted(pred)), texts)
@@ -143,5 +146,6 @@ def test_best_option_is_a_strict_maximum(options, pred):
     if choice is None:
         assert max(scores) == 0.0 or scores.count(max(scores)) > 1
     else:
-        assert scores[choice] > 0 and all(s < scores[choice]
-                                          for i, s in enumerate(scores) if i != choice)
+        assert scores[choice] > 0 and all(
+            s < scores[choice] for i, s in enumerate(scores) if i != choice
+        )

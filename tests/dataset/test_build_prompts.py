@@ -2,12 +2,19 @@
 
 import pytest
 
+from psyrl.core.records import StimuliRecord
 from psyrl.dataset import prompts as build_prompts
 from psyrl.dataset.catalogue import Variable
-from psyrl.core.records import StimuliRecord
 
-DISAP = Variable("B_disap", "disappointment against expectations", 0.0, 3.0, "emotional reactions",
-                 "specific emotions", "disappointment")
+DISAP = Variable(
+    "B_disap",
+    "disappointment against expectations",
+    0.0,
+    3.0,
+    "emotional reactions",
+    "specific emotions",
+    "disappointment",
+)
 DATASET_FILLED = (
     "You are an AI assistant that generates one question\u2013answer pair based on a short "
     "Stimuli. The question should assess the human-labeled psychological parameter B_disap "
@@ -18,19 +25,21 @@ DATASET_FILLED = (
     "Question: <Insert question here>\n"
     "Answer: <Insert answer here>\n"
     "Reason: <Explain why the answer is correct>\n"
-    "Language should be clear, concise, and include plausible distractor options.")
+    "Language should be clear, concise, and include plausible distractor options."
+)
 
 
 def test_dataset_prompt_is_the_papers_text_filled_then_the_stimulus_and_its_label():
     assert build_prompts.dataset_prompt(DISAP, "The trip was cancelled.", 2.0) == (
-        DATASET_FILLED + "\n\nStimuli: The trip was cancelled.\nB_disap: 2")
+        DATASET_FILLED + "\n\nStimuli: The trip was cancelled.\nB_disap: 2"
+    )
     assert build_prompts.dataset_prompt(DISAP, "x", 2.5).endswith("\nB_disap: 2.5")
 
 
 def test_comparison_prompt_follows_the_dataset_prompt_it_refers_to():
     assert build_prompts.comparison_prompt(DISAP, "a failed exam") == (
-        DATASET_FILLED +
-        "\n\nGenerate a Stimuli based on (a failed exam), then generate the Q&A pair for "
+        DATASET_FILLED
+        + "\n\nGenerate a Stimuli based on (a failed exam), then generate the Q&A pair for "
         "psychological parameter B_disap (disappointment against expectations) in the same format "
         "as above."
     )
@@ -40,14 +49,16 @@ def test_comparison_prompt_follows_the_dataset_prompt_it_refers_to():
         DATASET_FILLED,
         "Generate a Stimuli based on (a failed exam), then generate the Q&A pair for "
         "psychological parameter B_disap (disappointment against expectations) in the same format "
-        "as above.")
+        "as above.",
+    )
 
 
 def test_topic_prompt_puts_the_seeds_in_as_a_json_list():
     assert build_prompts.topic_prompt(["a broken promise", "a \u201cgift\u201d"]) == (
         "Refer to the following topics as conceptual anchors. Generate as many psychologically or "
         "contextually related topics as possible while preserving thematic coherence:\n"
-        '["a broken promise", "a \u201cgift\u201d"]')
+        '["a broken promise", "a \u201cgift\u201d"]'
+    )
 
 
 def test_reasoning_prompt_fills_the_item_and_its_answer():
@@ -58,15 +69,18 @@ def test_reasoning_prompt_fills_the_item_and_its_answer():
         "\u2022 Do not include <think>or <answer>tags.\n"
         "\u2022 If it is a direct emotion prediction, use only a few words.\n"
         "\u2022 Generate reasoning for Stimuli: My brother cancelled.\nQuestion: How did I feel? "
-        "with the expected answer let down.")
+        "with the expected answer let down."
+    )
 
 
 def test_fill_is_one_pass_and_names_a_missing_field():
     # a description holding a placeholder's spelling is written as is, not filled again
-    odd = Variable("X_y", "see [range]", 1.0, 5.0, "emotional reactions", "specific emotions",
-                   "[topic]")
+    odd = Variable(
+        "X_y", "see [range]", 1.0, 5.0, "emotional reactions", "specific emotions", "[topic]"
+    )
     assert "parameter X_y (see [range]), with value range 1 to 5" in build_prompts.dataset_prompt(
-        odd, "s", 1.0)
+        odd, "s", 1.0
+    )
     assert "the concept of [topic]," in build_prompts.dataset_prompt(odd, "s", 1.0)
     with pytest.raises(KeyError, match=r"\[topic\]"):
         build_prompts.fill(build_prompts.COMPARISON_PROMPT, column_name="a", description="b")

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from psyrl.dataset.demo_data import FILES, demo_data_command, generate, load_templates, write
 from psyrl.core.records import SUBDIMENSIONS, load_benchmark, load_stimuliqa
+from psyrl.dataset.demo_data import FILES, demo_data_command, generate, load_templates, write
 
 SHIPPED = Path(__file__).resolve().parents[2] / "data" / "demo"
 
@@ -36,8 +36,9 @@ def test_shipped_files_equal_a_fresh_generation(tmp_path):
     assert result.exit_code == 0, result.output
     fresh, shipped = _bytes(tmp_path), _bytes(SHIPPED)
     for name in FILES:
-        assert shipped[name] == fresh[
-            name], f"data/demo/{name} drifted: run `psyrl demo-data --out data/demo --seed 0`"
+        assert shipped[name] == fresh[name], (
+            f"data/demo/{name} drifted: run `psyrl demo-data --out data/demo --seed 0`"
+        )
 
 
 def test_shipped_files_load_and_count():
@@ -47,14 +48,18 @@ def test_shipped_files_load_and_count():
     for name in FILES:
         text = (SHIPPED / name).read_text(encoding="utf-8")
         assert text.endswith("\n") and text.isascii(), name
-    assert (SHIPPED /
-            "README.md").read_text(encoding="utf-8").startswith("# data/demo: a SYNTHETIC")
+    assert (
+        (SHIPPED / "README.md").read_text(encoding="utf-8").startswith("# data/demo: a SYNTHETIC")
+    )
 
 
 def test_splits_do_not_overlap(demo):
     ids = [r.id for r in demo.train] + [r.id for r in demo.test] + [r.id for r in demo.mc]
-    texts = [r.stimuli for r in demo.train] + [r.stimuli
-                                               for r in demo.test] + [r.context for r in demo.mc]
+    texts = (
+        [r.stimuli for r in demo.train]
+        + [r.stimuli for r in demo.test]
+        + [r.context for r in demo.mc]
+    )
     assert len(set(ids)) == len(ids)
     assert len(set(texts)) == len(texts)
 
@@ -70,9 +75,7 @@ def test_records_are_complete(demo):
 
 def test_multiple_choice_items(demo):
     answers = {
-        v["code"]: {a["answer"]
-                    for a in v["answers"]}
-        for v in load_templates()["variables"]
+        v["code"]: {a["answer"] for a in v["answers"]} for v in load_templates()["variables"]
     }
     for r in demo.mc:
         assert r.benchmark == "demo" and r.task in SUBDIMENSIONS and len(r.options) == 4, r.id

@@ -45,17 +45,29 @@ HALVES_PINNED = ["eval", "selftrain", "eval", "eval", "eval", "selftrain"]
 
 
 def mc(item_id, options=FEELINGS, answer_index=0, task="t1", benchmark="toy", meta=None):
-    return BenchmarkRecord(item_id, benchmark, task, f"story {item_id}", "How does she feel?",
-                           tuple(options), answer_index, options[answer_index], meta or {})
+    return BenchmarkRecord(
+        item_id,
+        benchmark,
+        task,
+        f"story {item_id}",
+        "How does she feel?",
+        tuple(options),
+        answer_index,
+        options[answer_index],
+        meta or {},
+    )
 
 
 def test_f1_accuracy_hand_cases():
     # a clear winner; a two-way tie -> E; all options zero -> E; duplicate options -> E
-    assert option_scores("very happy", FEELINGS) == [1.0, 0.0, 0.0] and choice_of([1.0, 0.0, 0.0
-                                                                                   ]) == 0
+    assert (
+        option_scores("very happy", FEELINGS) == [1.0, 0.0, 0.0] and choice_of([1.0, 0.0, 0.0]) == 0
+    )
     assert option_scores("happy", FEELINGS) == [2 / 3, 0.0, 0.0]
-    assert option_scores("sad angry", FEELINGS) == [0.0, 2 / 3, 2 / 3] and choice_of(
-        [0.0, 2 / 3, 2 / 3]) is None
+    assert (
+        option_scores("sad angry", FEELINGS) == [0.0, 2 / 3, 2 / 3]
+        and choice_of([0.0, 2 / 3, 2 / 3]) is None
+    )
     assert choice_of(option_scores("nothing at all", FEELINGS)) is None
     assert choice_of(option_scores("calm", ["calm", "Calm!", "tense"])) is None
     # the data has such items: socialiqa/dev/0103 repeats an option text
@@ -63,11 +75,11 @@ def test_f1_accuracy_hand_cases():
 
 
 RESPONSES = [  # (record, response, tokens): the fixed fake responses of the table test
-    (mc("toy/a"), "<think>x</think><answer>very happy</answer>", 10),     # right, formatted
+    (mc("toy/a"), "<think>x</think><answer>very happy</answer>", 10),  # right, formatted
     # right by F1-accuracy, no think: format 0
     (mc("toy/b"), "<answer>happy</answer>", 20),
-    (mc("toy/c"), "<think>r</think><answer>sad angry</answer>", 30),      # tie -> E
-    (mc("toy/d"), "nothing", 40),                                         # all zero -> E, format 0
+    (mc("toy/c"), "<think>r</think><answer>sad angry</answer>", 30),  # tie -> E
+    (mc("toy/d"), "nothing", 40),  # all zero -> E, format 0
     # duplicates -> E
     (mc("toy/e", ("calm", "calm", "tense"), 2, "t2"), "<think>a</think><answer>calm</answer>", 50),
 ]
@@ -88,8 +100,20 @@ def test_score_response_fields():
     assert [r["format"] for r in rows] == [1.0, 0.0, 1.0, 0.0, 1.0]
     assert rows[2]["extracted"] == "sad angry" and rows[2]["option_f1"] == [0.0, 2 / 3, 2 / 3]
     assert set(rows[0]) == {
-        "id", "benchmark", "task", "index", "response", "extracted", "f1", "format", "tokens",
-        "finish", "mean_logprob", "option_f1", "choice", "correct"
+        "id",
+        "benchmark",
+        "task",
+        "index",
+        "response",
+        "extracted",
+        "f1",
+        "format",
+        "tokens",
+        "finish",
+        "mean_logprob",
+        "option_f1",
+        "choice",
+        "correct",
     }
 
 
@@ -97,54 +121,106 @@ def test_fake_responses_give_exactly_known_tables():
     results = aggregate(fake_rows())
     toy = results["toy"]
     assert toy["tasks"]["t1"] == {
-        "count": 4, "f1": pytest.approx(100 * (1 + 2 / 3) / 4), "accuracy": 50.0,
-        "not_applicable": 2, "format": 50.0, "length": 25.0
+        "count": 4,
+        "f1": pytest.approx(100 * (1 + 2 / 3) / 4),
+        "accuracy": 50.0,
+        "not_applicable": 2,
+        "format": 50.0,
+        "length": 25.0,
     }
     assert toy["tasks"]["t2"] == {
-        "count": 1, "f1": 0.0, "accuracy": 0.0, "not_applicable": 1, "format": 100.0, "length": 50.0
+        "count": 1,
+        "f1": 0.0,
+        "accuracy": 0.0,
+        "not_applicable": 1,
+        "format": 100.0,
+        "length": 50.0,
     }
-    assert {k: toy[k]
-            for k in ("count", "f1", "accuracy", "not_applicable", "format", "length")} == {
-                "count": 5, "f1": pytest.approx(100 / 3), "accuracy": 40.0, "not_applicable": 3,
-                "format": 60.0, "length": 30.0
-            }
+    assert {
+        k: toy[k] for k in ("count", "f1", "accuracy", "not_applicable", "format", "length")
+    } == {
+        "count": 5,
+        "f1": pytest.approx(100 / 3),
+        "accuracy": 40.0,
+        "not_applicable": 3,
+        "format": 60.0,
+        "length": 30.0,
+    }
     assert main_table(["m"], [results]).splitlines()[2] == "| m | 33.33 | 40.00 |"
     rows = task_table(results).splitlines()
     assert rows[2] == "| toy | (all) | 5 | 33.33 | 40.00 | 3 | 60.0 | 30.0 |"
     assert rows[3] == "| toy | t1 | 4 | 41.67 | 50.00 | 2 | 50.0 | 25.0 |"
     # a second run with one more right answer: deltas against the first
-    better = aggregate(fake_rows()[:4] + [
-        score_response(mc("toy/e", ("calm", "calm", "tense"), 2, "t2"), "toy",
-                       "<think>a</think><answer>tense</answer>", 50, "stop", -0.5, "cot")
-    ])
-    assert compare_markdown(
-        ["a", "b"], [results, better]).splitlines()[3] == "| b | 53.33 (+20.00) | 60.00 (+20.00) |"
+    better = aggregate(
+        fake_rows()[:4]
+        + [
+            score_response(
+                mc("toy/e", ("calm", "calm", "tense"), 2, "t2"),
+                "toy",
+                "<think>a</think><answer>tense</answer>",
+                50,
+                "stop",
+                -0.5,
+                "cot",
+            )
+        ]
+    )
+    assert (
+        compare_markdown(["a", "b"], [results, better]).splitlines()[3]
+        == "| b | 53.33 (+20.00) | 60.00 (+20.00) |"
+    )
 
 
 def test_stimuliqa_records_are_grouped_by_subdimension_without_accuracy():
     records = [
-        StimuliRecord("s/1", "I shouted.", "How did I feel?", "very angry", "B_anger",
-                      "emotional reactions", "specific emotions"),
-        StimuliRecord("s/2", "We won.", "Whom am I proud of?", "my team", "C_pcol",
-                      "emotional reactions", "targeted emotions")
+        StimuliRecord(
+            "s/1",
+            "I shouted.",
+            "How did I feel?",
+            "very angry",
+            "B_anger",
+            "emotional reactions",
+            "specific emotions",
+        ),
+        StimuliRecord(
+            "s/2",
+            "We won.",
+            "Whom am I proud of?",
+            "my team",
+            "C_pcol",
+            "emotional reactions",
+            "targeted emotions",
+        ),
     ]
     rows = [
-        score_response(records[0], "demo/test", "<think>x</think><answer>angry</answer>", 8, "stop",
-                       -1, "cot"),
-        score_response(records[1], "demo/test", "<answer>my team</answer>", 4, "stop", -1, "cot")
+        score_response(
+            records[0], "demo/test", "<think>x</think><answer>angry</answer>", 8, "stop", -1, "cot"
+        ),
+        score_response(records[1], "demo/test", "<answer>my team</answer>", 4, "stop", -1, "cot"),
     ]
-    assert rows[0]["task"] == "specific emotions" and rows[0]["correct"] is None and rows[0][
-        "f1"] == 2 / 3
+    assert (
+        rows[0]["task"] == "specific emotions"
+        and rows[0]["correct"] is None
+        and rows[0]["f1"] == 2 / 3
+    )
     results = aggregate(rows)
-    assert results["demo/test"]["accuracy"] is None and results["demo/test"][
-        "not_applicable"] is None
+    assert (
+        results["demo/test"]["accuracy"] is None and results["demo/test"]["not_applicable"] is None
+    )
     assert main_table(["m"], [results]) == ""
     table = stimuliqa_table(["m"], [results]).splitlines()
     assert table[2] == "| run | specific emotions | targeted emotions | overall F1 | format % | n |"
     assert table[4] == "| m | 66.67 | 100.00 | 83.33 | 50.00 | 2 |"
     settings = {
-        "model": "/x/hf", "prompt": "cot", "temperature": 0.5, "top_p": 0.99, "seed": 0,
-        "max_new_tokens": 8, "split": "all", "split_seed": 0, "limit": 0
+        "model": "/x/hf",
+        "prompt": "cot",
+        "temperature": 0.5,
+        "top_p": 0.99,
+        "seed": 0,
+        "max_new_tokens": 8,
+        "split": "all",
+        "split_seed": 0,
+        "limit": 0,
     }
     markdown = results_markdown("m", results, settings)
     assert "| m | 66.67 | 100.00 | 83.33 | 50.00 | 2 |" in markdown
@@ -155,16 +231,17 @@ def test_halves_partition_every_benchmark_and_limit_is_per_task():
     records = load_benchmark("data/benchmarks/bbh/test.jsonl")
     train = select_items(records, 0, "selftrain", seed=0)
     held = select_items(records, 0, "eval", seed=0)
-    assert {r.id
-            for r in train}.isdisjoint({r.id
-                                        for r in held}) and len(train) + len(held) == len(records)
+    assert {r.id for r in train}.isdisjoint({r.id for r in held}) and len(train) + len(held) == len(
+        records
+    )
     assert 0.4 < len(train) / len(records) < 0.6
     assert select_items(records, 0, "eval", seed=1) != held  # the split seed moves items
     # pinned: a change of the hash would silently move items between the halves of earlier runs
     assert [half_of(f"bbh/formal_fallacies/{i:04d}", 0) for i in range(1, 7)] == HALVES_PINNED
     limited = select_items(records, 5, "all", seed=0)
     assert sorted(r.task for r in limited) == sorted(
-        ["causal_judgement", "disambiguation_qa", "formal_fallacies"] * 5)
+        ["causal_judgement", "disambiguation_qa", "formal_fallacies"] * 5
+    )
     assert [r.id for r in limited] == [r.id for r in records if r in limited]  # file order
     # an item's selection does not depend on the others: the same 5 after shuffling the file
     shuffled = records[:]
@@ -184,13 +261,20 @@ def test_unknown_benchmark_lists_the_valid_ones():
 
 
 def test_bad_benchmark_line_is_reported_with_file_and_line(tmp_path):
-    lines = (tmp_path / "b.jsonl")
+    lines = tmp_path / "b.jsonl"
     good = {
-        "id": "x/1", "benchmark": "x", "task": "", "context": "c", "question": "q",
-        "options": ["a", "b"], "answer_index": 0, "answer": "a"
+        "id": "x/1",
+        "benchmark": "x",
+        "task": "",
+        "context": "c",
+        "question": "q",
+        "options": ["a", "b"],
+        "answer_index": 0,
+        "answer": "a",
     }
     lines.write_text(
-        json.dumps(good) + "\n" + json.dumps({**good, "id": "x/2", "answer_index": 5}) + "\n")
+        json.dumps(good) + "\n" + json.dumps({**good, "id": "x/2", "answer_index": 5}) + "\n"
+    )
     with pytest.raises(DataError, match=r"b\.jsonl:2: key 'answer_index': 5 is out of range"):
         resolve_sources([str(lines)], "data/benchmarks")
     lines.write_text(json.dumps(good) + "\n")
@@ -220,10 +304,10 @@ def label_case():
     texts = {
         # kept: very happy (confidence 1)
         "a": "<think>she smiles</think><answer>very happy</answer>",
-        "b": "<answer>very happy</answer>",                          # format invalid in cot mode
+        "b": "<answer>very happy</answer>",  # format invalid in cot mode
         # E tie at 2/3: kept, a seeded one of the two
         "c": "<think>hmm</think><answer>sad angry</answer>",
-        "d": "<think>hmm</think><answer>nothing</answer>",           # confidence 0
+        "d": "<think>hmm</think><answer>nothing</answer>",  # confidence 0
         # confidence exactly 0.4: not > tau
         "e": "<think>hmm</think><answer>happy one two three</answer>",
         # kept: sad (wrong by the gold, which is unused)
@@ -240,11 +324,18 @@ def test_self_label_keeps_exactly_the_expected_items():
     rows, records = label_case()
     kept, counts = self_label(rows, records, tau=0.4)
     assert counts == {
-        "predictions": 6, "kept": 3, "evaluation_only": 0, "no_context": 0, "format_invalid": 1,
-        "low_confidence": 2, "no_matching_option": 0
+        "predictions": 6,
+        "kept": 3,
+        "evaluation_only": 0,
+        "no_context": 0,
+        "format_invalid": 1,
+        "low_confidence": 2,
+        "no_matching_option": 0,
     }
-    assert [(r.id, r.answer) for r in kept][0::2] == [("self/toy/a", "very happy"),
-                                                      ("self/toy/f", "sad")]
+    assert [(r.id, r.answer) for r in kept][0::2] == [
+        ("self/toy/a", "very happy"),
+        ("self/toy/f", "sad"),
+    ]
     assert kept[1].id == "self/toy/c" and kept[1].answer in ("sad", "angry")
     assert kept[0].reasoning == "she smiles" and kept[0].stimuli == "story toy/a"
     assert kept[0].question == "How does she feel?" and kept[0].variable == "toy/t1"
@@ -259,8 +350,13 @@ def test_self_label_keeps_exactly_the_expected_items():
     # matching option
     kept_lp, counts_lp = self_label(rows, records, 0.4, confidence="logprob")
     assert counts_lp == {
-        "predictions": 6, "kept": 4, "evaluation_only": 0, "no_context": 0, "format_invalid": 1,
-        "low_confidence": 0, "no_matching_option": 1
+        "predictions": 6,
+        "kept": 4,
+        "evaluation_only": 0,
+        "no_context": 0,
+        "format_invalid": 1,
+        "low_confidence": 0,
+        "no_matching_option": 1,
     }
     assert self_label(rows, records, 0.6, confidence="logprob")[1]["kept"] == 0
     # an --engine openai run has no log-probs: f1 works on it, logprob is refused by name
@@ -282,8 +378,9 @@ def test_self_labelled_file_loads_as_sft_data(tmp_path):
 
 def test_paper_option_benchmarks_keep_their_options_in_the_self_labelled_question():
     record = mc("socialiqa/x", benchmark="socialiqa")
-    row = score_response(record, "socialiqa", "<think>t</think><answer>sad</answer>", 3, "stop",
-                         -1.0, "cot")
+    row = score_response(
+        record, "socialiqa", "<think>t</think><answer>sad</answer>", 3, "stop", -1.0, "cot"
+    )
     kept, _ = self_label([row], {record.id: record})
     assert kept[0].question == "How does she feel?\nA. very happy\nB. sad\nC. angry"
 
@@ -291,11 +388,13 @@ def test_paper_option_benchmarks_keep_their_options_in_the_self_labelled_questio
 def test_self_label_leaves_out_tombench_and_items_without_a_context():
     records = [
         mc("tombench/x", benchmark="tombench"),
-        BenchmarkRecord("toy/empty", "toy", "t1", "", "How?", FEELINGS, 0, FEELINGS[0])
+        BenchmarkRecord("toy/empty", "toy", "t1", "", "How?", FEELINGS, 0, FEELINGS[0]),
     ]
     rows = [
-        score_response(r, r.benchmark, "<think>t</think><answer>sad</answer>", 3, "stop", -1.0,
-                       "cot") for r in records
+        score_response(
+            r, r.benchmark, "<think>t</think><answer>sad</answer>", 3, "stop", -1.0, "cot"
+        )
+        for r in records
     ]
     by_id = {r.id: r for r in records}
     kept, counts = self_label(rows, by_id)
@@ -306,8 +405,11 @@ def test_self_label_leaves_out_tombench_and_items_without_a_context():
 
 def uot_row(index, f1, tokens):
     return {
-        "benchmark": "tombench", "task": "Unexpected Outcome Test", "index": index, "f1": f1,
-        "tokens": tokens
+        "benchmark": "tombench",
+        "task": "Unexpected Outcome Test",
+        "index": index,
+        "f1": f1,
+        "tokens": tokens,
     }
 
 
@@ -317,15 +419,18 @@ def test_rq5_lengths_count_only_non_zero_f1_samples(tmp_path):
         uot_row(1, 0.0, 99),
         uot_row(2, 0.2, 30),
         uot_row(2, 1.0, 50),
-        uot_row(3, 0.0, 7), {**uot_row(1, 1.0, 5), "task": "False Belief Task"}
+        uot_row(3, 0.0, 7),
+        {**uot_row(1, 1.0, 5), "task": "False Belief Task"},
     ]
     lengths, items = lengths_by_index(rows)
     assert lengths == {1: [10], 2: [30, 50], 3: []} and items == {1: 2, 2: 2, 3: 1}
-    table = counts_markdown(["base", "bilateral"], [(lengths, items),
-                                                    (lengths, items)]).splitlines()
+    table = counts_markdown(
+        ["base", "bilateral"], [(lengths, items), (lengths, items)]
+    ).splitlines()
     assert table[2] == "| base | 1 / 2 (10) | 2 / 2 (40) | 0 / 1 (-) | 3 |"
-    out = plot_lengths(["base", "bilateral"], [(lengths, items), (lengths, items)],
-                       tmp_path / "fig6.png")
+    out = plot_lengths(
+        ["base", "bilateral"], [(lengths, items), (lengths, items)], tmp_path / "fig6.png"
+    )
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(EvalError, match="no Unexpected Outcome Test item"):
         lengths_by_index(rows[-1:])

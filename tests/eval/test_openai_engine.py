@@ -20,17 +20,31 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from psyrl.eval.benchmarks import item_seed, resolve_sources, select_items
 from psyrl.cli.commands import evaluate as evaluate_command
+from psyrl.eval.benchmarks import item_seed, resolve_sources, select_items
 
 KEY = "sk-test-4f1c9e0b7a2d"  # the value no file or message may hold
 BENCHMARK = "data/demo/mc.jsonl"
-IDS = [r.id for s in resolve_sources([BENCHMARK], ".")
-       for r in select_items(s.records, 2, "all", 0)]
+IDS = [
+    r.id for s in resolve_sources([BENCHMARK], ".") for r in select_items(s.records, 2, "all", 0)
+]
 SEED_TO_ID = {item_seed(0, i): i for i in IDS}
 FIELDS = {
-    "id", "benchmark", "task", "index", "prompt", "response", "extracted", "f1", "format", "tokens",
-    "finish", "mean_logprob", "option_f1", "choice", "correct"
+    "id",
+    "benchmark",
+    "task",
+    "index",
+    "prompt",
+    "response",
+    "extracted",
+    "f1",
+    "format",
+    "tokens",
+    "finish",
+    "mean_logprob",
+    "option_f1",
+    "choice",
+    "correct",
 }
 # what the stub does with the first attempt of an item, by its seed mod 5; later attempts answer
 FIRST_ATTEMPT = {0: "429", 1: "500", 2: "malformed", 3: "hang", 4: "ok"}
@@ -68,8 +82,9 @@ class Stub:
             what = self.plan(seed, attempt, sum(self.answered.values()))
             if what == "ok":
                 self.answered[seed] += 1
-            self.log.append((seed, attempt, what, time.monotonic(),
-                             handler.headers.get("Authorization")))
+            self.log.append(
+                (seed, attempt, what, time.monotonic(), handler.headers.get("Authorization"))
+            )
         if what == "ok":
             return reply(handler, 200, completion(body))
         if what == "429":
@@ -81,8 +96,12 @@ class Stub:
         if what == "400":
             return reply(handler, 400, {"error": {"message": "this model does not exist"}})
         if what == "redirect":  # a misconfigured proxy: the key must not follow it
-            return reply(handler, 307, {"error": "moved"},
-                         {"Location": "http://evil.example/v1/chat/completions"})
+            return reply(
+                handler,
+                307,
+                {"error": "moved"},
+                {"Location": "http://evil.example/v1/chat/completions"},
+            )
         if what == "401_long":  # the key straddles the 200-character cut
             return reply(handler, 401, {"error": "x" * 180 + handler.headers["Authorization"]})
         if what == "401":  # echoes the header, as a debugging proxy might
@@ -112,11 +131,19 @@ def completion(body: dict) -> dict:
     digest = int(hashlib.sha256(content.encode()).hexdigest(), 16)
     words = content.split("Question:")[1].split()
     text = f"<think>the cue {digest % 97}</think><answer>{words[digest % len(words)]}</answer>"
-    return {"id": "x", "object": "chat.completion", "model": body["model"],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": len(text.split()),
-                      "total_tokens": 10 + len(text.split())}}
+    return {
+        "id": "x",
+        "object": "chat.completion",
+        "model": body["model"],
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+        ],
+        "usage": {
+            "prompt_tokens": 10,
+            "completion_tokens": len(text.split()),
+            "total_tokens": 10 + len(text.split()),
+        },
+    }
 
 
 def reply(handler, status: int, payload, headers=None):
@@ -151,10 +178,30 @@ def stub(request):
 
 
 def args(url: str, out: Path, *extra) -> list[str]:
-    return ["--engine", "openai", "--base-url", url, "--api-model", "stub-model", "--benchmarks",
-            BENCHMARK, "--limit", "2", "--out", str(out), "--concurrency", "4",
-            "--request-timeout", str(TIMEOUT), "--retry-wait", "0.01", "--max-new-tokens", "32",
-            "--no-progress", *extra]
+    return [
+        "--engine",
+        "openai",
+        "--base-url",
+        url,
+        "--api-model",
+        "stub-model",
+        "--benchmarks",
+        BENCHMARK,
+        "--limit",
+        "2",
+        "--out",
+        str(out),
+        "--concurrency",
+        "4",
+        "--request-timeout",
+        str(TIMEOUT),
+        "--retry-wait",
+        "0.01",
+        "--max-new-tokens",
+        "32",
+        "--no-progress",
+        *extra,
+    ]
 
 
 def invoke(*argv, env=None):
@@ -247,13 +294,19 @@ def test_a_killed_run_resumes_with_only_the_missing_items(stub, tmp_path, refere
     out = tmp_path / "eval"
     command = [sys.executable, "evaluate.py", *args(server.url, out)]
     command[command.index("--request-timeout") + 1] = "60"
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               env={**os.environ, "OPENAI_API_KEY": KEY})
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OPENAI_API_KEY": KEY},
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not (
-                (out / "predictions.jsonl").is_file() and len(rows(out)) == 3
-                and sum(1 for e in server.log if e[2] == "hang_until_released") >= 2):
+            (out / "predictions.jsonl").is_file()
+            and len(rows(out)) == 3
+            and sum(1 for e in server.log if e[2] == "hang_until_released") >= 2
+        ):
             assert process.poll() is None, process.stdout.read().decode()[-2000:]
             time.sleep(0.05)
         process.send_signal(signal.SIGKILL)
@@ -343,16 +396,19 @@ def unused_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("changes,env,message", [
-    ({"--api-model": ""}, {}, "--engine openai needs --api-model NAME"),
-    ({"--base-url": "localhost:8000/v1"}, {}, "--base-url must be an http(s) URL"),
-    ({"--base-url": "ftp://example.com/v1"}, {}, "--base-url must be an http(s) URL"),
-    ({"--model": "runs/x/hf"}, {}, "--model is a local checkpoint"),
-    ({"--concurrency": "0"}, {}, "Invalid value for '--concurrency'"),
-    ({"--request-timeout": "0"}, {}, "Invalid value for '--request-timeout'"),
-    ({}, {"WORLD_SIZE": "2"}, "--engine openai runs in one process (WORLD_SIZE=2)"),
-    ({"--api-key-env": KEY}, {}, "takes the NAME of an environment variable"),
-])
+@pytest.mark.parametrize(
+    "changes,env,message",
+    [
+        ({"--api-model": ""}, {}, "--engine openai needs --api-model NAME"),
+        ({"--base-url": "localhost:8000/v1"}, {}, "--base-url must be an http(s) URL"),
+        ({"--base-url": "ftp://example.com/v1"}, {}, "--base-url must be an http(s) URL"),
+        ({"--model": "runs/x/hf"}, {}, "--model is a local checkpoint"),
+        ({"--concurrency": "0"}, {}, "Invalid value for '--concurrency'"),
+        ({"--request-timeout": "0"}, {}, "Invalid value for '--request-timeout'"),
+        ({}, {"WORLD_SIZE": "2"}, "--engine openai runs in one process (WORLD_SIZE=2)"),
+        ({"--api-key-env": KEY}, {}, "takes the NAME of an environment variable"),
+    ],
+)
 def test_bad_options_are_refused_before_anything_is_written(tmp_path, changes, env, message):
     argv = args("http://127.0.0.1:9/v1", tmp_path / "eval")
     for flag, value in changes.items():
@@ -370,7 +426,8 @@ def test_bad_options_are_refused_before_anything_is_written(tmp_path, changes, e
 def test_the_openai_options_need_the_openai_engine(tmp_path):
     result = invoke("--model", str(tmp_path), "--base-url", "http://127.0.0.1:9/v1")
     assert result.exit_code == 2 and "--base-url and --api-model go with --engine openai" in (
-        result.output)
+        result.output
+    )
 
 
 def test_an_unreachable_server_is_one_message(tmp_path):

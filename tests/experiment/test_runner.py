@@ -56,8 +56,9 @@ def printed_model(experiment, unit) -> str:
     if target is None:
         return shlex.quote(unit.run.model)
     directory = unit_dir(experiment, target, unit.seed if target.seeds else None)
-    return f"$(psyrl select-checkpoint {directory} --rule {rule})" if rule \
-        else str(directory / "hf")
+    return (
+        f"$(psyrl select-checkpoint {directory} --rule {rule})" if rule else str(directory / "hf")
+    )
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
@@ -76,18 +77,24 @@ def test_dry_run_of_shipped_experiments(tmp_path, path):
         match = HEADER.match(lines[cursor])
         assert match, lines[cursor]
         assert (match[1], None if match[2] is None else int(match[2])) == unit.key
-        whats = {"sft": ["train", "evaluate"], "tgrpo": ["train", "evaluate"],
-                 "evaluate": ["evaluate"], "psyrl": ["psyrl"]}[unit.run.kind]
+        whats = {
+            "sft": ["train", "evaluate"],
+            "tgrpo": ["train", "evaluate"],
+            "evaluate": ["evaluate"],
+            "psyrl": ["psyrl"],
+        }[unit.run.kind]
         if unit.run.kind in ("sft", "tgrpo") and not unit.run.evaluate:
             whats = ["train"]
         assert match[3] == ", ".join(whats)
-        commands = dict(zip(whats, lines[cursor + 1:cursor + 1 + len(whats)]))
+        commands = dict(zip(whats, lines[cursor + 1 : cursor + 1 + len(whats)]))
         cursor += 1 + len(whats)
         seeded = unit.seed is not None
         ranks = unit.run.nproc or (1 if unit.run.kind == "psyrl" else experiment.nproc)
         if ranks > 1:
-            launcher = f"--standalone --nproc_per_node {ranks} " \
+            launcher = (
+                f"--standalone --nproc_per_node {ranks} "
                 f"{shlex.join(experiment.torchrun_args)} -m psyrl".replace("  ", " ")
+            )
         else:
             launcher = f"{sys.executable} -m psyrl"
         if "train" in commands:
@@ -126,53 +133,80 @@ def test_dry_run_of_shipped_experiments(tmp_path, path):
                 assert commands["psyrl"] == shlex.join([sys.executable, "-m", "psyrl", *args])
             else:
                 assert launcher in commands["psyrl"] and commands["psyrl"].endswith(
-                    shlex.join(args))
+                    shlex.join(args)
+                )
     assert cursor == len(lines)
 
 
 def test_dry_run_of_unfinished_rule_reference(tmp_path):
     path = tmp_path / "e.toml"
-    path.write_text('[evaluate]\nbenchmarks = ["data/demo/test.jsonl"]\n'
-                    '[runs.sft]\nkind = "sft"\nconfig = "configs/sft/tiny.toml"\nseeds = [0, 1]\n'
-                    '[runs.tg]\nkind = "tgrpo"\nconfig = "configs/tgrpo/tiny.toml"\n'
-                    'model = "sft@median"\nseeds = [0, 1]\n'
-                    '[runs.ev]\nkind = "evaluate"\nmodel = "sft@best"\nseeds = [1]\n')
+    path.write_text(
+        '[evaluate]\nbenchmarks = ["data/demo/test.jsonl"]\n'
+        '[runs.sft]\nkind = "sft"\nconfig = "configs/sft/tiny.toml"\nseeds = [0, 1]\n'
+        '[runs.tg]\nkind = "tgrpo"\nconfig = "configs/tgrpo/tiny.toml"\n'
+        'model = "sft@median"\nseeds = [0, 1]\n'
+        '[runs.ev]\nkind = "evaluate"\nmodel = "sft@best"\nseeds = [1]\n'
+    )
     result = invoke(path, "--dry-run", "--output-dir", tmp_path / "out")
     assert result.exit_code == 0, result.output
     root = tmp_path / "out" / "e"
     # each seed of tg reads its own seed of sft, chosen when sft has finished
     for seed in (0, 1):
-        assert f"model.path=$(psyrl select-checkpoint {root / f'sft-seed{seed}'} --rule median)" \
+        assert (
+            f"model.path=$(psyrl select-checkpoint {root / f'sft-seed{seed}'} --rule median)"
             in result.output
+        )
     evaluate = next(line for line in result.output.splitlines() if f"{root / 'ev-seed1'}" in line)
     argv = shlex.split(evaluate)
-    assert argv[argv.index("--model") + 1] == \
-        f"$(psyrl select-checkpoint {root / 'sft-seed1'} --rule best)"
+    assert (
+        argv[argv.index("--model") + 1]
+        == f"$(psyrl select-checkpoint {root / 'sft-seed1'} --rule best)"
+    )
     assert "--seed" in argv and argv[argv.index("--seed") + 1] == "1"
 
 
 def test_dry_run_trainer_command_with_rule_is_valid_shell(tmp_path):
     path = tmp_path / "e.toml"
-    path.write_text('[evaluate]\nbenchmarks = ["data/demo/test.jsonl"]\n'
-                    '[runs.sft]\nkind = "sft"\nconfig = "configs/sft/tiny.toml"\n'
-                    '[runs.tg]\nkind = "tgrpo"\nconfig = "configs/tgrpo/tiny.toml"\n'
-                    'model = "sft@median"\n')
+    path.write_text(
+        '[evaluate]\nbenchmarks = ["data/demo/test.jsonl"]\n'
+        '[runs.sft]\nkind = "sft"\nconfig = "configs/sft/tiny.toml"\n'
+        '[runs.tg]\nkind = "tgrpo"\nconfig = "configs/tgrpo/tiny.toml"\n'
+        'model = "sft@median"\n'
+    )
     result = invoke(path, "--dry-run", "--output-dir", tmp_path / "out")
     train = next(line for line in result.output.splitlines() if "train-tgrpo" in line)
     argv = shlex.split(train)  # ValueError: No closing quotation
-    assert "model.path=$(psyrl select-checkpoint " \
+    assert (
+        "model.path=$(psyrl select-checkpoint "
         f"{tmp_path / 'out' / 'e' / 'sft'} --rule median)" in set_values(argv)
+    )
 
 
 def test_dry_run_options(tmp_path):
     tiny = REPO / "experiments" / "table2-tiny.toml"
-    result = invoke(tiny, "--dry-run", "--output-dir", tmp_path, "--seeds", "0", "--nproc", "1",
-                    "--limit", "5", "--set", "run.steps=1", "--only", "bilateral")
+    result = invoke(
+        tiny,
+        "--dry-run",
+        "--output-dir",
+        tmp_path,
+        "--seeds",
+        "0",
+        "--nproc",
+        "1",
+        "--limit",
+        "5",
+        "--set",
+        "run.steps=1",
+        "--only",
+        "bilateral",
+    )
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     # --only bilateral pulls in what it reads: instruct; --seeds 0: one seed
     assert [line for line in lines if line.startswith("# ")] == [
-        "# instruct: train", "# bilateral (seed 0): train, evaluate"]
+        "# instruct: train",
+        "# bilateral (seed 0): train, evaluate",
+    ]
     commands = [shlex.split(line) for line in lines if not line.startswith("# ")]
     assert all(c[:3] == [sys.executable, "-m", "psyrl"] for c in commands)  # --nproc 1
     instruct, bilateral, evaluate = commands
@@ -196,8 +230,9 @@ BAD_OPTIONS = [
 ]
 
 
-@pytest.mark.parametrize("options,option,fragment", BAD_OPTIONS,
-                         ids=[" ".join(o[0]) for o in BAD_OPTIONS])
+@pytest.mark.parametrize(
+    "options,option,fragment", BAD_OPTIONS, ids=[" ".join(o[0]) for o in BAD_OPTIONS]
+)
 def test_bad_option_is_a_one_line_error(tmp_path, options, option, fragment):
     tiny = REPO / "experiments" / "table2-tiny.toml"
     result = invoke(tiny, "--dry-run", "--output-dir", tmp_path, *options)
@@ -221,8 +256,10 @@ def test_bad_file_is_a_one_line_error(tmp_path):
     result = invoke(path, "--dry-run")
     assert result.exit_code == 1
     assert "Traceback" not in result.output
-    assert result.output.strip() == f"Error: {path}:2: run 'a': kind must be one of sft, tgrpo, " \
+    assert (
+        result.output.strip() == f"Error: {path}:2: run 'a': kind must be one of sft, tgrpo, "
         "evaluate, psyrl, got 'dpo'"
+    )
 
 
 # ---------------------------------------------------------------- what is left to run
@@ -274,8 +311,9 @@ def touch(path: Path, text: str = "{}") -> None:
     path.write_text(text)
 
 
-def checkpoint(run_dir: Path, step: int, f1: float | None = None, resumable: bool = True,
-               complete: bool = True) -> Path:
+def checkpoint(
+    run_dir: Path, step: int, f1: float | None = None, resumable: bool = True, complete: bool = True
+) -> Path:
     """A fake checkpoints/step-N: a manifest (file sizes, resumable) and its files."""
     directory = run_dir / "checkpoints" / f"step-{step}"
     touch(directory / "state" / "x.distcp", "abc")
@@ -376,9 +414,22 @@ def test_psyrl_unit_placeholders_and_creates(small):
     unit = units[("report", 0)]
     tg, ev = units[("tg", 0)], units[("ev", 0)]
     todo = left(experiment, unit)
-    assert todo == [("psyrl", [sys.executable, "-m", "psyrl", "summary", str(tg.dir),
-                               str(tg.dir / "eval"), str(ev.dir), "--out",
-                               f"{unit.dir}/summary.md"])]
+    assert todo == [
+        (
+            "psyrl",
+            [
+                sys.executable,
+                "-m",
+                "psyrl",
+                "summary",
+                str(tg.dir),
+                str(tg.dir / "eval"),
+                str(ev.dir),
+                "--out",
+                f"{unit.dir}/summary.md",
+            ],
+        )
+    ]
     touch(unit.dir / "summary.md", "done")
     assert left(experiment, unit) == []
 
@@ -413,13 +464,16 @@ def test_a_finished_run_of_other_settings_is_refused(tmp_path):
     # a 1-step check's run must not stand in a full table: the settings each unit ran with are
     # kept in experiment.json and a different invocation is refused before anything runs
     path = tmp_path / "e.toml"
-    path.write_text('[runs.data]\nkind = "psyrl"\nargs = ["demo-data", "--out", "{dir}"]\n'
-                    'creates = "train.jsonl"\n')
+    path.write_text(
+        '[runs.data]\nkind = "psyrl"\nargs = ["demo-data", "--out", "{dir}"]\n'
+        'creates = "train.jsonl"\n'
+    )
     root = tmp_path / "runs" / "e"
     (root / "data").mkdir(parents=True)
     (root / "data" / "train.jsonl").write_text("{}\n")
-    (root / "experiment.json").write_text(json.dumps(
-        {"_settings": {"data": {"set": ["run.steps=1"], "eval": []}}}))
+    (root / "experiment.json").write_text(
+        json.dumps({"_settings": {"data": {"set": ["run.steps=1"], "eval": []}}})
+    )
     result = invoke(path, "--output-dir", tmp_path / "runs")
     assert result.exit_code == 1, result.output
     assert "ran with --set ['run.steps=1']" in result.output
@@ -430,8 +484,10 @@ def test_a_finished_run_of_other_settings_is_refused(tmp_path):
 
 def test_a_psyrl_run_that_writes_no_creates_file_stops_the_experiment(tmp_path):
     path = tmp_path / "e.toml"
-    path.write_text('[runs.data]\nkind = "psyrl"\nargs = ["demo-data", "--out", "{dir}"]\n'
-                    'creates = "nothing.jsonl"\n')
+    path.write_text(
+        '[runs.data]\nkind = "psyrl"\nargs = ["demo-data", "--out", "{dir}"]\n'
+        'creates = "nothing.jsonl"\n'
+    )
     result = invoke(path, "--output-dir", tmp_path / "runs")
     assert result.exit_code == 1
     assert "exited 0 but wrote no" in result.output and "nothing.jsonl" in result.output

@@ -84,7 +84,7 @@ def _quantile_mc_sd(sigma: float, resamples: int) -> float:
     normal distribution with sd `sigma`: sqrt(p (1 - p) / B) / f(q), f(q) = phi(1.96) / sigma
     (the asymptotic variance of a sample quantile)."""
     p = (1 - LEVEL) / 2
-    density = math.exp(-1.96 ** 2 / 2) / math.sqrt(2 * math.pi) / sigma  # 0.0584 / sigma
+    density = math.exp(-(1.96**2) / 2) / math.sqrt(2 * math.pi) / sigma  # 0.0584 / sigma
     return math.sqrt(p * (1 - p) / resamples) / density  # = 2.67 sigma / sqrt(B)
 
 
@@ -97,7 +97,7 @@ def test_one_seed_matches_a_plain_numpy_percentile_bootstrap():
     means = np.empty(b_ref)
     for start in range(0, b_ref, 50_000):  # chunks keep the index array at 16 MB
         draws = rng.integers(0, len(data), size=(50_000, len(data)))  # [50000, 40]
-        means[start:start + 50_000] = data[draws].mean(axis=1)
+        means[start : start + 50_000] = data[draws].mean(axis=1)
     ref_low, ref_high = np.percentile(means, [2.5, 97.5])
     ours = bootstrap({0: data.tolist()}, resamples=b_ours, seed=5)
     assert ours.mean == pytest.approx(data.mean(), abs=1e-15)

@@ -66,16 +66,36 @@ rows = ["a", "b"]
 # item id -> (task, f1, correct) on benchmark x; items 1, 2 (task T1) are multiple choice,
 # items 3, 4 (task T2) free text (correct None)
 PREDICTIONS = {
-    ("a", 0): {1: ("T1", 1.0, True), 2: ("T1", 0.0, False), 3: ("T2", 0.5, None),
-               4: ("T2", 0.5, None)},
-    ("a", 1): {1: ("T1", 1.0, True), 2: ("T1", 1.0, True), 3: ("T2", 0.0, None),
-               4: ("T2", 0.5, None)},
-    ("b", 0): {1: ("T1", 0.5, False), 2: ("T1", 0.0, False), 3: ("T2", 0.5, None),
-               4: ("T2", 0.0, None)},
-    ("b", 1): {1: ("T1", 0.5, True), 2: ("T1", 0.5, False), 3: ("T2", 0.0, None),
-               4: ("T2", 0.0, None)},
-    ("c", None): {1: ("T1", 0.0, False), 2: ("T1", 0.0, True), 3: ("T2", 1.0, None),
-                  4: ("T2", 1.0, None)},
+    ("a", 0): {
+        1: ("T1", 1.0, True),
+        2: ("T1", 0.0, False),
+        3: ("T2", 0.5, None),
+        4: ("T2", 0.5, None),
+    },
+    ("a", 1): {
+        1: ("T1", 1.0, True),
+        2: ("T1", 1.0, True),
+        3: ("T2", 0.0, None),
+        4: ("T2", 0.5, None),
+    },
+    ("b", 0): {
+        1: ("T1", 0.5, False),
+        2: ("T1", 0.0, False),
+        3: ("T2", 0.5, None),
+        4: ("T2", 0.0, None),
+    },
+    ("b", 1): {
+        1: ("T1", 0.5, True),
+        2: ("T1", 0.5, False),
+        3: ("T2", 0.0, None),
+        4: ("T2", 0.0, None),
+    },
+    ("c", None): {
+        1: ("T1", 0.0, False),
+        2: ("T1", 0.0, True),
+        3: ("T2", 1.0, None),
+        4: ("T2", 1.0, None),
+    },
 }
 # and one item of benchmark y per seed of a (left out of the tables of benchmark x)
 EXTRA_Y = {("a", 0): (7, "T3", 1.0), ("a", 1): (7, "T3", 1.0)}
@@ -83,16 +103,29 @@ EXTRA_Y = {("a", 0): (7, "T3", 1.0), ("a", 1): (7, "T3", 1.0)}
 
 def row(benchmark: str, item: int, task: str, f1: float, correct) -> dict:
     """A predictions.jsonl row as evaluate.py writes it (psyrl.eval.benchmarks.score_response)."""
-    return {"id": str(item), "benchmark": benchmark, "task": task, "index": None,
-            "response": "r", "extracted": "e", "f1": f1, "format": 1.0, "tokens": 5,
-            "finish": "stop", "mean_logprob": -1.0, "option_f1": None, "choice": None,
-            "correct": correct}
+    return {
+        "id": str(item),
+        "benchmark": benchmark,
+        "task": task,
+        "index": None,
+        "response": "r",
+        "extracted": "e",
+        "f1": f1,
+        "format": 1.0,
+        "tokens": 5,
+        "finish": "stop",
+        "mean_logprob": -1.0,
+        "option_f1": None,
+        "choice": None,
+        "correct": correct,
+    }
 
 
 def write_evaluation(directory: Path, rows: list[dict], finished: bool = True) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "predictions.jsonl").write_text(
-        "".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        "".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8"
+    )
     if finished:
         (directory / "results.json").write_text("{}")
 
@@ -122,8 +155,10 @@ def test_f1_cells_by_task(experiment):
     table = build_table(experiment, experiment.tables[0], plan(experiment))
     assert table["columns"] == ["T1", "T2", ALL]  # first seen, then all items
     assert (table["title"], table["metric"], table["note"]) == ("F1 by task", "f1", "a note")
-    mean = {run: {c: (cell and cell["mean"]) for c, cell in cells_of(table, run).items()}
-            for run in "abcd"}
+    mean = {
+        run: {c: (cell and cell["mean"]) for c, cell in cells_of(table, run).items()}
+        for run in "abcd"
+    }
     # F1 x 100; a cell is the mean over seeds of the mean over the column's items
     # a: T1 seed 0 (100 + 0) / 2 = 50, seed 1 (100 + 100) / 2 = 100 -> 75
     #    T2 seed 0 (50 + 50) / 2 = 50, seed 1 (0 + 50) / 2 = 25     -> 37.5
@@ -139,17 +174,31 @@ def test_f1_cells_by_task(experiment):
     # d never finished an evaluation: no cells
     assert mean["d"] == {"T1": None, "T2": None, ALL: None}
     # equal scores give a zero-width interval: c's T1 and T2
-    assert cells_of(table, "c")["T1"] == {"mean": 0.0, "low": 0.0, "high": 0.0, "seeds": 1,
-                                          "items": 2}
-    assert cells_of(table, "c")["T2"] == {"mean": 100.0, "low": 100.0, "high": 100.0,
-                                          "seeds": 1, "items": 2}
+    assert cells_of(table, "c")["T1"] == {
+        "mean": 0.0,
+        "low": 0.0,
+        "high": 0.0,
+        "seeds": 1,
+        "items": 2,
+    }
+    assert cells_of(table, "c")["T2"] == {
+        "mean": 100.0,
+        "low": 100.0,
+        "high": 100.0,
+        "seeds": 1,
+        "items": 2,
+    }
     # counts, and intervals that hold the mean inside [0, 100]
     assert cells_of(table, "a")[ALL]["seeds"] == 2 and cells_of(table, "a")[ALL]["items"] == 4
     for run in "abc":
         for cell in cells_of(table, run).values():
             assert 0 <= cell["low"] <= cell["mean"] <= cell["high"] <= 100
     assert [(r["run"], r["label"], r["seeds"]) for r in table["rows"]] == [
-        ("a", "A", [0, 1]), ("b", "B", [0, 1]), ("c", "c", []), ("d", "d", [])]
+        ("a", "A", [0, 1]),
+        ("b", "B", [0, 1]),
+        ("c", "c", []),
+        ("d", "d", []),
+    ]
 
 
 def test_delta_rows_and_comparisons(experiment):
@@ -203,15 +252,21 @@ def test_table_markdown(experiment):
     table = build_table(experiment, experiment.tables[0], plan(experiment))
     text = table_markdown(table)
     lines = text.splitlines()
-    assert lines[:5] == ["## F1 by task", "", "a note", "",
-                         "F1 ×100: mean over seeds [95 % bootstrap interval over seeds and "
-                         "items]."]
+    assert lines[:5] == [
+        "## F1 by task",
+        "",
+        "a note",
+        "",
+        "F1 ×100: mean over seeds [95 % bootstrap interval over seeds and items].",
+    ]
     assert "| run | T1 | T2 | all items |" in lines
     assert "| --- | ---: | ---: | ---: |" in lines
     cell = lambda c: f"{c['mean']:.1f} [{c['low']:.1f}, {c['high']:.1f}]"  # noqa: E731
     a = cells_of(table, "a")
-    assert f"| A (2 seeds) | 75.0 [{a['T1']['low']:.1f}, {a['T1']['high']:.1f}] | " \
+    assert (
+        f"| A (2 seeds) | 75.0 [{a['T1']['low']:.1f}, {a['T1']['high']:.1f}] | "
         f"{cell(a['T2'])} | 56.2 [{a[ALL]['low']:.1f}, {a[ALL]['high']:.1f}] |" in lines
+    )
     c_all = cell(cells_of(table, "c")[ALL])
     assert f"| c (1 run) | 0.0 [0.0, 0.0] | 100.0 [100.0, 100.0] | {c_all} |" in lines
     assert "| d (not run yet) | – | – | – |" in lines
@@ -226,15 +281,18 @@ def test_table_markdown(experiment):
 def test_markdown_of_a_single_seed_and_of_accuracy(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     path = tmp_path / "one.toml"
-    path.write_text('[evaluate]\nbenchmarks = ["x.jsonl"]\n[runs.e]\nkind = "evaluate"\n'
-                    'model = "m"\nseeds = [0, 1]\n[[tables]]\nrows = ["e"]\n'
-                    'metric = "accuracy"\n')
+    path.write_text(
+        '[evaluate]\nbenchmarks = ["x.jsonl"]\n[runs.e]\nkind = "evaluate"\n'
+        'model = "m"\nseeds = [0, 1]\n[[tables]]\nrows = ["e"]\n'
+        'metric = "accuracy"\n'
+    )
     experiment = load_experiment(path, str(tmp_path / "runs"))
     units = {u.key: u for u in plan(experiment)}
     # only seed 1 finished: [True, True, False] -> 66.7 %
-    write_evaluation(units[("e", 1)].eval_dir, [row(X, 1, "T", 1.0, True),
-                                                row(X, 2, "T", 1.0, True),
-                                                row(X, 3, "T", 0.0, False)])
+    write_evaluation(
+        units[("e", 1)].eval_dir,
+        [row(X, 1, "T", 1.0, True), row(X, 2, "T", 1.0, True), row(X, 3, "T", 0.0, False)],
+    )
     table = build_table(experiment, experiment.tables[0], plan(experiment))
     text = table_markdown(table)
     assert text.startswith("## table 1\n\naccuracy %: mean over seeds")
@@ -242,17 +300,29 @@ def test_markdown_of_a_single_seed_and_of_accuracy(tmp_path, monkeypatch):
 
 
 def test_tables_only_writes_results(experiment):
-    result = CliRunner().invoke(experiment_command, [
-        str(experiment.path), "--tables-only", "--output-dir", str(experiment.output_dir)])
+    result = CliRunner().invoke(
+        experiment_command,
+        [str(experiment.path), "--tables-only", "--output-dir", str(experiment.output_dir)],
+    )
     assert result.exit_code == 0, result.output
     out = experiment.results_dir
     assert out == experiment.path.parent / "tbl"
     saved = json.loads((out / "results.json").read_text())
-    assert [t["title"] for t in saved["tables"]] == ["F1 by task", "accuracy by task",
-                                                    "F1 by benchmark"]
+    assert [t["title"] for t in saved["tables"]] == [
+        "F1 by task",
+        "accuracy by task",
+        "F1 by benchmark",
+    ]
     status = {(r["run"], r["seed"]): r["status"] for r in saved["runs"]}
-    assert status == {("a", 0): "done", ("a", 1): "done", ("b", 0): "done", ("b", 1): "done",
-                      ("c", None): "done", ("d", 0): "not finished", ("d", 1): "not finished"}
+    assert status == {
+        ("a", 0): "done",
+        ("a", 1): "done",
+        ("b", 0): "done",
+        ("b", 1): "done",
+        ("c", None): "done",
+        ("d", 0): "not finished",
+        ("d", 1): "not finished",
+    }
     markdown = (out / "results.md").read_text()
     assert markdown.startswith("# tbl\n")
     assert "5 of 7 runs done" in markdown
@@ -269,8 +339,10 @@ def test_delta_of_a_partly_finished_run_pairs_by_seed(experiment):
     # d's seed 1 with b's seeds 0 and 1, here the same 75 (b's seeds tie on all items) but on
     # 2 seeds; in T1: 100 - 50 = 50 paired by seed, vs 100 - (25 + 50) / 2 = 62.5 as computed.
     units = {u.key: u for u in plan(experiment)}
-    write_evaluation(units[("d", 1)].eval_dir,
-                     [row(X, i, "T1" if i < 3 else "T2", 1.0, True) for i in (1, 2, 3, 4)])
+    write_evaluation(
+        units[("d", 1)].eval_dir,
+        [row(X, i, "T1" if i < 3 else "T2", 1.0, True) for i in (1, 2, 3, 4)],
+    )
     table = build_table(experiment, experiment.tables[0], plan(experiment))
     d = next(r for r in table["deltas"]["b"] if r["run"] == "d")["cells"]
     assert d[ALL]["seeds"] == 1

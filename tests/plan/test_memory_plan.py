@@ -30,9 +30,15 @@ from psyrl.runtime.model import load_tokenizer, model_config
 
 # Qwen2.5-*-Instruct totals, tied head counted once
 SIZES = {"0.5b": 494.0e6, "1.5b": 1543.7e6, "3b": 3085.9e6}
-HALF_B = dict(vocab_size=151936, hidden_size=896, num_attention_heads=14, num_key_value_heads=2,
-              # Qwen2.5-0.5B's shape, fewer layers below
-              intermediate_size=4864, tie_word_embeddings=True)
+HALF_B = dict(
+    vocab_size=151936,
+    hidden_size=896,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    # Qwen2.5-0.5B's shape, fewer layers below
+    intermediate_size=4864,
+    tie_word_embeddings=True,
+)
 TINY = dict(
     vocab_size=3456,
     hidden_size=128,
@@ -41,7 +47,8 @@ TINY = dict(
     intermediate_size=256,
     # configs/tgrpo/tiny.toml's model (tiny tokenizer)
     num_hidden_layers=2,
-    tie_word_embeddings=True)
+    tie_word_embeddings=True,
+)
 
 
 def architecture(size: str):
@@ -57,8 +64,9 @@ def test_parameter_counts_equal_transformers(size):
     expected = sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
     assert shapes(arch).params == expected
     assert expected == pytest.approx(SIZES[size], abs=0.05e6)
-    assert sum(s.numel()
-               for s in [*model.model.layers[0].parameters()]) == shapes(arch).layer_params
+    assert (
+        sum(s.numel() for s in [*model.model.layers[0].parameters()]) == shapes(arch).layer_params
+    )
 
 
 def test_architecture_sources(tmp_path):
@@ -83,16 +91,32 @@ def test_architecture_sources(tmp_path):
 # ------------------------------------------------------------- 2. FSDP2 shard bytes on 2 gloo ranks
 @pytest.mark.slow
 def test_fsdp_shard_bytes_equal_measurement(tmp_path):
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            "tests/fsdp_memory_probe.py", str(tmp_path)]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    args = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "tests/fsdp_memory_probe.py",
+        str(tmp_path),
+    ]
+    result = subprocess.run(
+        args,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
-    cfg = load_config(None, [
-        f"model.{k}={getattr(PROBE_MODEL, k)}"
-        for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
-    ])
+    cfg = load_config(
+        None,
+        [
+            f"model.{k}={getattr(PROBE_MODEL, k)}"
+            for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
+        ],
+    )
     arch = model_config(cfg.model, load_tokenizer(cfg.model))
     update = next(p for p in plan(cfg, arch, 2, 48).phases if p.name == "update")
     for part, key in (("params", "params"), ("grads", "grads"), ("adam", "adam")):
@@ -134,8 +158,9 @@ def test_layer_saved_bytes_exact(dtype, b):
     assert sum(saved.values()) == rows * seq * layer_saved_per_token(shapes(arch), b) + float_mask
 
 
-def measured_peak(arch_kwargs: dict, rows: int, seq: int, checkpointing: bool,
-                  backward: bool) -> int:
+def measured_peak(
+    arch_kwargs: dict, rows: int, seq: int, checkpointing: bool, backward: bool
+) -> int:
     """Peak bytes allocated on the CPU during one Policy forward (and backward) of a random float32
     model, above what was allocated before it. torch.profiler's memory events carry the allocator's
     running total ("Total Allocated"): its maximum minus its value before the first event is the
@@ -163,14 +188,18 @@ def measured_peak(arch_kwargs: dict, rows: int, seq: int, checkpointing: bool,
                 policy(ids, attention_mask)
     with tempfile.TemporaryDirectory() as tmp:
         prof.export_chrome_trace(f"{tmp}/trace.json")
-        events = [e["args"] for e in json.loads(open(f"{tmp}/trace.json").read())["traceEvents"]
-                  if e.get("name") == "[memory]"]
+        events = [
+            e["args"]
+            for e in json.loads(open(f"{tmp}/trace.json").read())["traceEvents"]
+            if e.get("name") == "[memory]"
+        ]
     before = events[0]["Total Allocated"] - events[0]["Bytes"]
     return max(e["Total Allocated"] for e in events) - before
 
 
-def predicted_peak(arch_kwargs: dict, rows: int, seq: int, checkpointing: bool,
-                   backward: bool) -> float:
+def predicted_peak(
+    arch_kwargs: dict, rows: int, seq: int, checkpointing: bool, backward: bool
+) -> float:
     sh = shapes(Qwen2Config(**arch_kwargs))
     targets = rows * (seq - 1) - 1  # every target but the padded one
     moments = compute_moments(sh, rows, seq, targets, 4, 4, checkpointing, backward)
@@ -189,8 +218,9 @@ TOLERANCE = 0.15
 @pytest.mark.parametrize("checkpointing,backward", [(False, True), (True, True), (False, False)])
 def test_tiny_activation_peak(checkpointing, backward):
     got = measured_peak(TINY, 4, 512, checkpointing, backward)
-    assert predicted_peak(TINY, 4, 512, checkpointing,
-                          backward) == pytest.approx(got, rel=TOLERANCE)
+    assert predicted_peak(TINY, 4, 512, checkpointing, backward) == pytest.approx(
+        got, rel=TOLERANCE
+    )
 
 
 @pytest.mark.slow
@@ -206,16 +236,24 @@ def test_half_b_activation_peak(checkpointing):
 # ---------------------------------------------------------------- the plan and its fixes
 def test_fix_is_computed_and_works():
     arch = architecture("3b")
-    cfg = load_config("configs/tgrpo/qwen2.5-3b.toml",
-                      ["fsdp.offload=none", "sampler.gpu_memory_utilization=0.85"])
+    cfg = load_config(
+        "configs/tgrpo/qwen2.5-3b.toml",
+        ["fsdp.offload=none", "sampler.gpu_memory_utilization=0.85"],
+    )
     result = plan(cfg, arch, 4, 48)
     rollout = next(p for p in result.phases if p.name == "rollout")
     assert not rollout.fits and rollout.fix.startswith('set fsdp.offload = "phase"')
     assert result.verdict().startswith("memory plan: rollout needs")
     assert not result.fits and result.problems[0].startswith("rollout needs")
     fixed = plan(
-        load_config("configs/tgrpo/qwen2.5-3b.toml",
-                    ["fsdp.offload=phase", "sampler.gpu_memory_utilization=0.85"]), arch, 4, 48)
+        load_config(
+            "configs/tgrpo/qwen2.5-3b.toml",
+            ["fsdp.offload=phase", "sampler.gpu_memory_utilization=0.85"],
+        ),
+        arch,
+        4,
+        48,
+    )
     assert fixed.fits and fixed.verdict().startswith("memory plan: fits 4 x 48 GiB (peak ")
     # defer_grad_sync: float32 unsharded gradients of every parameter, held through the update
     assert fixed.defer_grad_sync_bytes == pytest.approx(4 * shapes(arch).params)
@@ -236,7 +274,8 @@ def test_cli_plans_every_phase():
 
 def test_cli_small_gpus_name_a_fix():
     result = CliRunner().invoke(
-        main, ["plan", "--config", "configs/tgrpo/qwen2.5-3b.toml", "--gpu-memory-gib", "8"])
+        main, ["plan", "--config", "configs/tgrpo/qwen2.5-3b.toml", "--gpu-memory-gib", "8"]
+    )
     assert result.exit_code == 3, result.output
     assert " NO " in result.output
     assert "update: needs" in result.output and "set fsdp.offload" in result.output
@@ -245,15 +284,24 @@ def test_cli_small_gpus_name_a_fix():
 
 def test_cli_sft_and_host_memory():
     result = CliRunner().invoke(
-        main, ["plan", "--config", "configs/sft/qwen2.5-0.5b.toml", "--host-memory-gib", "1"])
+        main, ["plan", "--config", "configs/sft/qwen2.5-0.5b.toml", "--host-memory-gib", "1"]
+    )
     assert result.exit_code == 3, result.output
     assert "(sft)" in result.output and "rollout" not in result.output
     assert "does NOT fit 1 GiB" in result.output
 
 
 def test_cli_bad_model_path_is_one_error():
-    result = CliRunner().invoke(main, ["plan", "--config", "configs/tgrpo/qwen2.5-3b.toml",
-                                       "--set", 'model.path="/nowhere/Mistral-7B"'])
+    result = CliRunner().invoke(
+        main,
+        [
+            "plan",
+            "--config",
+            "configs/tgrpo/qwen2.5-3b.toml",
+            "--set",
+            'model.path="/nowhere/Mistral-7B"',
+        ],
+    )
     assert result.exit_code == 1
     assert result.output.count("Error:") == 1 and "/nowhere/Mistral-7B" in result.output
     assert "Traceback" not in result.output
@@ -262,22 +310,38 @@ def test_cli_bad_model_path_is_one_error():
 def test_cli_help():
     result = CliRunner().invoke(main, ["plan", "--help"])
     assert result.exit_code == 0
-    for text in ("--gpus", "--gpu-memory-gib", "--host-memory-gib", "--trainer", "rollout",
-                 "Exit status"):
+    for text in (
+        "--gpus",
+        "--gpu-memory-gib",
+        "--host-memory-gib",
+        "--trainer",
+        "rollout",
+        "Exit status",
+    ):
         assert text in result.output, text
 
 
 def test_installed_command_runs():
     result = subprocess.run(
         [sys.executable, "-m", "psyrl", "plan", "--config", "configs/tgrpo/qwen2.5-0.5b.toml"],
-        capture_output=True, text=True, timeout=120)
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "memory plan: fits" in result.stdout
 
 
 # -------------------------------------------------- 5. the suggested gpu_memory_utilization by hand
-SMALL = Qwen2Config(vocab_size=65536, hidden_size=1024, num_hidden_layers=8, num_attention_heads=16,
-                    num_key_value_heads=4, intermediate_size=4096, tie_word_embeddings=True)
+SMALL = Qwen2Config(
+    vocab_size=65536,
+    hidden_size=1024,
+    num_hidden_layers=8,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    intermediate_size=4096,
+    tie_word_embeddings=True,
+)
 # one layer: q 1024x1024 + 1024, k and v 256x1024 + 256 each, o 1024x1024, gate/up/down 3 x
 # 4096x1024, norms 2x1024
 # = 1,049,600 + 2 x 262,400 + 1,048,576 + 12,582,912 + 2,048 = 15,207,936; x 8 layers = 121,663,488
@@ -285,9 +349,14 @@ SMALL = Qwen2Config(vocab_size=65536, hidden_size=1024, num_hidden_layers=8, num
 # total P = 188,773,376; every dim 0 is even, so one of 2 ranks holds P / 2 = 94,386,688
 SMALL_PARAMS = 188_773_376
 SETTINGS = [
-    "loss.kl_coef=0", "sampler.engine=\"vllm\"", "sampler.tensor_parallel=1",
-    "sampler.enforce_eager=true", "sampler.max_num_seqs=16", "rollout.max_prompt_tokens=1024",
-    "rollout.max_new_tokens=1024", 'model.dtype="bfloat16"'
+    "loss.kl_coef=0",
+    'sampler.engine="vllm"',
+    "sampler.tensor_parallel=1",
+    "sampler.enforce_eager=true",
+    "sampler.max_num_seqs=16",
+    "rollout.max_prompt_tokens=1024",
+    "rollout.max_new_tokens=1024",
+    'model.dtype="bfloat16"',
 ]
 
 
@@ -310,8 +379,9 @@ def test_suggested_gpu_memory_utilization_by_hand():
     # B; no graphs:
     # KV = 6,764,573,491 - 377,546,752 - 251,658,240 = 6,135,368,499 B; a sequence is 2048 tokens x
     #   (2 x 8 layers x 4 KV heads x 64 x 2 B = 8,192 B) = 16 MiB -> 365 sequences
-    pool = plan(load_config(None, [*SETTINGS, "sampler.gpu_memory_utilization=0.7"]), SMALL, 2,
-                9).pool
+    pool = plan(
+        load_config(None, [*SETTINGS, "sampler.gpu_memory_utilization=0.7"]), SMALL, 2, 9
+    ).pool
     assert pool.sequences == 6_135_368_499 // (2048 * 8192) == 365
     # a max_model_len of 1,048,576 tokens: one sequence's KV cache is 1,048,576 x 8,192 B = 8 GiB,
     # more than the
@@ -330,6 +400,9 @@ def test_update_parts_are_fsdp_shards():
     result = plan(load_config(None, [*SETTINGS, 'fsdp.offload="none"']), SMALL, 2, 48)
     update = next(p for p in result.phases if p.name == "update")
     assert (update.parts["params"], update.parts["grads"], update.parts["adam"]) == (
-        4 * SMALL_PARAMS / 2, 4 * SMALL_PARAMS / 2, 8 * SMALL_PARAMS / 2)
+        4 * SMALL_PARAMS / 2,
+        4 * SMALL_PARAMS / 2,
+        8 * SMALL_PARAMS / 2,
+    )
     assert update.parts["gathered"] == 2 * (67_109_888 + 2 * 15_207_936)
     assert update.total < 48 * GIB

@@ -17,14 +17,19 @@ from click.testing import CliRunner
 from psyrl.cli import report_command
 from psyrl.core.records import load_records
 from psyrl.core.runlog import read_metrics
-from psyrl.runtime.checkpoint import select_checkpoint
 from psyrl.report.html_report import PANELS, SFT_PANELS, read_samples, spaced
 from psyrl.report.plot import series
 from psyrl.report.summary import summary_table
+from psyrl.runtime.checkpoint import select_checkpoint
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"  # Debian's package
-TINY = ["model.hidden_size=64", "model.num_layers=2", "model.intermediate_size=128",
-        "data.valid_items=4", "log.progress=false"]
+TINY = [
+    "model.hidden_size=64",
+    "model.num_layers=2",
+    "model.intermediate_size=128",
+    "data.valid_items=4",
+    "log.progress=false",
+]
 INJECTED = "</script><b>x</b> \"quoted\" & 'single' <!--"
 
 
@@ -32,8 +37,9 @@ def launch(args: list[str], log: Path) -> tuple[subprocess.Popen, Path]:
     """A CLI in the background, its output in a file (a pipe nobody reads could fill and block)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with log.open("w") as f:
-        return subprocess.Popen([sys.executable, *args], stdout=f, stderr=subprocess.STDOUT,
-                                env=env), log
+        return subprocess.Popen(
+            [sys.executable, *args], stdout=f, stderr=subprocess.STDOUT, env=env
+        ), log
 
 
 def finish(started: tuple[subprocess.Popen, Path]) -> None:
@@ -52,19 +58,63 @@ def runs(tmp_path_factory) -> Path:
     rewards vary, a random-init model's are all 0): 2 T-GRPO steps, samples and a checkpoint each,
     no evaluation."""
     out = tmp_path_factory.mktemp("report") / "runs"
-    finish(trainer("train_sft.py", "configs/sft/tiny.toml", [
-        f"run.output_dir={json.dumps(str(out))}", "run.name=sft", "run.steps=4",
-        "optim.lr=5e-3", "checkpoint.every=2", "rollout.max_new_tokens=8", "sampler.batch=4",
-        *TINY], out.parent / "sft.log"))
-    evaluation = launch(["evaluate.py", "--model", str(out / "sft" / "hf"), "--benchmarks",
-                         "data/demo/mc.jsonl", "--limit", "1", "--max-new-tokens", "16", "--out",
-                         str(out / "sft" / "eval-mc"), "--no-progress"], out.parent / "eval.log")
-    finish(trainer("train_tgrpo.py", "configs/tgrpo/tiny.toml", [
-        f"run.output_dir={json.dumps(str(out))}", "run.name=rl", f"model.path={out}/sft/hf",
-        "run.steps=2", "rollout.prompts=8", "rollout.samples=4", "optim.global_batch=8",
-        "optim.micro_batch=8", "optim.logprob_micro_batch=8", "rollout.max_new_tokens=24",
-        "sampler.batch=32", "checkpoint.every=1", "log.samples_every=1", *TINY],
-                   out.parent / "rl.log"))
+    finish(
+        trainer(
+            "train_sft.py",
+            "configs/sft/tiny.toml",
+            [
+                f"run.output_dir={json.dumps(str(out))}",
+                "run.name=sft",
+                "run.steps=4",
+                "optim.lr=5e-3",
+                "checkpoint.every=2",
+                "rollout.max_new_tokens=8",
+                "sampler.batch=4",
+                *TINY,
+            ],
+            out.parent / "sft.log",
+        )
+    )
+    evaluation = launch(
+        [
+            "evaluate.py",
+            "--model",
+            str(out / "sft" / "hf"),
+            "--benchmarks",
+            "data/demo/mc.jsonl",
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "16",
+            "--out",
+            str(out / "sft" / "eval-mc"),
+            "--no-progress",
+        ],
+        out.parent / "eval.log",
+    )
+    finish(
+        trainer(
+            "train_tgrpo.py",
+            "configs/tgrpo/tiny.toml",
+            [
+                f"run.output_dir={json.dumps(str(out))}",
+                "run.name=rl",
+                f"model.path={out}/sft/hf",
+                "run.steps=2",
+                "rollout.prompts=8",
+                "rollout.samples=4",
+                "optim.global_batch=8",
+                "optim.micro_batch=8",
+                "optim.logprob_micro_batch=8",
+                "rollout.max_new_tokens=24",
+                "sampler.batch=32",
+                "checkpoint.every=1",
+                "log.samples_every=1",
+                *TINY,
+            ],
+            out.parent / "rl.log",
+        )
+    )
     finish(evaluation)
     return out
 
@@ -86,8 +136,21 @@ def page(runs, tmp_path_factory) -> tuple[Path, str]:
 class Dom(HTMLParser):
     """Every element of a page with its attributes, children and text (descendants' included)."""
 
-    VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
-            "track", "wbr"}
+    VOID = {
+        "area",
+        "base",
+        "br",
+        "col",
+        "embed",
+        "hr",
+        "img",
+        "input",
+        "link",
+        "meta",
+        "source",
+        "track",
+        "wbr",
+    }
 
     def __init__(self, text: str):
         super().__init__(convert_charrefs=True)
@@ -119,8 +182,11 @@ class Dom(HTMLParser):
             node["text"].append(data)
 
     def find(self, tag: str, **attrs) -> list[dict]:
-        return [n for n in self.nodes if n["tag"] == tag and all(
-            n["attrs"].get(k.rstrip("_")) == v for k, v in attrs.items())]
+        return [
+            n
+            for n in self.nodes
+            if n["tag"] == tag and all(n["attrs"].get(k.rstrip("_")) == v for k, v in attrs.items())
+        ]
 
 
 def text(node) -> str:
@@ -139,17 +205,23 @@ def table_rows(table: dict) -> list[list[dict]]:
     return rows
 
 
-def shown_count(rows: list[dict], prompts: dict, finish=None, q=None, min_reward=None,
-                max_f1=None) -> int:
+def shown_count(
+    rows: list[dict], prompts: dict, finish=None, q=None, min_reward=None, max_f1=None
+) -> int:
     """The samples the page's filters keep (its JS `passes`), computed from the files."""
+
     def keep(r):
         prompt = prompts.get(r["id"])
         texts = [r["response"], r["id"]] + (
-            [prompt.stimuli, prompt.question, prompt.answer] if prompt else [])
-        return ((finish is None or r["finish_reason"] == finish)
-                and (q is None or any(q.lower() in t.lower() for t in texts))
-                and (min_reward is None or r["final"] >= min_reward)
-                and (max_f1 is None or r["f1"] <= max_f1))
+            [prompt.stimuli, prompt.question, prompt.answer] if prompt else []
+        )
+        return (
+            (finish is None or r["finish_reason"] == finish)
+            and (q is None or any(q.lower() in t.lower() for t in texts))
+            and (min_reward is None or r["final"] >= min_reward)
+            and (max_f1 is None or r["f1"] <= max_f1)
+        )
+
     return sum(map(keep, rows))
 
 
@@ -174,8 +246,9 @@ def test_curves_draw_a_path_per_metric_and_run(runs, page):
             assert len(paths) == 1 and paths[0]["attrs"]["d"].count("L") == len(steps) - 1
     # the per-step curves also get their raw thin line (smoothing 5), the validation scores dots
     assert dom.find("path", class_="raw", **{"data-run": "rl", "data-metric": "reward/final"})
-    assert len(dom.find("circle", class_="dot", **{"data-run": "sft",
-                                                   "data-metric": "valid/f1"})) == 3  # 0, 2, 4
+    assert (
+        len(dom.find("circle", class_="dot", **{"data-run": "sft", "data-metric": "valid/f1"})) == 3
+    )  # 0, 2, 4
 
 
 def test_tables_hold_the_numbers_of_the_files(runs, page):
@@ -208,8 +281,9 @@ def test_tables_hold_the_numbers_of_the_files(runs, page):
     results = json.loads((runs / "sft" / "eval-mc" / "results.json").read_text())["results"]
     evaluation = dom.find("div", class_="evaluation", **{"data-dir": "eval-mc"})[0]
     tables = [n for n in all_below(evaluation) if n["tag"] == "table"]
-    per_task = {(text(r[0]), text(r[1])): (text(r[2]), text(r[3]))
-                for r in table_rows(tables[-1])[1:]}
+    per_task = {
+        (text(r[0]), text(r[1])): (text(r[2]), text(r[3])) for r in table_rows(tables[-1])[1:]
+    }
     for task, s in results["demo"]["tasks"].items():
         assert per_task[("demo", task)] == (str(s["count"]), f"{s['f1']:.2f}")
     # the resolved config, verbatim (escaped)
@@ -269,7 +343,8 @@ def test_bad_input_names_the_file_and_line(runs, tmp_path):
     (tmp_path / "empty").mkdir()
     result = runner.invoke(report_command, [str(tmp_path / "empty")])
     assert result.exit_code == 1 and f"{tmp_path / 'empty' / 'metrics.jsonl'}: not found" in (
-        result.output)
+        result.output
+    )
     broken = tmp_path / "broken"
     shutil.copytree(runs / "rl" / "samples", broken / "samples")
     lines = (runs / "rl" / "metrics.jsonl").read_text().splitlines()
@@ -292,8 +367,16 @@ def chromium(tmp_path: Path, url: str, *flags: str) -> str:
     """The page's DOM after its scripts ran (with --dump-dom); a script error fails the test."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"needs Debian's chromium at {CHROMIUM}: apt-get install -y chromium")
-    args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-            f"--user-data-dir={tmp_path / 'chromium-profile'}", *flags, url]
+    args = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--enable-logging=stderr",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+        *flags,
+        url,
+    ]
     result = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if "Uncaught" in line]
@@ -326,21 +409,31 @@ def test_the_page_in_headless_chromium(runs, page, tmp_path):
     # hovering a panel near its last step reads out each run's last validation
     harness = path.parent / "hover.html"
     harness.write_text(HOVER % path.name)
-    hover = Dom(chromium(tmp_path, harness.resolve().as_uri(), "--allow-file-access-from-files",
-                         "--dump-dom"))
-    last = {label: series(read_metrics(runs / label / "metrics.jsonl"), "valid/f1")
-            for label in ("rl", "sft")}
+    hover = Dom(
+        chromium(
+            tmp_path, harness.resolve().as_uri(), "--allow-file-access-from-files", "--dump-dom"
+        )
+    )
+    last = {
+        label: series(read_metrics(runs / label / "metrics.jsonl"), "valid/f1")
+        for label in ("rl", "sft")
+    }
     assert json.loads(text(hover.find("pre", id="out")[0])) == [
-        f"{label} {values[-1]:.4f} @ {steps[-1]}" for label, (steps, values) in last.items()]
+        f"{label} {values[-1]:.4f} @ {steps[-1]}" for label, (steps, values) in last.items()
+    ]
     # the default step is the last: all its samples, grouped by prompt, rendered by the JS
     rows = read_samples(runs / "rl" / "samples" / "step-2.jsonl")
     target = dom.find("div", id="r-rows")[0]
-    assert target["attrs"]["data-shown"] == str(len(rows)) == str(len(dom.find(
-        "div", class_="sample")))
+    assert (
+        target["attrs"]["data-shown"]
+        == str(len(rows))
+        == str(len(dom.find("div", class_="sample")))
+    )
     assert len(dom.find("article", class_="group")) == len(rows) // 4  # G = 4
     # (HTML serialises a carriage return as a line feed)
     assert [text(n) for n in dom.find("pre", class_="response")] == [
-        r["response"].replace("\r\n", "\n").replace("\r", "\n").strip() for r in rows]
+        r["response"].replace("\r\n", "\n").replace("\r", "\n").strip() for r in rows
+    ]
     # the story and the gold answer beside each prompt's responses
     prompts = {r.id: r for r in load_records("data/demo/train.jsonl")}
     stories = [text(n) for n in dom.find("p", class_="story")]
@@ -357,18 +450,20 @@ def test_the_page_in_headless_chromium(runs, page, tmp_path):
     assert len(dom.find("div", class_="sample")) == expected
     assert all(word.lower() in text(m).lower() for m in dom.find("mark"))
     # ... and from a query string: the samples with a positive reward (the step that has some)
-    step, rows = max(((s, read_samples(runs / "rl" / "samples" / f"step-{s}.jsonl"))
-                      for s in (1, 2)), key=lambda found: sum(r["final"] > 0 for r in found[1]))
+    step, rows = max(
+        ((s, read_samples(runs / "rl" / "samples" / f"step-{s}.jsonl")) for s in (1, 2)),
+        key=lambda found: sum(r["final"] > 0 for r in found[1]),
+    )
     least = min([r["final"] for r in rows if r["final"] > 0] or [0.01])
     expected = shown_count(rows, prompts, min_reward=least, max_f1=1.0)
-    dom = Dom(chromium(tmp_path, url + f"?step={step}&min_reward={least!r}&max_f1=1",
-                       "--dump-dom"))
+    dom = Dom(chromium(tmp_path, url + f"?step={step}&min_reward={least!r}&max_f1=1", "--dump-dom"))
     assert len(dom.find("div", class_="sample")) == expected
 
     # a response holding markup shows as text in the browser too
     injected, _ = report(with_injected_response(runs, tmp_path))
-    dom = Dom(chromium(tmp_path, injected.resolve().as_uri() + "#step=1&q=%3C%2Fscript%3E",
-                       "--dump-dom"))
+    dom = Dom(
+        chromium(tmp_path, injected.resolve().as_uri() + "#step=1&q=%3C%2Fscript%3E", "--dump-dom")
+    )
     assert [text(n) for n in dom.find("pre", class_="response")] == [INJECTED.strip()]
     assert not [n for n in dom.find("b") if text(n) == "x"]
 

@@ -20,10 +20,14 @@ def write_run(directory, variant, slope):
     rows = [{"step": 0, "steps": 20, "valid/f1": 0.5, "valid/reward": 0.6}]
     for step in range(1, 21):
         row = {
-            "step": step, "steps": 20, "reward/final": 0.5 + slope * step,
-            "reward/f1": 0.4 + slope * step, "reward/format": 0.9,
-            "reward/repetition_penalty": 0.01, "response/length": 30.0 + step,
-            "actor/kl": 0.001 * step
+            "step": step,
+            "steps": 20,
+            "reward/final": 0.5 + slope * step,
+            "reward/f1": 0.4 + slope * step,
+            "reward/format": 0.9,
+            "reward/repetition_penalty": 0.01,
+            "response/length": 30.0 + step,
+            "actor/kl": 0.001 * step,
         }
         if variant == "bilateral":
             row["reward/br"] = 0.02
@@ -39,12 +43,13 @@ def test_plot_overlays_runs_in_one_png(tmp_path):
     write_run(tmp_path / "base", "base", 0.005)
     out = tmp_path / "both.png"
     result = CliRunner().invoke(
-        main, ["plot", str(tmp_path / "br"),
-               str(tmp_path / "base"), "--out",
-               str(out)])
+        main, ["plot", str(tmp_path / "br"), str(tmp_path / "base"), "--out", str(out)]
+    )
     assert result.exit_code == 0, result.output
-    assert ("9 panels: reward/final, reward/f1, reward/format, reward/repetition_penalty, "
-            "reward/br, valid/f1, valid/reward, response/length, actor/kl") in result.output
+    assert (
+        "9 panels: reward/final, reward/f1, reward/format, reward/repetition_penalty, "
+        "reward/br, valid/f1, valid/reward, response/length, actor/kl"
+    ) in result.output
     image = matplotlib.image.imread(out)
     # 3 x 4 panels, 100 dpi
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and image.shape[:2] == (960, 1680)
@@ -83,7 +88,8 @@ def test_summary_compares_the_first_and_last_steps(tmp_path):
     # held-out F1 0.5 -> 0.7; final reward: mean of steps 1-5 = 0.53, of steps 16-20 = 0.68
     assert row.startswith(
         "| br | bilateral | 20 | 0.500 → 0.700 (+0.200) (step 0 → 20) | 0.600 → 0.800 (+0.200) | "
-        "0.530 → 0.680 (+0.150) |")
+        "0.530 → 0.680 (+0.150) |"
+    )
     assert "| 33.0 → 48.0 (+15.0) |" in row
 
 

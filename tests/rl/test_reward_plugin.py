@@ -9,9 +9,13 @@ from psyrl.core.config import ConfigError, RewardConfig, load_config
 from psyrl.core.records import StimuliRecord
 from psyrl.rl.rewards import VARIANTS, answer_components, final_rewards, load_reward_plugin
 
-RESPONSES = ["<think>she lost it</think><answer>Annoyed.</answer>",
-             "<think>hm</think><answer>very annoyed</answer>", "annoyed", "<answer></answer>",
-             "<think>a a a a a a a a</think><answer>calm</answer>"]
+RESPONSES = [
+    "<think>she lost it</think><answer>Annoyed.</answer>",
+    "<think>hm</think><answer>very annoyed</answer>",
+    "annoyed",
+    "<answer></answer>",
+    "<think>a a a a a a a a</think><answer>calm</answer>",
+]
 GOLDS = ["annoyed"] * len(RESPONSES)
 RECORDS = [StimuliRecord(f"s/{i}", "story", "How?", "annoyed") for i in range(len(RESPONSES))]
 
@@ -23,17 +27,21 @@ def plugin_file(tmp_path, body: str, name="plugin.py") -> str:
 
 
 def test_a_plugin_computing_psyrls_f1_reproduces_the_built_in_rewards(tmp_path):
-    path = plugin_file(tmp_path, "from psyrl.core.text import extract_answer, token_f1\n"
-                       "def f1(responses, golds, records):\n"
-                       "    return [token_f1(extract_answer(r), g)\n"
-                       "            for r, g in zip(responses, golds)]\n")
+    path = plugin_file(
+        tmp_path,
+        "from psyrl.core.text import extract_answer, token_f1\n"
+        "def f1(responses, golds, records):\n"
+        "    return [token_f1(extract_answer(r), g)\n"
+        "            for r, g in zip(responses, golds)]\n",
+    )
     lengths = [30, 10, 25, 5, 60]
     for variant in VARIANTS:
         built_in = RewardConfig(variant=variant)
         custom = RewardConfig(variant=variant, custom=f"{path}:f1")
         a = answer_components(RESPONSES, GOLDS, "cot", built_in)
-        b = answer_components(RESPONSES, GOLDS, "cot", custom, load_reward_plugin(custom.custom),
-                              RECORDS)
+        b = answer_components(
+            RESPONSES, GOLDS, "cot", custom, load_reward_plugin(custom.custom), RECORDS
+        )
         assert torch.equal(a["f1"], b["f1"]) and torch.equal(b["token_f1"], a["f1"])
         final_a, parts_a = final_rewards(a, lengths, 26.0, a["f1"].mean().item(), built_in)
         final_b, parts_b = final_rewards(b, lengths, 26.0, b["f1"].mean().item(), custom)
@@ -57,21 +65,33 @@ def test_the_example_exact_match_plugin():
     assert c["br"].tolist() == [0.1, 0.0, 0.1, 0.0, 0.0]
 
 
-@pytest.mark.parametrize("body, spec_name, message", [
-    (None, "f", "no file"),
-    ("x = 1\n", "f", "defines no function 'f'"),
-    ("import not_a_module_anywhere\n", "f", "importing .* failed: ModuleNotFoundError"),
-    ("def f(r, g, x):\n    raise KeyError('oops')\n", "f", "raised KeyError"),
-    ("def f(r, g, x):\n    return [1.0]\n", "f", r"score: 1 values for 5 responses"),
-    ("def f(r, g, x):\n    return 'abc'\n", "f", "expected one number per response"),
-    ("def f(r, g, x):\n    return [0, 0, float('nan'), 0, 0]\n", "f",
-     r"score of sample 2 \(id s/2\) is nan, expected a number in \[0, 1\]"),
-    ("def f(r, g, x):\n    return [0, 0, 0, 1.5, 0]\n", "f", r"sample 3 \(id s/3\) is 1.5"),
-    ("def f(r, g, x):\n    return [0] * 5, {'len': [1, 2]}\n", "f",
-     "component 'len': 2 values"),
-    ("def f(r, g, x):\n    return [0] * 5, [1]\n", "f",
-     "expected \\(scores, \\{name: values\\}\\)"),
-])
+@pytest.mark.parametrize(
+    "body, spec_name, message",
+    [
+        (None, "f", "no file"),
+        ("x = 1\n", "f", "defines no function 'f'"),
+        ("import not_a_module_anywhere\n", "f", "importing .* failed: ModuleNotFoundError"),
+        ("def f(r, g, x):\n    raise KeyError('oops')\n", "f", "raised KeyError"),
+        ("def f(r, g, x):\n    return [1.0]\n", "f", r"score: 1 values for 5 responses"),
+        ("def f(r, g, x):\n    return 'abc'\n", "f", "expected one number per response"),
+        (
+            "def f(r, g, x):\n    return [0, 0, float('nan'), 0, 0]\n",
+            "f",
+            r"score of sample 2 \(id s/2\) is nan, expected a number in \[0, 1\]",
+        ),
+        ("def f(r, g, x):\n    return [0, 0, 0, 1.5, 0]\n", "f", r"sample 3 \(id s/3\) is 1.5"),
+        (
+            "def f(r, g, x):\n    return [0] * 5, {'len': [1, 2]}\n",
+            "f",
+            "component 'len': 2 values",
+        ),
+        (
+            "def f(r, g, x):\n    return [0] * 5, [1]\n",
+            "f",
+            "expected \\(scores, \\{name: values\\}\\)",
+        ),
+    ],
+)
 def test_a_wrong_plugin_is_one_message_naming_it(tmp_path, body, spec_name, message):
     path = plugin_file(tmp_path, body) if body is not None else str(tmp_path / "missing.py")
     spec = f"{path}:{spec_name}"

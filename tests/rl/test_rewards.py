@@ -100,11 +100,13 @@ def test_repetition_penalty_hand_values():
     # words a b c d a b c d: total4 = 8 - 3 = 5 four-grams abcd bcda cdab dabc abcd, unique 4,
     # repeated 1
     # p = min(0.5, 1 / (5 + 1e-6)) = 0.19999996
-    assert repetition_penalty("a b c d a b c d", 0.5,
-                              1e-6) == pytest.approx(1 / (5 + 1e-6), abs=1e-15)
+    assert repetition_penalty("a b c d a b c d", 0.5, 1e-6) == pytest.approx(
+        1 / (5 + 1e-6), abs=1e-15
+    )
     # normalisation first (eq. 5): the same words behind punctuation and case
-    assert repetition_penalty("A, b. c! d; a B c D", 0.5,
-                              1e-6) == pytest.approx(1 / (5 + 1e-6), abs=1e-15)
+    assert repetition_penalty("A, b. c! d; a B c D", 0.5, 1e-6) == pytest.approx(
+        1 / (5 + 1e-6), abs=1e-15
+    )
     # a a a a a a: total4 = 3, unique 1, repeated 2: 2/3 capped at tau_rep = 0.5
     assert repetition_penalty("a a a a a a", 0.5, 1e-6) == 0.5
     assert repetition_penalty("a a a a a a", 0.9, 1e-6) == pytest.approx(2 / (3 + 1e-6), abs=1e-15)
@@ -152,11 +154,13 @@ def test_short_reward_eq14_spec_reading_and_literal():
     gain = math.log(1 + 0.5 / (0.5 + 1e-6))
     ratio = T(0.5, 0.4, 2.0)
     # SPEC §2: times L-bar/L where L/L-bar >= S- = 0.5: 0.5 -> x2, 0.4 -> 0, 2.0 -> x0.5
-    assert short_reward(T(0.5, 0.5, 0.5), ratio, 0.5,
-                        CFG).tolist() == pytest.approx([2 * gain, 0.0, 0.5 * gain])
+    assert short_reward(T(0.5, 0.5, 0.5), ratio, 0.5, CFG).tolist() == pytest.approx(
+        [2 * gain, 0.0, 0.5 * gain]
+    )
     literal = RewardConfig(short_reward_literal=True)  # eq. 14 as printed: times L/L-bar
-    assert short_reward(T(0.5, 0.5, 0.5), ratio, 0.5,
-                        literal).tolist() == pytest.approx([0.5 * gain, 0.0, 2 * gain])
+    assert short_reward(T(0.5, 0.5, 0.5), ratio, 0.5, literal).tolist() == pytest.approx(
+        [0.5 * gain, 0.0, 2 * gain]
+    )
 
 
 # ---------------------------------------------------------------- eq. 3, 11, 12, 15: final rewards
@@ -205,8 +209,9 @@ def test_score_batch_under_reward_hacking_outputs():
         # ~1 MB of unclosed think tags (a lazy regex is quadratic here)
         "<think>" * 150_000 + "joy",
     ]
-    final, c = score_batch(responses, [gold] * len(responses), [10] * len(responses), 10.0, 0.5,
-                           CFG)
+    final, c = score_batch(
+        responses, [gold] * len(responses), [10] * len(responses), 10.0, 0.5, CFG
+    )
     assert c["f1"].tolist() == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0]
     assert c["fmt"].tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0]
     # 1 MB think: 200,000 words repeating a 4-word cycle: 4 unique 4-grams of 199,997 -> capped at

@@ -70,20 +70,24 @@ def test_cache_scope_across_three_steps_with_c2():
     # the pool is steps 2 and 3 (step 1 dropped out): [1, 0, 0.5, 0.25]
     pool = [1.0, 0.0, 0.5, 0.25]
     mean, std = statistics.fmean(pool), statistics.stdev(pool)  # 0.4375, 0.4269563
-    got = advantages(torch.tensor(steps[-1], dtype=torch.float64), "cache", group_size=2,
-                     pool=cache.rewards())
-    assert got.tolist() == pytest.approx([(0.5 - mean) / (std + 1e-6),
-                                          (0.25 - mean) / (std + 1e-6)], abs=1e-12)
+    got = advantages(
+        torch.tensor(steps[-1], dtype=torch.float64), "cache", group_size=2, pool=cache.rewards()
+    )
+    assert got.tolist() == pytest.approx(
+        [(0.5 - mean) / (std + 1e-6), (0.25 - mean) / (std + 1e-6)], abs=1e-12
+    )
 
 
 def test_integer_rewards_and_list_pools_are_accepted():
     # 1, 2, 3: mean 2, unbiased std 1 -> A = -1, 0, 1 (over 1 + 1e-6)
     expected = [-1 / (1 + 1e-6), 0.0, 1 / (1 + 1e-6)]
-    assert advantages(torch.tensor([1, 2, 3]), "batch",
-                      3).tolist() == pytest.approx(expected, abs=1e-12)
+    assert advantages(torch.tensor([1, 2, 3]), "batch", 3).tolist() == pytest.approx(
+        expected, abs=1e-12
+    )
     # a list of floats becomes float32 (torch's default): float32 precision
-    assert advantages([1.0, 2.0, 3.0], "cache", 3,
-                      pool=[1, 2, 3]).tolist() == pytest.approx(expected, abs=1e-6)
+    assert advantages([1.0, 2.0, 3.0], "cache", 3, pool=[1, 2, 3]).tolist() == pytest.approx(
+        expected, abs=1e-6
+    )
 
 
 def test_pool_of_one_gives_zero_and_bad_inputs_raise():
@@ -152,8 +156,9 @@ def test_ratio_one_gives_minus_mean_advantage_and_kl_term():
     loss, m = tgrpo_loss(logp, logp, adv, mask, 4, NO_KL)
     assert loss.item() == pytest.approx(-adv.mean().item(), abs=1e-6)
     assert m["ppo_kl"].item() == 0.0 and m["ratio_mean"].item() == pytest.approx(1.0)
-    assert m["entropy"].item() == pytest.approx(-(logp * mask).sum().item() / mask.sum().item(),
-                                                abs=1e-5)
+    assert m["entropy"].item() == pytest.approx(
+        -(logp * mask).sum().item() / mask.sum().item(), abs=1e-5
+    )
     # with beta: + beta * seq-mean-token-mean of low_var_kl
     ref = logp - 0.3
     loss_kl, _ = tgrpo_loss(logp, logp, adv, mask, 4, LossConfig(kl_coef=0.01), logp_ref=ref)
@@ -190,9 +195,11 @@ def make_batch(n=6, t=7, seed=0):
     lengths = torch.randint(1, t + 1, (n,), generator=g)
     mask = (torch.arange(t)[None, :] < lengths[:, None]).double()  # [n, t] ragged responses
     logp_old = torch.log_softmax(
-        logits + 0.3 * torch.randn(n, t, 11, generator=g, dtype=torch.float64), -1)
+        logits + 0.3 * torch.randn(n, t, 11, generator=g, dtype=torch.float64), -1
+    )
     logp_ref = torch.log_softmax(
-        logits + 0.3 * torch.randn(n, t, 11, generator=g, dtype=torch.float64), -1)
+        logits + 0.3 * torch.randn(n, t, 11, generator=g, dtype=torch.float64), -1
+    )
     gather = lambda lp: lp.gather(-1, tokens[..., None]).squeeze(-1)  # noqa: E731
     adv = torch.randn(n, generator=g, dtype=torch.float64) * 2
     return logits, gather, gather(logp_old), gather(logp_ref), adv, mask
@@ -203,8 +210,9 @@ def test_loss_matches_a_token_by_token_reference():
     logp = gather(torch.log_softmax(logits, -1))
     for cfg in (LossConfig(), LossConfig(eps_low=0.1, eps_high=0.1, dual_clip=0.0, kl_coef=0.05)):
         loss, _ = tgrpo_loss(logp, logp_old, adv, mask, len(adv), cfg, logp_ref=logp_ref)
-        expected = loss_reference(logp.tolist(), logp_old.tolist(), logp_ref.tolist(), adv.tolist(),
-                                  mask.tolist(), cfg)
+        expected = loss_reference(
+            logp.tolist(), logp_old.tolist(), logp_ref.tolist(), adv.tolist(), mask.tolist(), cfg
+        )
         assert loss.item() == pytest.approx(expected, abs=1e-6)
 
 
@@ -213,8 +221,9 @@ def grads(logits, gather, logp_old, logp_ref, adv, mask, chunks, normalizer):
     params = logits.clone().requires_grad_(True)
     for rows in chunks:
         logp = gather(torch.log_softmax(params, -1))[rows]
-        loss, _ = tgrpo_loss(logp, logp_old[rows], adv[rows], mask[rows], normalizer, LossConfig(),
-                             logp_ref[rows])
+        loss, _ = tgrpo_loss(
+            logp, logp_old[rows], adv[rows], mask[rows], normalizer, LossConfig(), logp_ref[rows]
+        )
         loss.backward()  # gradient accumulation sums micro-batch gradients
     return params.grad
 
@@ -244,8 +253,9 @@ def test_padding_with_minus_inf_log_probs_stays_out_of_the_loss():
     logp = torch.tensor([[-1.0, -0.5, float("-inf")]], requires_grad=True)
     mask = torch.tensor([[True, True, False]])
     ref = torch.tensor([[-1.2, -0.4, float("-inf")]])
-    loss, m = tgrpo_loss(logp, logp.detach(), torch.tensor([1.0]), mask, 1, LossConfig(),
-                         logp_ref=ref)
+    loss, m = tgrpo_loss(
+        logp, logp.detach(), torch.tensor([1.0]), mask, 1, LossConfig(), logp_ref=ref
+    )
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all() and logp.grad[0, 2] == 0
     assert all(torch.isfinite(v) for v in m.values())
@@ -253,18 +263,21 @@ def test_padding_with_minus_inf_log_probs_stays_out_of_the_loss():
 
 def test_pg_loss_metric_uses_the_loss_aggregation():
     logits, gather, logp_old, logp_ref, adv, mask = make_batch()
-    loss, m = tgrpo_loss(gather(torch.log_softmax(logits, -1)), logp_old, adv, mask, len(adv),
-                         NO_KL)
+    loss, m = tgrpo_loss(
+        gather(torch.log_softmax(logits, -1)), logp_old, adv, mask, len(adv), NO_KL
+    )
     assert m["pg_loss"].item() == pytest.approx(loss.item(), abs=1e-6)
     assert m["sequences"].item() == len(adv) and m["tokens"].item() == mask.sum().item()
 
 
 def test_dual_clip_engages_only_for_negative_advantages():
     ratio = torch.full((2, 1), 10.0)
-    _, m = tgrpo_loss(ratio.log(), torch.zeros(2, 1), torch.tensor([1.0, 1.0]), torch.ones(2, 1), 2,
-                      NO_KL)
+    _, m = tgrpo_loss(
+        ratio.log(), torch.zeros(2, 1), torch.tensor([1.0, 1.0]), torch.ones(2, 1), 2, NO_KL
+    )
     assert m["dual_clip_frac"].item() == 0.0
-    loss, m = tgrpo_loss(ratio.log(), torch.zeros(2, 1), torch.tensor([-1.0, -2.0]),
-                         torch.ones(2, 1), 2, NO_KL)
+    loss, m = tgrpo_loss(
+        ratio.log(), torch.zeros(2, 1), torch.tensor([-1.0, -2.0]), torch.ones(2, 1), 2, NO_KL
+    )
     assert m["dual_clip_frac"].item() == 1.0
     assert loss.item() == pytest.approx((3.0 * 1.0 + 3.0 * 2.0) / 2)  # capped at -c A = 3, 6

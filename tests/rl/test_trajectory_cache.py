@@ -77,8 +77,10 @@ def test_state_dict_round_trips_exactly_through_json():
     cache = TrajectoryCache(size=3)
     generator = torch.Generator().manual_seed(0)
     for _ in range(4):
-        cache.push_answers(torch.rand(5, generator=generator, dtype=torch.float64),
-                           torch.randint(1, 99, (5, ), generator=generator))
+        cache.push_answers(
+            torch.rand(5, generator=generator, dtype=torch.float64),
+            torch.randint(1, 99, (5,), generator=generator),
+        )
         cache.push_rewards(torch.randn(5, generator=generator, dtype=torch.float64))
     cache.push_answers([0.1 + 0.2], [7])  # a step caught between its two phases
     state = json.loads(json.dumps(cache.state_dict()))

@@ -21,22 +21,35 @@ def test_report_to_is_an_array_of_known_trackers(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(dump_config(cfg))
     assert load_config(str(path)).log.report_to == ["wandb", "tensorboard"]  # dump round-trips
-    with pytest.raises(ConfigError, match=r"unknown tracker\(s\) \['mlflow'\]; expected any of "
-                       r"\['tensorboard', 'wandb', 'trackio'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown tracker\(s\) \['mlflow'\]; expected any of "
+        r"\['tensorboard', 'wandb', 'trackio'\]",
+    ):
         load_config(None, ['log.report_to=["tensorboard", "mlflow"]'])
     with pytest.raises(ConfigError, match="an array of strings, got string 'wandb'"):
         load_config(None, ["log.report_to=wandb"])
     with pytest.raises(ConfigError, match="named twice"):
         load_config(None, ['log.report_to=["wandb", "wandb"]'])
     path.write_text('[log]\nreport_to = ["tensorboard", 3]\n')
-    with pytest.raises(ConfigError, match=r"c.toml:2: \[log\] report_to: expected an array of "
-                       r"strings, got array"):
+    with pytest.raises(
+        ConfigError,
+        match=r"c.toml:2: \[log\] report_to: expected an array of "
+        r"strings, got array",
+    ):
         load_config(str(path))
 
 
 def test_scalars_are_the_finite_numbers_of_a_row():
-    row = {"step": 3, "steps": 10, "loss": 0.5, "nan": float("nan"), "flag": True, "name": "x",
-           "none": None}
+    row = {
+        "step": 3,
+        "steps": 10,
+        "loss": 0.5,
+        "nan": float("nan"),
+        "flag": True,
+        "name": "x",
+        "none": None,
+    }
     assert scalars(row) == {"steps": 10.0, "loss": 0.5}
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from psyrl.core.config import ModelConfig, load_config
 from psyrl.core.records import load_records, load_stimuliqa, write_jsonl
+from psyrl.run.validation import sample_items, validate
 from psyrl.runtime.model import Policy, load_model, load_tokenizer
 from psyrl.runtime.sampler import TorchSampler
-from psyrl.run.validation import sample_items, validate
 
 ITEMS = 13  # not a multiple of the batch: the last batch is short
 
@@ -47,11 +47,14 @@ class CountingSampler(TorchSampler):
 
 def test_whole_split_validation_generates_in_sampler_batches(tmp_path, held_out):
     config = tmp_path / "c.toml"
-    config.write_text(f'[data]\nvalid_file = "{held_out}"\nvalid_items = 0\n'
-                      "[rollout]\nmax_new_tokens = 4\n[sampler]\nbatch = 4\n")
+    config.write_text(
+        f'[data]\nvalid_file = "{held_out}"\nvalid_items = 0\n'
+        "[rollout]\nmax_new_tokens = 4\n[sampler]\nbatch = 4\n"
+    )
     cfg = load_config(config)
-    model_cfg = ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                            intermediate_size=64)
+    model_cfg = ModelConfig(
+        hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
+    )
     tokenizer = load_tokenizer(model_cfg)
     model = load_model(model_cfg, tokenizer, seed=0)
     sampler = CountingSampler(model, tokenizer, model.device, batch=cfg.sampler.batch)
@@ -64,16 +67,27 @@ def test_whole_split_validation_generates_in_sampler_batches(tmp_path, held_out)
 def test_train_sft_writes_a_row_per_held_out_item(tmp_path, held_out):
     # the programs' path: config -> sample_items -> validate -> checkpoints/step-N/validation.jsonl
     config = tmp_path / "sft.toml"
-    config.write_text(Path("configs/sft/tiny.toml").read_text().replace(
-        "valid_items = 120", "valid_items = 0"))
-    sets = [f"run.output_dir={json.dumps(str(tmp_path / 'runs'))}",
-            f"data.valid_file={json.dumps(str(held_out))}", "run.steps=1", "checkpoint.every=1",
-            "model.hidden_size=32", "model.num_layers=1", "model.intermediate_size=64",
-            "optim.global_batch=2", "optim.micro_batch=2", "rollout.max_new_tokens=4",
-            "sampler.batch=4", "log.progress=false"]
+    config.write_text(
+        Path("configs/sft/tiny.toml").read_text().replace("valid_items = 120", "valid_items = 0")
+    )
+    sets = [
+        f"run.output_dir={json.dumps(str(tmp_path / 'runs'))}",
+        f"data.valid_file={json.dumps(str(held_out))}",
+        "run.steps=1",
+        "checkpoint.every=1",
+        "model.hidden_size=32",
+        "model.num_layers=1",
+        "model.intermediate_size=64",
+        "optim.global_batch=2",
+        "optim.micro_batch=2",
+        "rollout.max_new_tokens=4",
+        "sampler.batch=4",
+        "log.progress=false",
+    ]
     args = [sys.executable, "train_sft.py", "--config", str(config)]
-    result = subprocess.run(args + [a for s in sets for a in ("--set", s)], capture_output=True,
-                            text=True, timeout=600)
+    result = subprocess.run(
+        args + [a for s in sets for a in ("--set", s)], capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"{ITEMS} validation items" in result.stdout
     step = tmp_path / "runs" / "tiny-sft" / "checkpoints" / "step-1"

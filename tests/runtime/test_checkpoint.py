@@ -26,20 +26,28 @@ from psyrl.runtime.checkpoint import (
 from psyrl.runtime.model import Policy, load_model, load_tokenizer
 from psyrl.runtime.optim import build_optimizer
 
-TINY = ModelConfig(tokenizer="tiny", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                   intermediate_size=32)
+TINY = ModelConfig(
+    tokenizer="tiny",
+    hidden_size=32,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    intermediate_size=32,
+)
 
 
 def make_run(tmp_path, scores):
     for step, f1 in scores.items():
         (tmp_path / "checkpoints" / f"step-{step}").mkdir(parents=True)
         (tmp_path / "checkpoints" / f"step-{step}" / "validation.json").write_text(
-            json_text({"valid/f1": f1}))
+            json_text({"valid/f1": f1})
+        )
         write_manifest(tmp_path / "checkpoints" / f"step-{step}")
     (tmp_path / "checkpoints" / "step-99").mkdir()  # no validation.json: not a candidate
     (tmp_path / "checkpoints" / "step-98").mkdir()  # no manifest (cut short): not a candidate
     (tmp_path / "checkpoints" / "step-98" / "validation.json").write_text(
-        json_text({"valid/f1": 0.9}))
+        json_text({"valid/f1": 0.9})
+    )
     return tmp_path
 
 
@@ -74,8 +82,10 @@ def test_export_reloads_with_identical_logits(tmp_path):
     ids = torch.tensor([tokenizer("I felt proud of my sister.")["input_ids"]])
     with torch.no_grad():
         assert torch.equal(model(ids).logits, reloaded(ids).logits)
-    assert AutoTokenizer.from_pretrained(out)("I felt proud")["input_ids"] == tokenizer(
-        "I felt proud")["input_ids"]
+    assert (
+        AutoTokenizer.from_pretrained(out)("I felt proud")["input_ids"]
+        == tokenizer("I felt proud")["input_ids"]
+    )
     stops = json.loads((out / "generation_config.json").read_text())["eos_token_id"]
     # <|im_end|>, <|endoftext|> as in Qwen2.5
     assert stops == [tokenizer.eos_token_id, tokenizer.pad_token_id]
@@ -123,12 +133,18 @@ def test_loading_a_checkpoint_unpickles_no_python_object(tmp_path, monkeypatch):
 def test_save_then_load_restores_model_optimiser_and_rng(tmp_path):
     policy, optimizer, tokenizer = trained_policy(steps=2)
     torch.manual_seed(11)
-    path = save_checkpoint(tmp_path, 2, policy, optimizer, tokenizer,
-                           {"trainer.json": json_text({"step": 2})})
+    path = save_checkpoint(
+        tmp_path, 2, policy, optimizer, tokenizer, {"trainer.json": json_text({"step": 2})}
+    )
     expected_draw = torch.rand(3)
     assert verify(path) is None and find_resumable(tmp_path, print) == path
-    assert sorted(
-        p.name for p in path.iterdir()) == ["hf", "manifest.json", "rng", "state", "trainer.json"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        "hf",
+        "manifest.json",
+        "rng",
+        "state",
+        "trainer.json",
+    ]
     # different weights and optimiser moments
     other, other_optimizer, _ = trained_policy(steps=1, seed=5)
     load_checkpoint(path, other, other_optimizer)
@@ -140,7 +156,8 @@ def test_save_then_load_restores_model_optimiser_and_rng(tmp_path):
     for k in saved:
         assert all(
             torch.equal(saved[k][name], loaded[k][name])
-            for name in ("step", "exp_avg", "exp_avg_sq"))
+            for name in ("step", "exp_avg", "exp_avg_sq")
+        )
     weights = load_file(path / "hf" / "model.safetensors")  # the HF export holds the same weights
     assert torch.equal(weights["model.norm.weight"], policy.lm.model.norm.weight)
 
@@ -153,10 +170,9 @@ def test_cut_short_checkpoint_is_skipped_with_a_warning(tmp_path):
     shard.write_bytes(shard.read_bytes()[:-10])  # a write that stopped 10 bytes short
     warnings = []
     assert find_resumable(tmp_path, warnings.append) == good
-    assert verify(
-        bad
-    ) == (f"state/{shard.name} has {shard.stat().st_size} bytes, "
-          f"{shard.stat().st_size + 10} expected")
+    assert verify(bad) == (
+        f"state/{shard.name} has {shard.stat().st_size} bytes, {shard.stat().st_size + 10} expected"
+    )
     assert len(warnings) == 1 and "step-2" in warnings[0] and "incomplete" in warnings[0]
     (bad / "manifest.json").unlink()  # crashed before the manifest: never complete
     assert "no readable manifest.json" in verify(bad)
@@ -171,8 +187,9 @@ def test_write_error_leaves_no_checkpoint_and_the_previous_intact(tmp_path, monk
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(ckpt, "save_file", disk_full)  # the RNG files are written after the weights
-    with pytest.raises(CheckpointError,
-                       match=r"step-2 \(RNG state, rank 0: OSError: .*No space left on device\)"):
+    with pytest.raises(
+        CheckpointError, match=r"step-2 \(RNG state, rank 0: OSError: .*No space left on device\)"
+    ):
         save_checkpoint(tmp_path, 2, policy, optimizer, tokenizer, {})
     # no temporary left
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-1"]
@@ -185,8 +202,10 @@ def test_keep_state_prunes_old_states_but_keeps_exports(tmp_path):
         save_checkpoint(tmp_path, step, policy, optimizer, tokenizer, {}, keep_state=2)
     first = tmp_path / "checkpoints" / "step-1"
     assert sorted(p.name for p in first.iterdir()) == ["hf", "manifest.json"]
-    assert verify(first) is None and json.loads(
-        (first / "manifest.json").read_text())["resumable"] is False
+    assert (
+        verify(first) is None
+        and json.loads((first / "manifest.json").read_text())["resumable"] is False
+    )
     assert all((tmp_path / "checkpoints" / f"step-{s}" / "state").is_dir() for s in (2, 3))
 
 

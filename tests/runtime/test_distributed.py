@@ -41,24 +41,27 @@ VALID = [
     "rollout.max_new_tokens=12",
     # 6 items: 3 per rank, 2 micro-batches each
     "sampler.batch=6",
-    "optim.logprob_micro_batch=2"
+    "optim.logprob_micro_batch=2",
 ]
 
 
-def sft(output_dir: Path, *extra: str, ranks: int = 2, resume: bool = False,
-        limit_file_bytes: int = 0):
+def sft(
+    output_dir: Path, *extra: str, ranks: int = 2, resume: bool = False, limit_file_bytes: int = 0
+):
     sets = [f"run.output_dir={json.dumps(str(output_dir))}", *SMALL, *extra]
     launcher = TORCHRUN if ranks == 2 else [sys.executable]
-    args = [*launcher, "train_sft.py", "--config", "configs/sft/tiny.toml"
-            ] + [a for s in sets for a in ("--set", s)]
+    args = [*launcher, "train_sft.py", "--config", "configs/sft/tiny.toml"] + [
+        a for s in sets for a in ("--set", s)
+    ]
     args += ["--resume"] if resume else []
     limit = None  # writes past the limit fail with EFBIG (Python ignores SIGXFSZ)
     if limit_file_bytes:
         size = (limit_file_bytes, limit_file_bytes)
         limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, size)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(args, capture_output=True, text=True, timeout=600, preexec_fn=limit,
-                          env=env)
+    return subprocess.run(
+        args, capture_output=True, text=True, timeout=600, preexec_fn=limit, env=env
+    )
 
 
 def losses(run: Path) -> list[float]:
@@ -77,13 +80,19 @@ def runs(tmp_path_factory):
     bf16, offload = "model.dtype=bfloat16", "fsdp.offload=always"
     valid = VALID
     variants = {
-        "one": (valid, 1), "one-bf16": ([bf16], 1), "fsdp": (valid, 2), "offload": ([offload], 2),
-        "fsdp-bf16": ([bf16], 2), "offload-bf16": ([offload, bf16], 2)
+        "one": (valid, 1),
+        "one-bf16": ([bf16], 1),
+        "fsdp": (valid, 2),
+        "offload": ([offload], 2),
+        "fsdp-bf16": ([bf16], 2),
+        "offload-bf16": ([offload, bf16], 2),
     }
     for name, (extra, ranks) in variants.items():
         result = sft(out, f"run.name={name}", *extra, ranks=ranks)
-        assert result.returncode == 0, (f"{name}:\n{result.stdout[-1500:]}\n{result.stderr[:2000]}"
-                                        f"\n...\n{result.stderr[-2000:]}")
+        assert result.returncode == 0, (
+            f"{name}:\n{result.stdout[-1500:]}\n{result.stderr[:2000]}"
+            f"\n...\n{result.stderr[-2000:]}"
+        )
     return out
 
 
@@ -111,14 +120,18 @@ def test_fsdp_losses_equal_one_process(runs):
 def test_fsdp_validation_equals_one_process(runs):
     """Validation under FSDP: items split over ranks, generation from each rank's unsharded copy,
     loss on shards."""
-    one, fsdp = read_metrics(runs / "one" / "metrics.jsonl"), read_metrics(runs / "fsdp" /
-                                                                           "metrics.jsonl")
+    one, fsdp = (
+        read_metrics(runs / "one" / "metrics.jsonl"),
+        read_metrics(runs / "fsdp" / "metrics.jsonl"),
+    )
     assert [r["step"] for r in fsdp if "valid/loss" in r] == [0, 2, 4, 6]
     for a, b in zip((r for r in one if "valid/loss" in r), (r for r in fsdp if "valid/loss" in r)):
         assert b["valid/loss"] == pytest.approx(a["valid/loss"], rel=1e-6) and b["valid/items"] == 6
     for step in (2, 6):  # greedy answers, written by 2 ranks, in record order
-        one_text, fsdp_text = ((runs / name / "checkpoints" / f"step-{step}" /
-                                "validation.jsonl").read_text() for name in ("one", "fsdp"))
+        one_text, fsdp_text = (
+            (runs / name / "checkpoints" / f"step-{step}" / "validation.jsonl").read_text()
+            for name in ("one", "fsdp")
+        )
         assert one_text == fsdp_text
 
 
@@ -176,11 +189,14 @@ def test_write_error_stops_every_rank_and_keeps_the_previous_checkpoint(runs, tm
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra, expected", [
-    (["optim.global_batch=5"], "must be a multiple of the 2 ranks"),
-    (['model.path="/nonexistent/qwen"'], "no such model directory: /nonexistent/qwen"),
-    (["optim.lr=-1"], "expected > 0"),
-])
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["optim.global_batch=5"], "must be a multiple of the 2 ranks"),
+        (['model.path="/nonexistent/qwen"'], "no such model directory: /nonexistent/qwen"),
+        (["optim.lr=-1"], "expected > 0"),
+    ],
+)
 def test_bad_input_stops_every_rank_with_one_message(tmp_path, extra, expected):
     result = sft(tmp_path, *extra)
     assert result.returncode != 0
@@ -192,8 +208,11 @@ def test_bad_input_stops_every_rank_with_one_message(tmp_path, extra, expected):
 @pytest.mark.slow
 def test_export_from_shards_loads_back_identically(tmp_path):
     result = subprocess.run(
-        [*TORCHRUN, "tests/sharded_logits.py", str(tmp_path)], capture_output=True, text=True,
-        timeout=300)
+        [*TORCHRUN, "tests/sharded_logits.py", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     reference = Policy(AutoModelForCausalLM.from_pretrained(tmp_path / "hf"))
     for rank in (0, 1):
@@ -206,8 +225,9 @@ def test_export_from_shards_loads_back_identically(tmp_path):
         # a bf16 sampling copy: bf16 weights, but the rotary frequencies stay float32 as
         # transformers keeps them
         assert torch.equal(got["bf16_inv_freq"], reference.lm.model.rotary_emb.inv_freq)
-        assert torch.equal(got["bf16_norm"],
-                           reference.lm.model.norm.weight.detach().bfloat16().float())
+        assert torch.equal(
+            got["bf16_norm"], reference.lm.model.norm.weight.detach().bfloat16().float()
+        )
 
 
 def test_rank_share_splits_in_order():

@@ -20,7 +20,8 @@ def test_no_entry_point_imports_vllm():
     code = (
         "import sys, train_tgrpo, train_sft, evaluate, psyrl.cli, psyrl.run.directory, "
         "psyrl.runtime.vllm_sampler; print('vllm' in sys.modules or any(m.startswith('vllm.') for "
-        "m in sys.modules))")
+        "m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
@@ -30,8 +31,16 @@ def test_no_entry_point_imports_vllm():
 @pytest.mark.parametrize("script", ["train_tgrpo.py", "train_sft.py"])
 def test_the_vllm_engine_without_vllm_is_one_message_and_writes_nothing(script, tmp_path):
     config = "configs/tgrpo/tiny.toml" if script == "train_tgrpo.py" else "configs/sft/tiny.toml"
-    args = [sys.executable, script, "--config", config, "--set", "sampler.engine=vllm", "--set",
-            f"run.output_dir={json.dumps(str(tmp_path))}"]
+    args = [
+        sys.executable,
+        script,
+        "--config",
+        config,
+        "--set",
+        "sampler.engine=vllm",
+        "--set",
+        f"run.output_dir={json.dumps(str(tmp_path))}",
+    ]
     out = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert "sampler.engine = 'vllm' needs vLLM 0.32.0: pip install -e '.[vllm]'" in out.stderr
@@ -41,9 +50,14 @@ def test_the_vllm_engine_without_vllm_is_one_message_and_writes_nothing(script, 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
 def test_evaluate_engine_vllm_without_vllm_is_one_message(tmp_path):
     args = [
-        sys.executable, "evaluate.py", "--model", "psyrl/assets/tokenizers/tiny", "--engine",
-        "vllm", "--out",
-        str(tmp_path / "eval")
+        sys.executable,
+        "evaluate.py",
+        "--model",
+        "psyrl/assets/tokenizers/tiny",
+        "--engine",
+        "vllm",
+        "--out",
+        str(tmp_path / "eval"),
     ]
     out = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
@@ -55,20 +69,35 @@ def test_evaluate_engine_vllm_without_vllm_is_one_message(tmp_path):
 def test_tensor_parallel_is_a_vllm_setting_the_torch_engine_ignores(tmp_path):
     # the Qwen configs carry A.3's tensor_parallel = 2 for vLLM; with the torch engine one process
     # must still run
-    args = [sys.executable, "train_tgrpo.py", "--config", "configs/tgrpo/qwen2.5-0.5b.toml",
-            "--set", "sampler.engine=torch", "--set", "model.path=/nonexistent",
-            "--set", "data.train_file=data/demo/train.jsonl", "--set", 'data.valid_file=""',
-            "--set", f"run.output_dir={json.dumps(str(tmp_path))}"]
+    args = [
+        sys.executable,
+        "train_tgrpo.py",
+        "--config",
+        "configs/tgrpo/qwen2.5-0.5b.toml",
+        "--set",
+        "sampler.engine=torch",
+        "--set",
+        "model.path=/nonexistent",
+        "--set",
+        "data.train_file=data/demo/train.jsonl",
+        "--set",
+        'data.valid_file=""',
+        "--set",
+        f"run.output_dir={json.dumps(str(tmp_path))}",
+    ]
     out = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "no such model directory: /nonexistent" in out.stderr
     assert "tensor_parallel" not in out.stderr
 
 
-@pytest.mark.parametrize("override, message", [
-    ("sampler.engine=hf", "sampler.engine"),
-    ("sampler.tensor_parallel=0", "expected >= 1, got 0"),
-    ("sampler.gpu_memory_utilization=1.5", "expected 0 < gpu_memory_utilization <= 1, got 1.5"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("sampler.engine=hf", "sampler.engine"),
+        ("sampler.tensor_parallel=0", "expected >= 1, got 0"),
+        ("sampler.gpu_memory_utilization=1.5", "expected 0 < gpu_memory_utilization <= 1, got 1.5"),
+    ],
+)
 def test_bad_sampler_settings_are_refused(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         load_config("configs/tgrpo/tiny.toml", [override])
@@ -78,7 +107,10 @@ def test_a_tied_head_is_sent_under_its_own_name_right_after_the_embedding():
     emb, norm = torch.ones(2), torch.zeros(2)
     stream = [("model.embed_tokens.weight", emb), ("model.norm.weight", norm)]
     sent = list(_with_tied_head(iter(stream), tied=True))
-    assert [n for n, _ in sent
-            ] == ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"]
+    assert [n for n, _ in sent] == [
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+        "model.norm.weight",
+    ]
     assert sent[1][1] is emb  # the same tensor, no copy
     assert list(_with_tied_head(iter(stream), tied=False)) == stream

@@ -11,8 +11,14 @@ import torch
 from psyrl.core.config import ModelConfig
 from psyrl.runtime.model import load_model, load_tokenizer, load_weights, token_logprobs
 
-TINY = ModelConfig(tokenizer="qwen2.5", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                   intermediate_size=64)
+TINY = ModelConfig(
+    tokenizer="qwen2.5",
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=64,
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +61,10 @@ def test_token_logprobs_gradients_equal_naive(model):
     positions[:, 5:] = True
     weights = torch.randn(3, 10, generator=torch.Generator().manual_seed(2))
     grads = []
-    for compute in (lambda: token_logprobs(model, ids, mask, 0.9, positions, chunk=5),
-                    lambda: naive_logprobs(model, ids, mask, 0.9) * positions):
+    for compute in (
+        lambda: token_logprobs(model, ids, mask, 0.9, positions, chunk=5),
+        lambda: naive_logprobs(model, ids, mask, 0.9) * positions,
+    ):
         model.zero_grad()
         (compute() * weights).sum().backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
@@ -101,8 +109,8 @@ def test_local_directory_loads_like_the_original(model, qwen_tokenizer, tmp_path
     ids, mask = batch(1000)
     with torch.no_grad():
         assert torch.equal(
-            model(ids, attention_mask=mask).logits,
-            reloaded(ids, attention_mask=mask).logits)
+            model(ids, attention_mask=mask).logits, reloaded(ids, attention_mask=mask).logits
+        )
 
 
 @pytest.mark.slow
@@ -143,7 +151,7 @@ def test_load_weights_fills_every_parameter_or_names_the_missing_one(model, qwen
     ids, mask = batch(model.config.vocab_size)
     with torch.no_grad():
         assert torch.equal(
-            copy(ids, attention_mask=mask).logits,
-            model(ids, attention_mask=mask).logits)
+            copy(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits
+        )
     with pytest.raises(ValueError, match=r"no tensor for model.norm.weight \(1 parameters\)"):
         load_weights(copy, ((n, t) for n, t in state.items() if n != "model.norm.weight"))

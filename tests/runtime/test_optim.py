@@ -26,8 +26,12 @@ def test_paper_sft_warmup_is_31_of_315_steps():
 @pytest.mark.parametrize("total, ratio", [(315, 0.1), (20, 0.0), (7, 0.3)])
 def test_cosine_matches_transformers(total, ratio):
     cfg = OptimConfig(warmup_ratio=ratio, schedule="cosine")
-    want = reference_factors(get_cosine_schedule_with_warmup, total,
-                             num_warmup_steps=warmup_steps(cfg, total), num_training_steps=total)
+    want = reference_factors(
+        get_cosine_schedule_with_warmup,
+        total,
+        num_warmup_steps=warmup_steps(cfg, total),
+        num_training_steps=total,
+    )
     assert [lr_factor(s, cfg, total) for s in range(total)] == pytest.approx(want, abs=1e-12)
 
 
@@ -56,5 +60,5 @@ def test_non_finite_gradient_skips_the_update():
     assert all(p.grad is None for p in model.parameters())
     model(torch.tensor([[3.0, 4.0]])).sum().backward()  # grads (3, 4, 1): norm sqrt(26)
     norm, applied = clipped_step(model, opt, max_norm=1.0)
-    assert applied and norm == pytest.approx(26 ** 0.5)
+    assert applied and norm == pytest.approx(26**0.5)
     assert not all(torch.equal(p, q) for p, q in zip(model.parameters(), before))

@@ -16,8 +16,14 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def setup():
-    cfg = ModelConfig(tokenizer="tiny", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                      intermediate_size=64)
+    cfg = ModelConfig(
+        tokenizer="tiny",
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=64,
+    )
     tokenizer = load_tokenizer(cfg)
     model = load_model(cfg, tokenizer, seed=0).eval()
     records = load_stimuliqa("data/demo/test.jsonl")[:5]
@@ -29,7 +35,7 @@ def setup():
 def trainer_logprobs(model, prompt, sample: Sample, temperature: float) -> torch.Tensor:
     ids = torch.tensor([list(prompt) + list(sample.token_ids)])
     positions = torch.zeros(1, ids.shape[1] - 1, dtype=torch.bool)
-    positions[0, len(prompt) - 1:] = True
+    positions[0, len(prompt) - 1 :] = True
     return token_logprobs(model, ids, torch.ones_like(ids), temperature, positions)[positions]
 
 
@@ -42,26 +48,37 @@ def test_greedy_equals_transformers_generate_and_batching_changes_nothing(setup)
         for p in ids
     ]
     assert [g[0].token_ids for g in together] == [g[0].token_ids for g in one_by_one]
-    config = GenerationConfig(max_new_tokens=12, do_sample=False,
-                              eos_token_id=stop_token_ids(tokenizer),
-                              pad_token_id=tokenizer.pad_token_id)
+    config = GenerationConfig(
+        max_new_tokens=12,
+        do_sample=False,
+        eos_token_id=stop_token_ids(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+    )
     for prompt, group in zip(ids, together):
-        reference = model.generate(input_ids=torch.tensor([prompt]),
-                                   generation_config=config)[0, len(prompt):]
-        assert group[0].token_ids == tuple(reference.tolist())[:len(group[0].token_ids)]
+        reference = model.generate(input_ids=torch.tensor([prompt]), generation_config=config)[
+            0, len(prompt) :
+        ]
+        assert group[0].token_ids == tuple(reference.tolist())[: len(group[0].token_ids)]
         assert group[0].finish_reason == "length" and len(group[0].token_ids) == 12
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
 def test_sampler_logprobs_equal_the_trainers_at_the_same_temperature(setup, temperature):
     _, tokenizer, model, ids = setup
-    groups = TorchSampler(model, tokenizer, CPU, batch=6).generate(ids, 3, temperature, 0.9, 10,
-                                                                   seed=3)
+    groups = TorchSampler(model, tokenizer, CPU, batch=6).generate(
+        ids, 3, temperature, 0.9, 10, seed=3
+    )
     for prompt, group in zip(ids, groups):
         assert len(group) == 3
         for sample in group:
-            gap = (trainer_logprobs(model, prompt, sample, temperature) -
-                   torch.tensor(sample.logprobs)).abs().max()
+            gap = (
+                (
+                    trainer_logprobs(model, prompt, sample, temperature)
+                    - torch.tensor(sample.logprobs)
+                )
+                .abs()
+                .max()
+            )
             assert gap < 1e-5  # float32, batched with left padding vs one unpadded row
 
 
@@ -70,13 +87,15 @@ def test_samples_depend_on_their_own_seed_only(setup):
     sampler = TorchSampler(model, tokenizer, CPU, batch=15)
     together = sampler.generate(ids, 3, 1.0, 0.99, 8, seed=[10, 11, 12, 13, 14])
     alone = [
-        TorchSampler(model, tokenizer, CPU, batch=3).generate([p], 3, 1.0, 0.99, 8,
-                                                              seed=[10 + i])[0]
+        TorchSampler(model, tokenizer, CPU, batch=3).generate([p], 3, 1.0, 0.99, 8, seed=[10 + i])[
+            0
+        ]
         for i, p in enumerate(ids)
     ]
     assert [[s.token_ids for s in g] for g in together] == [[s.token_ids for s in g] for g in alone]
-    assert [[s.token_ids for s in g] for g in sampler.generate(ids, 3, 1.0, 0.99, 8, seed=10)] == \
-        [[s.token_ids for s in g] for g in together]
+    assert [[s.token_ids for s in g] for g in sampler.generate(ids, 3, 1.0, 0.99, 8, seed=10)] == [
+        [s.token_ids for s in g] for g in together
+    ]
     other = sampler.generate(ids, 3, 1.0, 0.99, 8, seed=99)
     assert [[s.token_ids for s in g] for g in other] != [[s.token_ids for s in g] for g in together]
     assert len({s.token_ids for s in together[0]}) > 1  # the G samples of a prompt differ
@@ -93,17 +112,20 @@ def test_nucleus_matches_plain_python_including_ties():
     # flat to peaked rows
     logits = torch.randn(12, 300, generator=gen) * torch.linspace(0.5, 8.0, 12)[:, None]
     probs = torch.cat(
-        [torch.softmax(logits, -1),
-         torch.tensor([[0.4, 0.2, 0.2, 0.2] + [0.0] * 296])])
+        [torch.softmax(logits, -1), torch.tensor([[0.4, 0.2, 0.2, 0.2] + [0.0] * 296])]
+    )
     for top_p in (0.3, 0.5, 0.9, 0.99):
         mask = nucleus_mask(probs, top_p)
         for r, row in enumerate(probs.double().tolist()):
-            assert set(mask[r].nonzero().flatten().tolist()) == reference_nucleus(row,
-                                                                                  top_p), (r, top_p)
+            assert set(mask[r].nonzero().flatten().tolist()) == reference_nucleus(row, top_p), (
+                r,
+                top_p,
+            )
         # in_nucleus for every token of every row
         every = torch.arange(probs.shape[-1]).repeat(len(probs), 1)
         one_pass = torch.stack(
-            [in_nucleus(probs, every[:, k], top_p) for k in range(probs.shape[-1])], dim=1)
+            [in_nucleus(probs, every[:, k], top_p) for k in range(probs.shape[-1])], dim=1
+        )
         assert torch.equal(one_pass, mask)
     # the tied 0.2s all stay at the cut
     assert nucleus_mask(probs[-1:], 0.5)[0, :4].tolist() == [True] * 4
@@ -143,7 +165,8 @@ def test_draw_follows_the_renormalised_nucleus():
     # a nucleus of little mass (top-p 1e-3 on a flat row) ends the rejection rounds and draws inside
     # it
     flat = torch.softmax(
-        torch.randn(2, 5000, generator=torch.Generator().manual_seed(2)) * 0.01, -1)
+        torch.randn(2, 5000, generator=torch.Generator().manual_seed(2)) * 0.01, -1
+    )
     mask = nucleus_mask(flat, 1e-3)
     assert (torch.where(mask, flat, 0.0).sum(-1) < 2e-3).all()  # 16 rounds nearly always reject
     drawn = draw(flat, 1e-3, [torch.Generator().manual_seed(3), torch.Generator().manual_seed(4)])
@@ -171,8 +194,9 @@ def test_response_ends_at_the_first_stop_token(setup):
         bias[eos] = 0.0
         model.lm_head.bias = torch.nn.Parameter(bias)
     groups = TorchSampler(model, tokenizer, CPU).generate(ids[:2], 2, 1.0, 0.99, 5, seed=0)
-    assert [[(s.token_ids, s.text, s.finish_reason) for s in g]
-            for g in groups] == [[((eos, ), "", "stop")] * 2] * 2
+    assert [[(s.token_ids, s.text, s.finish_reason) for s in g] for g in groups] == [
+        [((eos,), "", "stop")] * 2
+    ] * 2
 
 
 def test_weight_sync_makes_the_sampler_follow_the_trainer(setup):
@@ -182,10 +206,12 @@ def test_weight_sync_makes_the_sampler_follow_the_trainer(setup):
     before = sampler.generate(ids[:2], 2, 1.0, 0.99, 6, seed=0)
     sampler.load_weights((name, t.detach()) for name, t in trainer_model.state_dict().items())
     after = sampler.generate(ids[:2], 2, 1.0, 0.99, 6, seed=0)
-    reference = TorchSampler(trainer_model, tokenizer, CPU).generate(ids[:2], 2, 1.0, 0.99, 6,
-                                                                     seed=0)
-    assert [[s.token_ids for s in g] for g in after] == [[s.token_ids for s in g]
-                                                         for g in reference]
+    reference = TorchSampler(trainer_model, tokenizer, CPU).generate(
+        ids[:2], 2, 1.0, 0.99, 6, seed=0
+    )
+    assert [[s.token_ids for s in g] for g in after] == [
+        [s.token_ids for s in g] for g in reference
+    ]
     assert [[s.token_ids for s in g] for g in after] != [[s.token_ids for s in g] for g in before]
     with pytest.raises(ValueError, match="no tensor for"):
         sampler.load_weights([])
@@ -202,10 +228,14 @@ def test_bad_input_is_refused(setup):
 
 def test_sample_items_is_fixed_and_in_file_order():
     from psyrl.run.validation import sample_items
+
     items = list(range(100))
     picked = sample_items(items, 10, seed=0)
-    assert picked == sorted(picked) and len(set(picked)) == 10 and sample_items(items, 10,
-                                                                                seed=0) == picked
+    assert (
+        picked == sorted(picked)
+        and len(set(picked)) == 10
+        and sample_items(items, 10, seed=0) == picked
+    )
     assert sample_items(items, 0, seed=0) == items and sample_items(items, 500, seed=0) == items
 
 
@@ -229,11 +259,16 @@ def test_validation_on_a_benchmark_file_scores_f1_accuracy(setup):
     records = load_benchmark("data/benchmarks/simpletom/test.jsonl")[:4]
     options = [list(r.options) for r in records]
     right, wrong = records[0].answer, next(o for o in options[1] if o != records[1].answer)
-    texts = [f"<think>a</think><answer>{right}</answer>", f"<answer>{wrong}</answer>",
-             # a tie, no match: E
-             "<think>b</think><answer>" + " ".join(options[2]) + "</answer>", "zzz"]
-    metrics, outputs = validate(model_policy(model), ScriptedSampler(texts), tokenizer, records,
-                                load_config(None))
+    texts = [
+        f"<think>a</think><answer>{right}</answer>",
+        f"<answer>{wrong}</answer>",
+        # a tie, no match: E
+        "<think>b</think><answer>" + " ".join(options[2]) + "</answer>",
+        "zzz",
+    ]
+    metrics, outputs = validate(
+        model_policy(model), ScriptedSampler(texts), tokenizer, records, load_config(None)
+    )
     assert metrics["valid/accuracy"] == 0.25 and metrics["valid/not_applicable"] == 0.5
     assert metrics["valid/format"] == 0.5 and "valid/loss" not in metrics
     assert [s.text for s in outputs] == texts
@@ -241,6 +276,7 @@ def test_validation_on_a_benchmark_file_scores_f1_accuracy(setup):
 
 def model_policy(model):
     from psyrl.runtime.model import Policy
+
     return Policy(model)
 
 
@@ -256,8 +292,12 @@ def test_validation_reward_is_the_variants_final_reward_on_the_same_items(setup)
     # equal lengths: ratio 1, so no BR bonus; 0.5 F1 + 0.5 format
     for variant in ("base", "bilateral"):
         cfg = load_config(None, [f"reward.variant={variant}"])
-        metrics, _ = validate(model_policy(model), ScriptedSampler(list(texts)), tokenizer, records,
-                              cfg)
+        metrics, _ = validate(
+            model_policy(model), ScriptedSampler(list(texts)), tokenizer, records, cfg
+        )
         assert metrics["valid/reward"] == pytest.approx(0.5) and metrics["valid/f1"] == 0.5
-        assert metrics["valid/format"] == 0.5 and metrics[
-            "valid/length"] == 1.0 and "valid/loss" in metrics
+        assert (
+            metrics["valid/format"] == 0.5
+            and metrics["valid/length"] == 1.0
+            and "valid/loss" in metrics
+        )

@@ -11,7 +11,8 @@ from psyrl.runtime.model import load_tokenizer, shipped_tokenizer_dir
 @pytest.fixture(scope="module")
 def tokenizers():
     return load_tokenizer(ModelConfig(tokenizer="tiny")), load_tokenizer(
-        ModelConfig(tokenizer="qwen2.5"))
+        ModelConfig(tokenizer="qwen2.5")
+    )
 
 
 def test_shipped_files_rebuild_identically(tmp_path):
@@ -29,17 +30,22 @@ def test_same_special_tokens_and_template_as_qwen(tokenizers):
     # appended after the BPE, in order
     assert tiny.convert_tokens_to_ids(specials) == list(range(first, first + 22))
     assert (tiny.eos_token, tiny.pad_token, tiny.bos_token) == ("<|im_end|>", "<|endoftext|>", None)
-    chat = [{"role": "user", "content": "Stimuli: I lost my keys.\nQuestion: How did I feel?"},
-            {"role": "assistant", "content": "<think>keys</think><answer>annoyed</answer>"}]
+    chat = [
+        {"role": "user", "content": "Stimuli: I lost my keys.\nQuestion: How did I feel?"},
+        {"role": "assistant", "content": "<think>keys</think><answer>annoyed</answer>"},
+    ]
     assert tiny.apply_chat_template(chat, tokenize=False) == qwen.apply_chat_template(
-        chat, tokenize=False)
+        chat, tokenize=False
+    )
     ids = tiny(tiny.apply_chat_template(chat, tokenize=False))["input_ids"]
-    assert ids[0] == tiny.convert_tokens_to_ids("<|im_start|>") and ids.count(
-        tiny.eos_token_id) == 3
+    assert (
+        ids[0] == tiny.convert_tokens_to_ids("<|im_start|>") and ids.count(tiny.eos_token_id) == 3
+    )
 
 
 @pytest.mark.parametrize(
-    "text", ["I felt proud — “really” proud!", "naïve café 東京 🙂", "  two  spaces\n\ttab"])
+    "text", ["I felt proud — “really” proud!", "naïve café 東京 🙂", "  two  spaces\n\ttab"]
+)
 def test_any_text_round_trips(tokenizers, text):
     tiny, _ = tokenizers
     assert tiny.decode(tiny(text)["input_ids"]) == text  # byte-level: nothing is unknown

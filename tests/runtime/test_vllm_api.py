@@ -36,17 +36,22 @@ class Recorder:
     def LLM(self, **kwargs):  # noqa: N802
         self.calls.append(("LLM", "__init__", (), kwargs))
         engine = SimpleNamespace(
-            shutdown=lambda *a, **k: self.calls.append(("InprocClient", "shutdown", a, k)))
+            shutdown=lambda *a, **k: self.calls.append(("InprocClient", "shutdown", a, k))
+        )
         return SimpleNamespace(
-            sleep=self.method("sleep",
-                              lambda level=1: self.sleeping.update({"weights", "kv_cache"})),
-            wake_up=self.method("wake_up", self.wake_up), collective_rpc=self.method(
-                "collective_rpc", lambda method, kwargs=None: list(kwargs["weights_iterator"])),
+            sleep=self.method(
+                "sleep", lambda level=1: self.sleeping.update({"weights", "kv_cache"})
+            ),
+            wake_up=self.method("wake_up", self.wake_up),
+            collective_rpc=self.method(
+                "collective_rpc", lambda method, kwargs=None: list(kwargs["weights_iterator"])
+            ),
             reset_prefix_cache=self.method("reset_prefix_cache", lambda: True),
             generate=self.method(
-                "generate",
-                lambda prompts, params, use_tqdm=True: [self.output(p) for p in params]),
-            llm_engine=SimpleNamespace(engine_core=engine))
+                "generate", lambda prompts, params, use_tqdm=True: [self.output(p) for p in params]
+            ),
+            llm_engine=SimpleNamespace(engine_core=engine),
+        )
 
     def wake_up(self, tags=None):
         self.sleeping.difference_update(tags)
@@ -60,7 +65,8 @@ class Recorder:
             index=j,
             token_ids=[5, 6],
             finish_reason="length",  # noqa: E731
-            logprobs=logprobs)
+            logprobs=logprobs,
+        )
         return SimpleNamespace(outputs=[one(j) for j in range(params.n)])
 
     def SamplingParams(self, **kwargs):  # noqa: N802
@@ -71,6 +77,7 @@ class Recorder:
         def call(*args, **kwargs):
             self.calls.append(("LLM", name, args, kwargs))
             return body(*args, **kwargs)
+
         return call
 
 
@@ -78,14 +85,27 @@ def recorded_calls(monkeypatch):
     recorder = Recorder()
     monkeypatch.setattr(vllm_sampler, "import_vllm", lambda: recorder)
     monkeypatch.setattr(vllm_sampler, "release_memory", lambda device: None)
-    cfg = ModelConfig(tokenizer="tiny", hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
-                      intermediate_size=64)
+    cfg = ModelConfig(
+        tokenizer="tiny",
+        hidden_size=64,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=64,
+    )
     tokenizer = load_tokenizer(cfg)
     # what a GPU rank passes: sleep mode on (never touches a GPU here)
     gpu = Dist(device=torch.device("cuda", 0))
     with engine_model_dir(model_config(cfg, tokenizer)) as model_dir:
-        sampler = VLLMSampler(model_dir, tokenizer, gpu, dtype="bfloat16", max_model_len=4096,
-                              batch=8, disable_custom_all_reduce=True)
+        sampler = VLLMSampler(
+            model_dir,
+            tokenizer,
+            gpu,
+            dtype="bfloat16",
+            max_model_len=4096,
+            batch=8,
+            disable_custom_all_reduce=True,
+        )
     sampler.load_weights(load_model(cfg, tokenizer).state_dict().items())
     sampler.generate([[1, 2, 3]], 2, 1.0, 0.99, 16, 7)  # wakes the KV cache, generates, sleeps
     sampler.load_weights(load_model(cfg, tokenizer).state_dict().items())  # wakes the weights
@@ -98,8 +118,13 @@ def test_every_engine_call_binds_to_vllm_0_32(monkeypatch):
     calls = recorded_calls(monkeypatch)
     names = [name for _, name, _, _ in calls]
     expected = {
-        "__init__", "sleep", "wake_up", "collective_rpc", "reset_prefix_cache", "generate",
-        "shutdown"
+        "__init__",
+        "sleep",
+        "wake_up",
+        "collective_rpc",
+        "reset_prefix_cache",
+        "generate",
+        "shutdown",
     }
     assert expected <= set(names)
     engine_fields = {
@@ -108,14 +133,17 @@ def test_every_engine_call_binds_to_vllm_0_32(monkeypatch):
     }
     llm_params = set(inspect.signature(vllm.LLM.__init__).parameters)
     client = importlib.import_module("vllm.v1.engine.core_client").InprocClient
-    runners = [importlib.import_module("vllm.v1.worker.gpu_model_runner").GPUModelRunner,
-               importlib.import_module("vllm.v1.worker.gpu.model_runner").GPUModelRunner]
+    runners = [
+        importlib.import_module("vllm.v1.worker.gpu_model_runner").GPUModelRunner,
+        importlib.import_module("vllm.v1.worker.gpu.model_runner").GPUModelRunner,
+    ]
     for where, name, args, kwargs in calls:
         if (where, name) == ("LLM", "__init__"):
             unknown = [k for k in kwargs if k not in llm_params and k not in engine_fields]
             assert not unknown, f"LLM(...) keywords vLLM does not take: {unknown}"
-            assert kwargs["disable_custom_all_reduce"] is True and kwargs[
-                "enable_sleep_mode"] is True
+            assert (
+                kwargs["disable_custom_all_reduce"] is True and kwargs["enable_sleep_mode"] is True
+            )
         elif where == "SamplingParams":
             inspect.signature(vllm.SamplingParams).bind(**kwargs)
         elif where == "InprocClient":

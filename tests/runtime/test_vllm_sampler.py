@@ -21,9 +21,16 @@ pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 
 CPU = torch.device("cpu")
-CFG = ModelConfig(tokenizer="tiny", hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                  # vLLM's CPU attention: head_dim >= 32
-                  intermediate_size=256, max_position_embeddings=1024)
+CFG = ModelConfig(
+    tokenizer="tiny",
+    hidden_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    # vLLM's CPU attention: head_dim >= 32
+    intermediate_size=256,
+    max_position_embeddings=1024,
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +40,16 @@ def engine():
     tokenizer = load_tokenizer(CFG)
     models = [load_model(CFG, tokenizer, seed=s).eval() for s in (0, 1)]
     with engine_model_dir(model_config(CFG, tokenizer)) as model_dir:
-        sampler = VLLMSampler(model_dir, tokenizer, ONE_PROCESS, dtype="float32",
-                              max_model_len=1024, batch=16, temperature=1.0, enforce_eager=True)
+        sampler = VLLMSampler(
+            model_dir,
+            tokenizer,
+            ONE_PROCESS,
+            dtype="float32",
+            max_model_len=1024,
+            batch=16,
+            temperature=1.0,
+            enforce_eager=True,
+        )
     # the trainer's stream: a tied head appears once
     sampler.load_weights(gather_full_state_dict(models[0]))
     records = load_stimuliqa("data/demo/test.jsonl")[:4]
@@ -61,21 +76,26 @@ def test_sampled_logprobs_equal_the_trainers_and_seeds_repeat(engine):
         assert len({s.token_ids for s in group}) > 1  # the G samples of a prompt differ
         for s in group:
             with torch.no_grad():
-                gap = (trainer_logprobs(models[0], prompt, s, 1.0) -
-                       torch.tensor(s.logprobs)).abs().max()
+                gap = (
+                    (trainer_logprobs(models[0], prompt, s, 1.0) - torch.tensor(s.logprobs))
+                    .abs()
+                    .max()
+                )
             assert gap < 1e-4
             assert len(s.logprobs) == len(s.token_ids)
             if s.finish_reason == "stop":
                 assert s.token_ids[-1] in sampler.stops and s.text == tokenizer.decode(
-                    s.token_ids[:-1])
+                    s.token_ids[:-1]
+                )
                 assert not set(s.token_ids[:-1]) & set(sampler.stops)
             else:
                 assert s.finish_reason == "length" and len(s.token_ids) == 40
                 assert s.text == tokenizer.decode(s.token_ids)
     # a prompt's seed alone decides its samples
     again = sampler.generate(ids[2:], 4, 1.0, 0.99, 40, seed=[13, 14])
-    assert [[s.token_ids for s in g] for g in again] == [[s.token_ids for s in g]
-                                                         for g in groups[2:]]
+    assert [[s.token_ids for s in g] for g in again] == [
+        [s.token_ids for s in g] for g in groups[2:]
+    ]
 
 
 def test_a_stop_token_ends_the_response_and_is_kept(engine, monkeypatch):
@@ -112,8 +132,9 @@ def test_weight_sync_replaces_every_weight_in_place(engine):
     try:
         sampler.load_weights(gather_full_state_dict(models[1]))
         got = sampler.generate(ids, 1, 0.0, 1.0, 16, seed=0)
-        want = TorchSampler(models[1], tokenizer, CPU,
-                            batch=8).generate(ids, 1, 0.0, 1.0, 16, seed=0)
+        want = TorchSampler(models[1], tokenizer, CPU, batch=8).generate(
+            ids, 1, 0.0, 1.0, 16, seed=0
+        )
         assert [g[0].token_ids for g in got] == [w[0].token_ids for w in want]
         for g, w in zip(got, want):
             assert max(abs(a - b) for a, b in zip(g[0].logprobs, w[0].logprobs)) < 1e-4

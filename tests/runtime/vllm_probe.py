@@ -24,9 +24,16 @@ def main(temperature: float, top_p: float) -> None:
     tokenizer = load_tokenizer(CFG)
     model = load_model(CFG, tokenizer, seed=0).eval()
     with engine_model_dir(model_config(CFG, tokenizer)) as model_dir:
-        sampler = VLLMSampler(model_dir, tokenizer, ONE_PROCESS, dtype="float32",
-                              max_model_len=1024, batch=16, temperature=temperature,
-                              enforce_eager=True)
+        sampler = VLLMSampler(
+            model_dir,
+            tokenizer,
+            ONE_PROCESS,
+            dtype="float32",
+            max_model_len=1024,
+            batch=16,
+            temperature=temperature,
+            enforce_eager=True,
+        )
     sampler.load_weights(gather_full_state_dict(model))
     ids = [
         prompts.prompt_ids(tokenizer, r, PromptConfig())
@@ -36,8 +43,9 @@ def main(temperature: float, top_p: float) -> None:
     for prompt, group in zip(ids, sampler.generate(ids, 2, temperature, top_p, 24, seed=5)):
         for s in group:
             with torch.no_grad():
-                differences += (torch.tensor(s.logprobs) -
-                                trainer_logprobs(model, prompt, s, temperature)).tolist()
+                differences += (
+                    torch.tensor(s.logprobs) - trainer_logprobs(model, prompt, s, temperature)
+                ).tolist()
     sampler.close()
     print("PROBE " + json.dumps({"mode": sampler.logprobs_mode, "differences": differences}))
 
