@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q $(PIP_ARGS) -e '.[dev]'
 	touch $(STAMP)
 
-test: $(STAMP)
+# the lint and format check first: CI holds the layout as it holds the tests
+test: lint
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
@@ -40,8 +41,10 @@ $(VLLM_STAMP): pyproject.toml
 test-vllm-cpu: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q -m vllm
 
+# one formatter holds the layout (`ruff format .` applies it); pyproject.toml pins ruff's version
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 bench: $(STAMP)
 	$(PY) bench/reward_throughput.py

@@ -3,8 +3,7 @@
     python train_tgrpo.py --config configs/tgrpo/tiny.toml [--set table.key=value ...] [--resume]
     torchrun --nproc_per_node 4 train_tgrpo.py --config configs/tgrpo/qwen2.5-3b.toml   (FSDP2)
 
-The same command as `psyrl train-tgrpo`. The program, read top to bottom:
-psyrl/recipes/tgrpo.py.
+The same command as `psyrl train-tgrpo`. The program, read top to bottom: psyrl/recipes/tgrpo.py.
 """
 
 from psyrl.cli.commands import train_tgrpo as main

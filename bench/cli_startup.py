@@ -1,6 +1,6 @@
-"""Wall time of `psyrl --help` and of each command's --help, each in a fresh interpreter
-(`python -m psyrl ...`), with `import torch` beside them as the yardstick. Results:
-docs/measurements.md ("CLI start-up").
+"""Wall time of `psyrl --help` and of each command's --help, each in a fresh interpreter (`python -m
+psyrl ...`), with `import torch` beside them as the yardstick. Results: docs/measurements.md ("CLI
+start-up").
 
     .venv/bin/python bench/cli_startup.py [--repeat 7] [--root DIR]
 

@@ -47,7 +47,7 @@ SMALL = [
     "model.num_kv_heads=1",
     "model.intermediate_size=128",
 ]
-# plan -> laps
+# psyrl plan's phase -> the trainer's time/ key
 PHASES = {"rollout": "sample", "experience": "logprobs", "update": "update", "sync": "sync"}
 
 

@@ -3,8 +3,8 @@
     .venv/bin/python bench/reward_throughput.py [--n 10000] [--words 300] [--repeats 3]
 
 Runs the two scoring phases a T-GRPO step runs (answer components, cache phase 1, final rewards,
-cache phase 2) and prints responses/s (best of --repeats). Target: >= 5,000 responses/s, so
-that scoring stays a negligible part of a training step. Results are written in the README.
+cache phase 2) and prints responses/s (best of --repeats). Target: >= 5,000 responses/s, so that
+scoring stays a negligible part of a training step. Results are written in the README.
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ after each kill, and compare the end with the same run never killed.
     .venv/bin/python bench/soak_resume.py --trainer sft --kills 10
 
 First a small start model is taught the answer format (as tests/test_train_tgrpo.py's fixture does),
-then the reference run goes through uninterrupted. The soaked run is launched again and again;
-each launch is killed (SIGKILL to torchrun and both workers at once, as a node failure would) at a
-moment aimed at a step drawn uniformly over the whole run (the N draws sorted, one per launch), of
-one of three kinds taken in turn:
+then the reference run goes through uninterrupted. The soaked run is launched again and again; each
+launch is killed (SIGKILL to torchrun and both workers at once, as a node failure would) at a moment
+aimed at a step drawn uniformly over the whole run (the N draws sorted, one per launch), of one of
+three kinds taken in turn:
   - time: a random moment inside that step, timed from the reference run's start-up and steps;
   - checkpoint: while the first checkpoint at or after that step is being written (its
     `.step-N.tmp-*` directory exists), after a random 0-300 ms;

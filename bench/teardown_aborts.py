@@ -3,9 +3,9 @@
 Launches `--launches` torchrun jobs of 2 gloo ranks on the CPU, one after another, and counts the
 launches whose exit status is not 0 and the aborts among them. Each worker (this file with
 `--worker`) trains a tiny FSDP2 model for 3 steps, then runs 200 small async all-reduces (the
-per-step metric reductions, many of them, to widen the window), and exits through psyrl's
-`cleanup`, through `destroy_process_group()` alone (psyrl before the fix) or without either. The
-cause is in `psyrl.runtime.distributed.cleanup`'s docstring.
+per-step metric reductions, many of them, to widen the window), and exits through psyrl's `cleanup`,
+through `destroy_process_group()` alone (psyrl before the fix) or without either. The cause is in
+`psyrl.runtime.distributed.cleanup`'s docstring.
 
     .venv/bin/python bench/teardown_aborts.py --launches 200
     .venv/bin/python bench/teardown_aborts.py --launches 60 --exit destroy

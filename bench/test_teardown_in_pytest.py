@@ -1,8 +1,7 @@
 """The torchrun teardown abort, counted inside pytest (where CI met it): LAUNCHES torchrun jobs of
 bench/teardown_aborts.py's worker (2 gloo ranks, a tiny FSDP2 model, 200 all-reduces), each leaving
 through psyrl's `cleanup`; each must exit 0 without "terminate called without an active exception".
-A benchmark, not part of `make test` (pytest's testpaths is tests/); result in
-docs/measurements.md:
+A benchmark, not part of `make test` (pytest's testpaths is tests/); result in docs/measurements.md:
 
     .venv/bin/python -m pytest -q bench/test_teardown_in_pytest.py
 """

@@ -1,8 +1,8 @@
 """A reward plug-in for psyrl (`reward.custom = "examples/exact_match.py:exact_match"`): 1 when the
-answer the response gives (its last <answer>...</answer>, else the text outside <think>) equals
-the gold answer once case, punctuation and spacing are ignored, else 0. It replaces the paper's
-token F1 in the final reward, the trajectory cache's r-bar_F1 and the bilateral bonus; the extra
-component it returns is logged as reward/answered.
+answer the response gives (its last <answer>...</answer>, else the text outside <think>) equals the
+gold answer once case, punctuation and spacing are ignored, else 0. It replaces the paper's token F1
+in the final reward, the trajectory cache's r-bar_F1 and the bilateral bonus; the extra component it
+returns is logged as reward/answered.
 
     python train_tgrpo.py --config configs/tgrpo/tiny.toml \\
         --set reward.custom='"examples/exact_match.py:exact_match"'

@@ -1,7 +1,7 @@
 """Every bad input a person produces, tried on every command that reads one, in one table.
 
-Each case must end with a non-zero exit and one message that names the file (and the line, where
-the input has lines), without a traceback, and must write nothing: not in its output directory, not
+Each case must end with a non-zero exit and one message that names the file (and the line, where the
+input has lines), without a traceback, and must write nothing: not in its output directory, not
 beside it, and not in an existing run of the same name. The count is in the README."""
 
 import csv

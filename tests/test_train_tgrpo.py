@@ -426,8 +426,8 @@ print(json.dumps({"logs": SQLiteStorage.get_logs("psyrl", "rl"),
 
 
 def wandb_records(path: Path):
-    """The protobuf records of a `.wandb` file (a LevelDB-style log of 32 KiB blocks behind a
-    7-byte W&B header), decoded with wandb's own protobuf classes."""
+    """The protobuf records of a `.wandb` file (a LevelDB-style log of 32 KiB blocks behind a 7-byte
+    W&B header), decoded with wandb's own protobuf classes."""
     import struct
 
     from wandb.proto import wandb_internal_pb2

@@ -23,9 +23,9 @@ README_START, README_END = "<!-- config-reference:start -->", "<!-- config-refer
 
 
 class LazyGroup(click.Group):
-    """A click group whose commands in `lazy` (name: ("module:attribute", short help)) are
-    imported when one runs or shows its --help; the group's own --help lists their short help from
-    the table (tests/test_cli.py checks it against each command's docstring)."""
+    """A click group whose commands in `lazy` (name: ("module:attribute", short help)) are imported
+    when one runs or shows its --help; the group's own --help lists their short help from the table
+    (tests/test_cli.py checks it against each command's docstring)."""
 
     def __init__(self, *args, lazy: dict[str, tuple[str, str]], **kwargs):
         super().__init__(*args, **kwargs)
@@ -142,7 +142,8 @@ def show(path, overrides):
     "--write-readme",
     type=click.Path(exists=True, dir_okay=False),
     default=None,
-    help=f"Replace the text between {README_START} and {README_END} in this file instead of printing.",
+    help=f"Replace the text between {README_START} and {README_END} in this file instead of "
+    "printing.",
 )
 def reference(write_readme):
     """Print the Markdown reference of every config table and key (generated from the code)."""
@@ -191,7 +192,8 @@ def data_check(paths):
     type=click.Choice(["median", "best", "last"]),
     default="median",
     show_default=True,
-    help="median = appendix B's choice for the GRPO start: the checkpoint with the median valid F1.",
+    help="median = appendix B's choice for the GRPO start: the checkpoint with the median valid "
+    "F1.",
 )
 def select_checkpoint_command(run_dir, rule):
     """Print the HF directory of the chosen SFT checkpoint (by validation F1) of a train_sft.py
@@ -245,10 +247,8 @@ def tiny_tokenizer_command(demo_dir, out):
 )
 def plot_command(run_dirs, out, smooth):
     """Training curves of one or several runs overlaid, as one PNG: reward components, held-out F1,
-    response
-    length and KL over steps (the paper's Fig. 5 compares the base and bilateral rewards this way).
-    Needs
-    matplotlib: pip install -e '.[plot]'."""
+    response length and KL over steps (the paper's Fig. 5 compares the base and bilateral rewards
+    this way). Needs matplotlib: pip install -e '.[plot]'."""
     try:
         from psyrl.report.plot import plot_runs
 
@@ -321,11 +321,11 @@ def summary_command(run_dirs, window):
 )
 def report_command(run_dirs, out, smooth, window, sample_steps):
     """One self-contained HTML page (no network: open it anywhere) on one or several train_sft.py /
-    train_tgrpo.py runs: each resolved config, the start -> end table of `psyrl summary`, the
-    curves of `psyrl plot` overlaid, held-out scores per checkpoint, the tables of every
-    evaluate.py output inside the run directory (RUN_DIR/*/results.json), and a browser over the
-    T-GRPO rollout samples (samples/step-N.jsonl) with their stories and gold answers, filtered by
-    step, reward, F1, format, finish reason and text. The filters can be given in the URL, e.g.
+    train_tgrpo.py runs: each resolved config, the start -> end table of `psyrl summary`, the curves
+    of `psyrl plot` overlaid, held-out scores per checkpoint, the tables of every evaluate.py output
+    inside the run directory (RUN_DIR/*/results.json), and a browser over the T-GRPO rollout samples
+    (samples/step-N.jsonl) with their stories and gold answers, filtered by step, reward, F1,
+    format, finish reason and text. The filters can be given in the URL, e.g.
     report.html#step=20&min_reward=0.5&finish=length&q=angry."""
     from psyrl.report.html_report import write_report  # reads runs: torch's checkpoints module
 
@@ -493,8 +493,8 @@ def lengths_command(run_dirs, labels, out):
     type=click.Choice(["f1", "logprob"]),
     default="f1",
     show_default=True,
-    help="f1: F1 of the extracted answer to its best-matching option (the paper); logprob: exp(mean "
-    "token log-probability) of the response under the sampler.",
+    help="f1: F1 of the extracted answer to its best-matching option (the paper); logprob: "
+    "exp(mean token log-probability) of the response under the sampler.",
 )
 @click.option(
     "--seed", type=int, default=0, show_default=True, help="Seed of the random option on an E tie."

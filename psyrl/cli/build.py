@@ -243,8 +243,8 @@ def qa_command(run, **kwargs):
 @build_options()
 def comparison_command(run, **kwargs):
     """A comparison set in the manner of the paper's LlamaQA and MistralQA: for every (variable,
-    topic) the generator writes a stimulus and its QA pair (comparison prompt, in one turn or as
-    the second turn of a dialogue: --dialogue), then quality control and the §4.1 split."""
+    topic) the generator writes a stimulus and its QA pair (comparison prompt, in one turn or as the
+    second turn of a dialogue: --dialogue), then quality control and the §4.1 split."""
     from psyrl.dataset.builder import build_comparison
 
     build_comparison(run, **kwargs)

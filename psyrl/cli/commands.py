@@ -90,8 +90,8 @@ def train_tgrpo(config_path, overrides, overwrite, resume):
     model_required=False,
     engines=("openai",),
     notes={
-        "model": "A psyrl export (runs/<name>/hf, a checkpoint's hf/) or any Qwen2.5 checkpoint. Not "
-        "with --engine openai.",
+        "model": "A psyrl export (runs/<name>/hf, a checkpoint's hf/) or any Qwen2.5 checkpoint. "
+        "Not with --engine openai.",
         "temperature": "The paper's validation: 0.5 (A.3).",
         "seed": "Each item draws with its own seed, derived from this and its id.",
         "batch": "On a CPU, 64 was at most 22% faster than 16 on short prompts and up to 4.8x "
@@ -105,9 +105,9 @@ def train_tgrpo(config_path, overrides, overwrite, resume):
     "--benchmarks",
     multiple=True,
     metavar="NAME|FILE[,...]",
-    help=f"Benchmark names ({', '.join(PAPER_BENCHMARKS)}; extra: {', '.join(EXTRA_BENCHMARKS)}) or "
-    "JSONL files in the benchmark or StimuliQA schema; repeatable or comma-separated. Default: the "
-    "paper's five.",
+    help=f"Benchmark names ({', '.join(PAPER_BENCHMARKS)}; extra: "
+    f"{', '.join(EXTRA_BENCHMARKS)}) or JSONL files in the benchmark or StimuliQA schema; "
+    "repeatable or comma-separated. Default: the paper's five.",
 )
 @click.option(
     "--benchmark-dir",
@@ -129,7 +129,8 @@ def train_tgrpo(config_path, overrides, overwrite, resume):
     type=int,
     default=0,
     show_default=True,
-    help="At most N items per benchmark task (StimuliQA: per subdimension), a seeded choice; 0 = all.",
+    help="At most N items per benchmark task (StimuliQA: per subdimension), a seeded choice; "
+    "0 = all.",
 )
 @click.option(
     "--split",
@@ -137,7 +138,8 @@ def train_tgrpo(config_path, overrides, overwrite, resume):
     type=click.Choice(HALVES),
     default="all",
     show_default=True,
-    help="SPEC §8: `selftrain` or `eval` half of every benchmark (a seeded hash of the item id), or all.",
+    help="SPEC §8: `selftrain` or `eval` half of every benchmark (a seeded hash of the item id), "
+    "or all.",
 )
 @click.option(
     "--split-seed", type=int, default=0, show_default=True, help="Seed of the --split hash."
@@ -147,8 +149,8 @@ def train_tgrpo(config_path, overrides, overwrite, resume):
     "out_dir",
     type=click.Path(file_okay=False),
     default=None,
-    help="Output directory (predictions.jsonl, results.json, results.md). Default: runs/eval/<model "
-    "name>.",
+    help="Output directory (predictions.jsonl, results.json, results.md). Default: "
+    "runs/eval/<model name>.",
 )
 @click.option(
     "--overwrite",

@@ -46,9 +46,8 @@ def _sync_dir(directory: Path) -> None:
 
 def replace_dir(tmp: Path, final: Path) -> None:
     """Move a finished directory into place. The previous version is renamed to `<name>.old` first
-    and deleted
-    last: at every instant one complete version exists under `final` or `<name>.old` (`tidy`
-    restores it)."""
+    and deleted last: at every instant one complete version exists under `final` or `<name>.old`
+    (`tidy` restores it)."""
     old = final.with_name(final.name + ".old")
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)

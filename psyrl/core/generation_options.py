@@ -1,7 +1,7 @@
 """The generating tools' command line (evaluate.py, `psyrl build`): one set of generation options,
 named, helped and checked by the config keys they stand for ([model], [run], [sampler], [rollout],
-[log]), so the tools and the trainers share one configuration vocabulary. Imports no torch: a
-tool's --help stays instant (the start-up that uses them is psyrl.runtime.generation)."""
+[log]), so the tools and the trainers share one configuration vocabulary. Imports no torch: a tool's
+--help stays instant (the start-up that uses them is psyrl.runtime.generation)."""
 
 from __future__ import annotations
 
@@ -148,8 +148,8 @@ def generation_options(
 ):
     """The click options of the GenerationOptions fields but `omit`, defaulting to `defaults`, else
     TOOL_DEFAULTS, else the config's; `notes[name]` ends an option's help where the tool means more;
-    `engines`: --engine choices of this tool only, beyond the trainers' (evaluate.py: openai).
-    The command receives them as one GenerationOptions, `gen`."""
+    `engines`: --engine choices of this tool only, beyond the trainers' (evaluate.py: openai). The
+    command receives them as one GenerationOptions, `gen`."""
     notes = notes or {}
 
     def default(name: str):
@@ -186,8 +186,8 @@ def option_problems(gen: GenerationOptions) -> list[str]:
 
 
 def _bound(error: FieldError) -> str:
-    """The tools' words for a table's bound: `expected >= 1, got 0` -> `>= 1`,
-    `expected 0 < top_p <= 1, got 0` -> `in (0, 1]`."""
+    """The tools' words for a table's bound: `expected >= 1, got 0` -> `>= 1`, `expected 0 < top_p
+    <= 1, got 0` -> `in (0, 1]`."""
     wanted = error.message.split(", got ")[0].removeprefix("expected ")
     interval = re.fullmatch(rf"(\S+) (<=?) {error.key} (<=?) (\S+)", wanted)
     if interval:

@@ -1,9 +1,9 @@
 """The answering prompts of appendix A.1 (SPEC §5): the content, the paper's instruction, the chat
 template (the builder's four data-generation prompts are in `psyrl.dataset.prompts`).
 
-The paper prints each instruction after `[content | trim]`, the format-prompt template of the
-stack it ran on (EasyR1): the user turn is `Stimuli: <context>\\nQuestion: <question>`, a space,
-then the instruction; no system message of our own (the chat template adds the model's default).
+The paper prints each instruction after `[content | trim]`, the format-prompt template of the stack
+it ran on (EasyR1): the user turn is `Stimuli: <context>\\nQuestion: <question>`, a space, then the
+instruction; no system message of our own (the chat template adds the model's default).
 `prompt.placement = "system"` puts the instruction in the system message instead.
 """
 

@@ -1,9 +1,9 @@
 """Records, validation and ordering of the data (SPEC §6): StimuliQA and the benchmark schema.
 
 Every loader validates every line before returning anything: a file with bad lines raises one
-`DataError` listing `file:line: what was wrong` and never trains silently on the rest.
-The §4.1 split rule (`split_by_variable`), the SFT target (`sft_target`) and the seeded,
-resumable example order (`Cursor`, `next_indices`) live here; nothing re-implements them.
+`DataError` listing `file:line: what was wrong` and never trains silently on the rest. The §4.1
+split rule (`split_by_variable`), the SFT target (`sft_target`) and the seeded, resumable example
+order (`Cursor`, `next_indices`) live here; nothing re-implements them.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Answer text: the format check, normalisation, extraction, token-set F1 and option matching (paper
 eq. 4-6, SPEC §2, §7).
 
-One definition shared by the rewards (training) and the evaluation, so a model is scored the
-same way in both places.
+One definition shared by the rewards (training) and the evaluation, so a model is scored the same
+way in both places.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """TOML <-> nested dataclasses: a root dataclass whose fields are tables of scalar keys.
 
 Every bad input raises one `ConfigError` naming the file, the line and the key (tomli keeps no
-positions for values, so the line is found by scanning the text for `key =` inside `[table]`).
-Knows nothing of psyrl's tables: `psyrl.core.config` passes its root class in.
+positions for values, so the line is found by scanning the text for `key =` inside `[table]`). Knows
+nothing of psyrl's tables: `psyrl.core.config` passes its root class in.
 """
 
 from __future__ import annotations
@@ -160,8 +160,8 @@ def _build_table(table: str, cls: type, values: dict, locate) -> object:
 
 
 def _check_type(hint, value):
-    """The value as the field's type (int -> float is the only conversion), else TypeError.
-    Literal choices are checked by the table itself (`check_choices`)."""
+    """The value as the field's type (int -> float is the only conversion), else TypeError. Literal
+    choices are checked by the table itself (`check_choices`)."""
     if typing.get_origin(hint) is Literal:
         choices = typing.get_args(hint)
         if not isinstance(value, type(choices[0])) or isinstance(value, bool) != isinstance(
@@ -204,8 +204,8 @@ def _suggest(name: str, valid) -> str:
 
 
 def _find_line(text: str, table: str, key: str | None) -> int | None:
-    """First line whose prefix of the file, parsed as TOML, defines `table` (or `table.key`):
-    exact for every TOML spelling (headers, dotted keys, inline tables). Runs only on errors."""
+    """First line whose prefix of the file, parsed as TOML, defines `table` (or `table.key`): exact
+    for every TOML spelling (headers, dotted keys, inline tables). Runs only on errors."""
     lines = text.splitlines(keepends=True)
     for number in range(1, len(lines) + 1):
         try:

@@ -7,8 +7,8 @@ quality control and the §4.1 split.
     comparison  topics -> comparison prompt (a stimulus, then its QA pair) -> quality control ->
     split
 
-The other commands: psyrl.dataset.topics (`topics`), psyrl.dataset.reasoning (`reasoning`); what they
-share: psyrl.dataset.run.
+The other commands: psyrl.dataset.topics (`topics`), psyrl.dataset.reasoning (`reasoning`); what
+they share: psyrl.dataset.run.
 """
 
 from __future__ import annotations

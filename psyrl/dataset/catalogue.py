@@ -90,7 +90,7 @@ def load_catalogue(path: str | Path) -> dict[str, Variable]:
         starts = (
             json_element_lines(text, isinstance(top, list)) if isinstance(entries, list) else []
         )
-        key_line = lambda start, key: _line_after(text, start, rf'"{key}"\s*:')  # noqa: E731
+        key_line = lambda start, key: _line_after(text, start, rf'"{key}"\s*:')
     else:
         try:
             top = tomli.loads(text)
@@ -101,7 +101,7 @@ def load_catalogue(path: str | Path) -> dict[str, Variable]:
             m.start()
             for m in re.finditer(r"^[ \t]*\[\[[ \t]*variable[ \t]*\]\]", text, re.MULTILINE)
         ]
-        key_line = lambda start, key: _line_after(text, start, rf"^[ \t]*{key}[ \t]*=")  # noqa: E731
+        key_line = lambda start, key: _line_after(text, start, rf"^[ \t]*{key}[ \t]*=")
     if isinstance(entries, dict):
         raise DataError(
             f"{path}: `variable` is one table; write each variable as [[variable]] (an array of "

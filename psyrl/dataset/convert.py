@@ -7,8 +7,8 @@ reported as `source:line` (or `source: row N`), column, what was expected. The w
 loaded back with `load_stimuliqa` / `load_benchmark` before it is renamed into place.
 
 Parquet and `datasets` directories are read with pyarrow alone (`pip install -e '.[data]'`):
-save_to_disk writes Arrow IPC streams listed in its state.json, so `datasets` and its pandas
-are not needed to read them.
+save_to_disk writes Arrow IPC streams listed in its state.json, so `datasets` and its pandas are not
+needed to read them.
 """
 
 from __future__ import annotations
@@ -117,8 +117,8 @@ def detect_kind(path: Path) -> str:
 
 
 def read_source(path: str | Path, kind: str | None = None) -> Source:
-    """Every row of a source; `kind` None detects it (a .jsonl whose first line has `messages`
-    is chat)."""
+    """Every row of a source; `kind` None detects it (a .jsonl whose first line has `messages` is
+    chat)."""
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such file or directory")
@@ -376,8 +376,7 @@ def _label(key: str, mapping: dict[str, str]) -> str:
 def row_object(
     row: dict, n: int, source: Source, target: str, mapping: dict[str, str], benchmark: str
 ) -> dict:
-    """The output JSON object of one source row; a ValueError names the column of each
-    problem."""
+    """The output JSON object of one source row; a ValueError names the column of each problem."""
     values, problems = {}, []
     for key, column in mapping.items():
         try:
@@ -473,8 +472,8 @@ def convert(
     benchmark: str | None = None,
     overwrite: bool = False,
 ) -> tuple[Source, list]:
-    """Read, convert, write `out` atomically and load it back with the target's loader; nothing
-    is written on any error. `benchmark` defaults to `out`'s name without .jsonl."""
+    """Read, convert, write `out` atomically and load it back with the target's loader; nothing is
+    written on any error. `benchmark` defaults to `out`'s name without .jsonl."""
     out = Path(out)
     if out.is_dir():
         raise ConvertError(f"--out {out}: is a directory; expected a .jsonl file")
@@ -530,9 +529,9 @@ def convert(
 def convert_command(source, target, map_texts, out, overwrite, kind, benchmark):
     """Convert SOURCE into psyrl's StimuliQA or benchmark JSONL, every row validated.
 
-    SOURCE is a datasets save_to_disk directory (state.json), a .parquet, .csv/.tsv, .jsonl or
-    .json file, or a chat JSONL: each line {"messages": [user turn, assistant turn]} with an
-    optional system turn first. Parquet and datasets need pyarrow: pip install -e '.[data]'.
+    SOURCE is a datasets save_to_disk directory (state.json), a .parquet, .csv/.tsv, .jsonl or .json
+    file, or a chat JSONL: each line {"messages": [user turn, assistant turn]} with an optional
+    system turn first. Parquet and datasets need pyarrow: pip install -e '.[data]'.
 
     --map gives KEY=COLUMN pairs, comma-separated:
 
@@ -543,33 +542,30 @@ def convert_command(source, target, map_texts, out, overwrite, kind, benchmark):
           --map stimuli=context,question=question,answer_index=label \\
           --map options=answer0+answer1+answer2+answer3
 
-    \b
-    stimuliqa   question, stimuli, and answer (or options + answer_index: the
+    \b stimuliqa question, stimuli, and answer (or options + answer_index: the
                 chosen option is the answer); optional id, variable, dimension,
                 subdimension, reasoning, reason (a generator's
                 Reason: line, the SFT think text with data.think_from = "reason")
     benchmark   question, options, and answer or answer_index (both: they
                 must agree); optional id, stimuli (the context), task, meta
 
-    \b
-    options       a list column, a JSON list in a CSV cell, or COL+COL+...
+    \b options a list column, a JSON list in a CSV cell, or COL+COL+...
                   (trailing empty cells dropped)
-    answer_index  0-based number or letter (A = 0)
-    id            default SOURCE-NAME/ROW (stimuliqa), BENCHMARK/ROW (benchmark)
-    meta          default {"source_file", "source_row"}
-    COLUMN        a.b reaches into a struct column, e.g. options=choices.text
+    answer_index 0-based number or letter (A = 0) id default SOURCE-NAME/ROW (stimuliqa),
+    BENCHMARK/ROW (benchmark) meta default {"source_file", "source_row"} COLUMN a.b reaches into a
+    struct column, e.g. options=choices.text
 
-    A chat source has the columns system, user, assistant, and the user turn split at its last
-    blank line: user_context (before it; "" without one) and user_question (the last paragraph),
-    besides the line's other keys (e.g. id):
+    A chat source has the columns system, user, assistant, and the user turn split at its last blank
+    line: user_context (before it; "" without one) and user_question (the last paragraph), besides
+    the line's other keys (e.g. id):
 
     \b
       psyrl data convert chats.jsonl --to stimuliqa --out train.jsonl \\
           --map stimuli=user_context,question=user_question,answer=assistant
 
-    An open-answer evaluation set is a StimuliQA file (evaluate.py scores it by F1 and format).
-    Text is stripped of surrounding whitespace. Errors name the source file, its line (CSV,
-    JSONL) or row, and the column; nothing is written unless every row converts.
+    An open-answer evaluation set is a StimuliQA file (evaluate.py scores it by F1 and format). Text
+    is stripped of surrounding whitespace. Errors name the source file, its line (CSV, JSONL) or
+    row, and the column; nothing is written unless every row converts.
     """
     try:
         mapping = parse_map(map_texts, target)

@@ -5,8 +5,8 @@ stopped and a finished prompt is never generated again.
 A log row: `{"key", "prompt_sha", "outputs": [{"text", "finish_reason", "tokens"}, ...]}`. A row
 counts as done for a job with the same key and the same prompt, every turn of its dialogue included
 (an edited stimulus is generated again). Under torchrun the prompts of a round are shared across
-ranks and rank 0 writes; each prompt draws with its own seed (from the build's seed and its key),
-so the samples do not depend on the ranks, the batch or a resume.
+ranks and rank 0 writes; each prompt draws with its own seed (from the build's seed and its key), so
+the samples do not depend on the ranks, the batch or a resume.
 """
 
 from __future__ import annotations
@@ -73,8 +73,7 @@ def prompt_sha(prompt: str) -> str:
 
 
 def chat_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """The chat turns as the model's chat template renders them, ready for the assistant's
-    reply."""
+    """The chat turns as the model's chat template renders them, ready for the assistant's reply."""
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -163,8 +162,7 @@ def generate(
         for start in range(0, len(pending), per_round):
             # strided: each rank gets short and long
             mine = pending[start : start + per_round][dist.rank :: dist.world]
-            # collective
-            groups = sampler.generate(
+            groups = sampler.generate(  # collective
                 [chat_ids(tokenizer, j.messages()) for j in mine],
                 sampling.samples,
                 sampling.temperature,

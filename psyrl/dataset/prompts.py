@@ -56,8 +56,8 @@ _PLACEHOLDER = re.compile(
 
 def fill(template: str, **fields: str) -> str:
     """The template with each `[name]` replaced by fields[name] (`["sample topics"]` by
-    fields["topics"]), in one
-    pass: a filled-in text that itself holds `[range]` stays as written."""
+    fields["topics"]), in one pass: a filled-in text that itself holds `[range]` stays as
+    written."""
 
     def value(match: re.Match) -> str:
         name = "topics" if match.group(0).startswith('["') else match.group(0)[1:-1]

@@ -3,18 +3,15 @@ lists, reasoning.
 
 Models drift from `Question: / Answer: / Reason:`; what is tolerated:
 - labels in any case, in markdown (`**Question:**`, `### Answer:`), after a bullet or a number (`1.
-Question:`),
-  `Correct Answer`, `Reasoning` and `Explanation` as synonyms, and labels run together on one line;
+  Question:`), `Correct Answer`, `Reasoning` and `Explanation` as synonyms, and labels run together
+  on one line;
 - text before the first label (a preamble) and after the reason (a sign-off), code fences, a missing
 Reason;
 - the answer is the text after its label, or the first paragraph below an empty label line (an
-unlabelled
-  explanation or a sign-off after it is not part of it).
-Everything else is rejected with a counted reason: no_question, several_questions, no_answer,
-several_answers,
-answer_before_question, empty_question, empty_answer, template_echo (the prompt's placeholders
-repeated), and for
-comparison sets no_stimulus.
+  unlabelled explanation or a sign-off after it is not part of it). Everything else is rejected with
+  a counted reason: no_question, several_questions, no_answer, several_answers,
+  answer_before_question, empty_question, empty_answer, template_echo (the prompt's placeholders
+  repeated), and for comparison sets no_stimulus.
 """
 
 from __future__ import annotations
@@ -47,8 +44,7 @@ _LABEL_LINE = re.compile(
 )
 _LEADING_MARKER = re.compile(_MARKER)
 # a label run into the previous text ("...? Answer: Anger Reason: ...", "...? 2. Answer: ..."):
-# exact capitals only,
-# so prose is left alone
+# exact capitals only, so prose is left alone
 _INLINE_LABEL = re.compile(
     r"(?<=\S)(?<!Correct)(?<!\s\d[.)])[ \t]+(?=(?:\d+[.)]\s*)?(?:\*\*|__)?(?:Question|"
     r"Correct Answer|Answer|Reasoning|Reason|Explanation|Stimuli|Stimulus)(?:\*\*|__)?\s*:)"

@@ -1,37 +1,27 @@
 """Quality control of generated QA pairs (appendix B, "Dataset Construction and Quality Control").
 
 The paper saw generators "rephrase the parameter into a question and return the annotated value as
-the answer"
-and filtered such trivial pairs out; it does not print its rules. psyrl's, applied in this order
-(the first that
-fires is the pair's reason). Words are eq. 5's normalised tokens; content words are those outside
-STOPWORDS.
+the answer" and filtered such trivial pairs out; it does not print its rules. psyrl's, applied in
+this order (the first that fires is the pair's reason). Words are eq. 5's normalised tokens; content
+words are those outside STOPWORDS.
 - variable_code: the question or the answer names the variable's code (`B_disap`, `b-disap`,
-markdown's `B\\_disap`);
-  only for codes with `_` or a digit (a code that is a plain word, `anger`, may fairly appear in a
-  question).
+  markdown's `B\\_disap`); only for codes with `_` or a digit (a code that is a plain word, `anger`,
+  may fairly appear in a question).
 - value_in_question: the annotated value is written as a number in the question's stem and not in
-the stimulus (a
-  number the story itself holds, "I waited 2 hours", is fair to ask about). The variable's scale as
-  the prompt gave
-  it ("on a scale of 0 to 3", "out of 3") is set aside first, or extreme labels would be dropped for
-  naming it.
+  the stimulus (a number the story itself holds, "I waited 2 hours", is fair to ask about). The
+  variable's scale as the prompt gave it ("on a scale of 0 to 3", "out of 3") is set aside first, or
+  extreme labels would be dropped for naming it.
 - answer_is_value: the answer is only numbers once rating words (score, level, out of, ...) are set
-aside: "2",
-  "Score: 2", "2/3". A number is never an answer that needed the story.
+  aside: "2", "Score: 2", "2/3". A number is never an answer that needed the story.
 - answer_in_question: every content word of the answer is in the question's stem (the question
-before its options:
-  the prompt asks for distractor options, so the answer may be among them).
+  before its options: the prompt asks for distractor options, so the answer may be among them).
 - ungrounded: the stem and the answer share no content word with the stimulus and the stem refers to
-no story,
-  narrator or person (REFERENCE_WORDS): a generic question one answers without reading the stimulus.
-Duplicates, among the pairs that pass, in generation order (the first is kept):
+  no story, narrator or person (REFERENCE_WORDS): a generic question one answers without reading the
+  stimulus. Duplicates, among the pairs that pass, in generation order (the first is kept):
 - duplicate: the same words as an earlier pair of the same group;
 - near_duplicate: content-word Jaccard similarity >= the threshold with an earlier pair of the same
-group.
-A group is a stimulus for labelled tables (compare questions) and a variable for comparison sets
-(compare stimulus
-and question: the generator wrote both).
+  group. A group is a stimulus for labelled tables (compare questions) and a variable for comparison
+  sets (compare stimulus and question: the generator wrote both).
 """
 
 from __future__ import annotations

@@ -104,8 +104,8 @@ class BuildRun:
         progress: bool | None = None,
         samples: int | None = None,
     ) -> dict[str, dict]:
-        """Every job's log row (see psyrl.dataset.generation_log.generate); `samples` overrides
-        the generations per prompt (a two-turn dialogue's first reply is one)."""
+        """Every job's log row (see psyrl.dataset.generation_log.generate); `samples` overrides the
+        generations per prompt (a two-turn dialogue's first reply is one)."""
         log = self.out / "generations.jsonl"
         if self.logged is None:
             self.logged = load_log(self.dist, log)
@@ -227,10 +227,7 @@ def report_markdown(title: str, summary: str, report: dict) -> str:
         name,
         *extra,
         *[b["generations"], b["kept"]],
-        *[
-            b["dropped"].get(r, 0)  # noqa: E731
-            for r in reasons
-        ],
+        *[b["dropped"].get(r, 0) for r in reasons],
     ]
     parts += [
         "## By variable",

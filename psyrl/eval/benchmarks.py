@@ -2,8 +2,7 @@
 scored, how one response is scored, and the per-benchmark and per-task results.
 
 Pure functions of records and responses (no model here: `evaluate.py` generates). Scoring uses
-`psyrl.core.text` and the
-format check of `psyrl.rl.rewards`, the definitions training uses:
+`psyrl.core.text` and the format check of `psyrl.rl.rewards`, the definitions training uses:
   F1           token-set F1 of the extracted answer to the gold answer text (eq. 4-5);
   F1-accuracy  the option of highest F1 to the extracted answer is the choice; a tie at the top
   (all-zero and

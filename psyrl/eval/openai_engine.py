@@ -1,12 +1,12 @@
 """evaluate.py's `--engine openai`: responses from any OpenAI-compatible chat-completions endpoint
 (`vllm serve`, TGI, llama.cpp's server, a commercial API), for Table 3's API baselines.
 
-Each item is one POST of `{base_url}/chat/completions` with the chat messages psyrl's prompt
-builds (`psyrl.core.prompts.messages`; the server applies its own chat template), the item's seed
-(`seed`), `temperature`, `top_p` and `max_tokens`. Requests run on a pool of threads; a 429, a 5xx,
-a malformed answer, a refused connection or a timeout is retried with exponential backoff and
-jitter (a `Retry-After` header is honoured), any other 4xx fails at once. The API key is read from
-an environment variable and only ever sent in the `Authorization` header: it is never returned,
+Each item is one POST of `{base_url}/chat/completions` with the chat messages psyrl's prompt builds
+(`psyrl.core.prompts.messages`; the server applies its own chat template), the item's seed (`seed`),
+`temperature`, `top_p` and `max_tokens`. Requests run on a pool of threads; a 429, a 5xx, a
+malformed answer, a refused connection or a timeout is retried with exponential backoff and jitter
+(a `Retry-After` header is honoured), any other 4xx fails at once. The API key is read from an
+environment variable and only ever sent in the `Authorization` header: it is never returned,
 recorded or printed (error messages have it masked).
 
 The standard library only (urllib, threads): `evaluate --help` imports this module and must stay
@@ -96,8 +96,8 @@ def url_problem(base_url: str) -> str | None:
 def request_body(
     model: str, messages: list[dict], temperature: float, top_p: float, max_tokens: int, seed: int
 ) -> dict:
-    """The chat-completions request of one item: only fields of OpenAI's API, so that any
-    compatible server takes it (`max_tokens`, the field every one of them knows)."""
+    """The chat-completions request of one item: only fields of OpenAI's API, so that any compatible
+    server takes it (`max_tokens`, the field every one of them knows)."""
     return {
         "model": model,
         "messages": messages,
@@ -111,8 +111,8 @@ def request_body(
 
 
 def parse_completion(payload: bytes, mask: Callable[[bytes], bytes] = lambda b: b) -> Completion:
-    """The fields of a chat-completions answer; a _Retryable if it is not one (a proxy's error
-    page, a body cut short), showing the body through `mask`."""
+    """The fields of a chat-completions answer; a _Retryable if it is not one (a proxy's error page,
+    a body cut short), showing the body through `mask`."""
     try:
         answer = json.loads(payload)
         choice = answer["choices"][0]
@@ -201,8 +201,8 @@ class Client:
             if failure.retry_after is not None and failure.retry_after > RETRY_AFTER_MAX:
                 raise ApiError(
                     self._masked(
-                        f"{opts.url}: {failure} with Retry-After {failure.retry_after:g} s (more than "
-                        f"{RETRY_AFTER_MAX:g} s: try again later)"
+                        f"{opts.url}: {failure} with Retry-After {failure.retry_after:g} s "
+                        f"(more than {RETRY_AFTER_MAX:g} s: try again later)"
                     )
                 )
             if attempt == opts.retries:
@@ -214,8 +214,8 @@ class Client:
         raise AssertionError("unreachable")
 
     def _masked_text(self, payload: bytes) -> bytes:
-        """The body with the key masked before it is cut to BODY_SHOWN characters (a cut key
-        would print its prefix)."""
+        """The body with the key masked before it is cut to BODY_SHOWN characters (a cut key would
+        print its prefix)."""
         return payload.replace(self._key.encode(), b"***") if self._key else payload
 
     def _masked(self, message: str) -> str:

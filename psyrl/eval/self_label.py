@@ -108,8 +108,7 @@ def self_label(
         if not confidence_of(scores, row["mean_logprob"], confidence) > tau:
             counts["low_confidence"] += 1
             continue
-        # per item: order-independent
-        choice = relabel(scores, random.Random(f"relabel:{seed}:{record.id}"))
+        choice = relabel(scores, random.Random(f"relabel:{seed}:{record.id}"))  # per item
         if choice is None:
             counts["no_matching_option"] += 1
             continue

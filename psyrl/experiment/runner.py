@@ -1,6 +1,6 @@
-"""`psyrl experiment FILE`: run an experiment file's units in dependency order, each a psyrl
-program in its own process (torchrun when `nproc` > 1), skip the finished ones, resume the
-interrupted ones, then write experiments/<name>/results.{md,json}.
+"""`psyrl experiment FILE`: run an experiment file's units in dependency order, each a psyrl program
+in its own process (torchrun when `nproc` > 1), skip the finished ones, resume the interrupted ones,
+then write experiments/<name>/results.{md,json}.
 
 A unit is finished when its outputs are: a trainer's `hf/config.json` (and its evaluation's
 results.json), an evaluation's results.json, a psyrl command's `creates` file. A trainer run that
@@ -341,8 +341,8 @@ def root_model(experiment: Experiment, reference: str) -> str:
 
 
 def plan_memory(experiment: Experiment, extra_sets: tuple[str, ...], gpu_memory_gib: float) -> int:
-    """`psyrl plan` for every trainer run (model.path: the model its chain starts from) on
-    `nproc` GPUs; returns 3 when one does not fit, as `psyrl plan` does."""
+    """`psyrl plan` for every trainer run (model.path: the model its chain starts from) on `nproc`
+    GPUs; returns 3 when one does not fit, as `psyrl plan` does."""
     from psyrl.core.config import load_config
     from psyrl.plan.memory import format_plan, load_architecture
     from psyrl.plan.memory import plan as memory_plan

@@ -8,8 +8,8 @@ per run and seed, in dependency order. Reads files only: nothing here runs or im
     [[tables]]                   rows (run names), columns, metric, deltas, compare
 
 A model reference (`model`, and `{model:...}` in `args` or `set`) is a run name (its final `hf/`),
-`NAME@median|best|last` (`psyrl select-checkpoint`'s choice, appendix B), or a path. `{run:NAME}`
-is a run's directory, `{eval:NAME}` its evaluation's, `{dir}` the run's own.
+`NAME@median|best|last` (`psyrl select-checkpoint`'s choice, appendix B), or a path. `{run:NAME}` is
+a run's directory, `{eval:NAME}` its evaluation's, `{dir}` the run's own.
 """
 
 from __future__ import annotations

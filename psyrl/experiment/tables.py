@@ -52,8 +52,8 @@ def _metric(row: dict, metric: str) -> float | None:
 
 
 def build_table(experiment: Experiment, table: TableSpec, units: Sequence[Unit]) -> dict:
-    """{title, metric, columns, rows: [{run, label, seeds, cells}], deltas: {base: rows},
-    compare: [...]}; a cell is an Estimate's dict, or None where the run has no such column."""
+    """{title, metric, columns, rows: [{run, label, seeds, cells}], deltas: {base: rows}, compare:
+    [...]}; a cell is an Estimate's dict, or None where the run has no such column."""
     by_run = {
         name: [u for u in units if u.run.name == name]
         for name in {*table.rows, *table.deltas, *(x for p in table.compare for x in p)}

@@ -182,9 +182,8 @@ def layer_saved_per_token(sh: Shapes, b: int) -> int:
     # each RMSNorm: float32 input (pow, mul), normalised value, output; rsqrt
     norms = 2 * ((4 + 2 * b) * H + 4)
     # the rotary muls save only cos and sin (q and k need no saving: cos/sin carry no gradient);
-    # sdpa saves q_embed,
-    # k and v (repeat_kv's copies to all heads when it has a mask), its output (o_proj's input too)
-    # and logsumexp
+    # sdpa saves q_embed, k and v (repeat_kv's copies to all heads when it has a mask), its output
+    # (o_proj's input too) and logsumexp
     attention = 2 * b * q + 2 * b * (q if kv < q else kv) + 4 * sh.heads
     # gate_proj out (SiLU), SiLU out and up_proj out (their product), the product (down_proj)
     mlp = 4 * b * ffn
@@ -553,9 +552,8 @@ def _pool(cfg, sh: Shapes, gpus: int, capacity: float) -> Pool:
     weights = b * sh.params / tp  # vLLM shards every matrix (and the vocabulary) over the TP ranks
     step_tokens = VLLM_STEP_TOKENS[capacity >= 70 * GIB]  # chunked prefill: a step never exceeds it
     # estimate of vLLM's profiled activation peak: one step's residual stream and MLP (gate_up and
-    # its product), plus
-    # the sampler's [max_num_seqs, V] float32 logits and three temporaries of the same size
-    # (softmax, top-p sort)
+    # its product), plus the sampler's [max_num_seqs, V] float32 logits and three temporaries of the
+    # same size (softmax, top-p sort)
     activation = (
         step_tokens * b * (2 * sh.hidden + 3 * sh.intermediate / tp)
         + cfg.sampler.max_num_seqs * sh.vocab * 16
@@ -625,12 +623,10 @@ def _batch(rows: int, seq_len: int, budget: int, max_response: int) -> tuple[flo
 
 def _grad_sync(sh: Shapes, run: _Run, moment: str, defer: bool) -> float:
     """Gradient buffers of FSDP2's reduce-scatter (torch _fsdp_collectives.foreach_reduce): the
-    unit's unsharded
-    gradients in model.dtype, copied into a float32 reduce-scatter input (dim 0 padded), reduced
-    into a float32 shard.
-    defer_grad_sync: float32 unsharded gradients of every parameter held through the update
-    (set_requires_gradient_sync
-    (False) accumulates them in reduce_dtype, _fsdp_param.to_accumulated_grad_if_needed)."""
+    unit's unsharded gradients in model.dtype, copied into a float32 reduce-scatter input (dim 0
+    padded), reduced into a float32 shard. defer_grad_sync: float32 unsharded gradients of every
+    parameter held through the update (set_requires_gradient_sync (False) accumulates them in
+    reduce_dtype, _fsdp_param.to_accumulated_grad_if_needed)."""
     deferred = 4.0 * sh.params if defer and run.world > 1 else 0.0
     if run.world == 1:  # one process: gradients accumulate in .grad (the "grads" part)
         return deferred
@@ -821,8 +817,7 @@ def _host(cfg, sh: Shapes, gpus: int, trainer: str) -> tuple[dict[str, float], d
         # checkpoint.export_dtype
         f"checkpoint on rank 0 (float32 state + {cfg.checkpoint.export_dtype} export)": (4 + export)
         * sh.params,
-        # psyrl.runtime.distributed.load_sharded
-        "start-up: rank 0 reads the float32 model": 4.0 * sh.params,
+        "start-up: rank 0 reads the float32 model": 4.0 * sh.params,  # runtime.load_sharded
     }
     return stays, transient
 

@@ -11,19 +11,18 @@ per benchmark and per task, for any local Hugging Face checkpoint.
     python evaluate.py --engine openai --base-url URL --api-model NAME ...   (an API baseline, one
     process: `evaluate_api`)
 
-Its command line (the options below are the trainers' config keys, psyrl.core.generation_options)
-is psyrl.cli.commands.evaluate; `main` below is the program.
+Its command line (the options below are the trainers' config keys, psyrl.core.generation_options) is
+psyrl.cli.commands.evaluate; `main` below is the program.
 
 Responses come from the sampler interface of the trainers (`psyrl.runtime.sampler`), one per item,
 seeded per item id: an item's random draws do not depend on the ranks, the batch, --limit or a
 resume (its logits can, in their last bits, with the batch's shapes). Predictions are appended to
 `<out>/predictions.jsonl` as they finish; a second run with the same --out and generation settings
 skips the items already there (an interrupted evaluation resumes; SIGTERM or SIGUSR1 stops it after
-the round in flight, exit status 75). At the end: predictions.jsonl in
-item order, results.json, results.md. `--engine openai` sends each item's chat messages to an
-OpenAI-compatible endpoint instead (psyrl.eval.openai_engine) and keeps the same files and resume.
-ToMbench's licence says "evaluation only": `psyrl self-label` leaves its items out unless told
-otherwise.
+the round in flight, exit status 75). At the end: predictions.jsonl in item order, results.json,
+results.md. `--engine openai` sends each item's chat messages to an OpenAI-compatible endpoint
+instead (psyrl.eval.openai_engine) and keeps the same files and resume. ToMbench's licence says
+"evaluation only": `psyrl self-label` leaves its items out unless told otherwise.
 """
 
 from __future__ import annotations
@@ -428,8 +427,8 @@ def start_output(out: Path, settings: dict, items: list, overwrite: bool) -> dic
 def write_results(
     out: Path, label: str, items: list, done: dict[str, dict], settings: dict, perf: dict
 ) -> None:
-    """predictions.jsonl in item order (the same file for any ranks, batch, engine order or
-    resume), results.json, results.md (printed)."""
+    """predictions.jsonl in item order (the same file for any ranks, batch, engine order or resume),
+    results.json, results.md (printed)."""
     rows = [done[r.id] for _, r in items]
     write_text(out / "predictions.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
     results = aggregate(rows)

@@ -6,8 +6,8 @@
     SPEC §1)
     psyrl train-tgrpo ... / torchrun --nproc_per_node 4 -m psyrl train-tgrpo ...   (installed)
 
-Its command line (--config, --set, --overwrite, --resume) is psyrl.cli.commands.train_tgrpo;
-`train` below is the program.
+Its command line (--config, --set, --overwrite, --resume) is psyrl.cli.commands.train_tgrpo; `train`
+below is the program.
 
 One step (SPEC §9): B prompts in a seeded, resumable order, split over ranks (a prompt's G samples
 stay on one rank) -> G samples each from the sampler -> answers scored -> cache phase 1 over the

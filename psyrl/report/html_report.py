@@ -1,8 +1,8 @@
 """`psyrl report`: one self-contained HTML page on one or several training runs, for a person to
 open after a run.
 
-It holds each run's resolved config, the start -> end table of `psyrl summary`, the curves of
-`psyrl plot` (its panels and trailing mean) as inline SVG, the held-out scores of every checkpoint
+It holds each run's resolved config, the start -> end table of `psyrl summary`, the curves of `psyrl
+plot` (its panels and trailing mean) as inline SVG, the held-out scores of every checkpoint
 (`checkpoints/step-N/validation.json`), the tables of every evaluation found in the run directory
 (`<run>/<dir>/results.json`, what evaluate.py --out writes; `make demo` writes `eval-mc/`), and a
 browser over T-GRPO's rollout samples (`samples/step-N.jsonl`), each response beside its prompt's
@@ -338,8 +338,8 @@ def padded(lo: float, hi: float) -> tuple[float, float]:
 def svg_panel(
     metric: str, lines: list[tuple[str, str, list[int], list[float]]], smooth: int
 ) -> tuple[str, dict]:
-    """One panel: every run's series of `metric` (thin per step and thick trailing mean, or dots
-    for the validation scores), axes and ticks; and the data the JS cursor reads out."""
+    """One panel: every run's series of `metric` (thin per step and thick trailing mean, or dots for
+    the validation scores), axes and ticks; and the data the JS cursor reads out."""
     steps = [s for _, _, xs, _ in lines for s in xs]
     values = [v for _, _, _, ys in lines for v in ys]
     x0, x1 = (

@@ -1,7 +1,7 @@
 """The bilateral reward and its variants (paper §3.2 eq. 3-9, appendix A.2 eq. 11-15, SPEC §2).
 
-Scoring runs in two parts because the length terms need the trajectory cache's statistics,
-which include the current step (SPEC §3):
+Scoring runs in two parts because the length terms need the trajectory cache's statistics, which
+include the current step (SPEC §3):
   1. `answer_components(responses, golds, mode, cfg)`: r_F1, r_fmt, p_rep per sample (no cache);
   2. `final_rewards(components, lengths, mean_length, mean_f1, cfg)`: r_BR, r_len, r_short and the
      configured variant's final reward, with L-bar and r-bar_F1 read from the cache.
@@ -49,9 +49,9 @@ def answer_components(
     plugin: Callable | None = None,
     records: Sequence | None = None,
 ) -> Components:
-    """Per-sample r_F1 (eq. 4-5), r_fmt (eq. 6) and p_rep (eq. 9): everything that needs no
-    cache. With a reward plug-in (`reward.custom`, loaded by `load_reward_plugin`), "f1" holds its
-    accuracy for each response (given `records`, one per response), "token_f1" the paper's F1, and
+    """Per-sample r_F1 (eq. 4-5), r_fmt (eq. 6) and p_rep (eq. 9): everything that needs no cache.
+    With a reward plug-in (`reward.custom`, loaded by `load_reward_plugin`), "f1" holds its accuracy
+    for each response (given `records`, one per response), "token_f1" the paper's F1, and
     "custom/<name>" each extra component it returns."""
     if len(responses) != len(golds):
         raise ValueError(f"{len(responses)} responses but {len(golds)} gold answers")
@@ -63,7 +63,7 @@ def answer_components(
         f1.append(set_f1(set(normalize(extract_answer(response))), gold_sets[gold]))
         fmt.append(format_reward(response, mode))
         rep.append(repetition_penalty(think_text(response), cfg.tau_rep, cfg.eps))
-    as_tensor = lambda values: torch.tensor(values, dtype=torch.float64)  # noqa: E731
+    as_tensor = lambda values: torch.tensor(values, dtype=torch.float64)
     parts = {"f1": as_tensor(f1), "fmt": as_tensor(fmt), "rep": as_tensor(rep)}
     if plugin is not None:
         scores, extras = plugin_scores(plugin, cfg.custom, responses, golds, records)
@@ -100,9 +100,9 @@ def plugin_scores(
     golds: Sequence[str],
     records: Sequence | None,
 ) -> tuple[torch.Tensor, Components]:
-    """(accuracy [N], {"custom/<name>": [N]}) from a reward plug-in, every value checked: one
-    finite number per response, the accuracy in [0, 1]; ValueError naming the plug-in and the
-    sample otherwise."""
+    """(accuracy [N], {"custom/<name>": [N]}) from a reward plug-in, every value checked: one finite
+    number per response, the accuracy in [0, 1]; ValueError naming the plug-in and the sample
+    otherwise."""
     records = list(records) if records is not None else [None] * len(responses)
     try:
         out = plugin(list(responses), list(golds), records)

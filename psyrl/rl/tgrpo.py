@@ -1,7 +1,7 @@
 """The T-GRPO objective (paper §3.2 eq. 1-2, SPEC §3): advantages, KL and the clipped loss.
 
-Pure tensor functions. Shapes: N responses, T response positions; `mask` [N, T] marks the
-response tokens the loss counts (end-of-turn token included when generated).
+Pure tensor functions. Shapes: N responses, T response positions; `mask` [N, T] marks the response
+tokens the loss counts (end-of-turn token included when generated).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ def advantages(
     """Eq. 2: A_i = (r_i - r-bar) / (sigma_r + eps), one scalar per response ([N] -> [N]).
 
     `scope` picks the pool of r-bar and sigma_r: `cache` (paper: every final reward in the
-    trajectory cache, the current step's included, passed as `pool`), `batch` (this step's
-    rewards), `group` (standard GRPO: the G responses of each prompt; rewards are laid out
-    prompt by prompt). Unbiased std everywhere (verl's GRPO); a pool of fewer than 2 samples
-    gives A = 0 (torch.std of one value is NaN).
+    trajectory cache, the current step's included, passed as `pool`), `batch` (this step's rewards),
+    `group` (standard GRPO: the G responses of each prompt; rewards are laid out prompt by prompt).
+    Unbiased std everywhere (verl's GRPO); a pool of fewer than 2 samples gives A = 0 (torch.std of
+    one value is NaN).
     """
     rewards = _as_float(rewards)  # [N]
     if scope == "group":
@@ -62,8 +62,8 @@ def _as_float(x) -> torch.Tensor:
 
 
 def low_var_kl(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
-    """k3 estimator of KL(pi_theta || pi_ref) per token (eq. 1's D_KL; A.3 "low_var_kl"), float32:
-    d = clamp(logp_ref - logp, +-20), kl = clamp(exp(d) - d - 1, +-10)."""
+    """k3 estimator of KL(pi_theta || pi_ref) per token (eq. 1's D_KL; A.3 "low_var_kl"), float32: d
+    = clamp(logp_ref - logp, +-20), kl = clamp(exp(d) - d - 1, +-10)."""
     d = (logp_ref.float() - logp.float()).clamp(-20.0, 20.0)  # [N, T]
     return (torch.exp(d) - d - 1.0).clamp(-10.0, 10.0)  # [N, T]
 
@@ -95,14 +95,14 @@ def tgrpo_loss(
     cfg: LossConfig,
     logp_ref: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Eq. 1 as a loss to minimise: -min(r A, clip(r, 1-eps_low, 1+eps_high) A), with the dual
-    clip for A < 0 (loss capped at -c A), plus beta * low_var_kl, sequence-mean-token-mean.
+    """Eq. 1 as a loss to minimise: -min(r A, clip(r, 1-eps_low, 1+eps_high) A), with the dual clip
+    for A < 0 (loss capped at -c A), plus beta * low_var_kl, sequence-mean-token-mean.
 
     logp, logp_old, logp_ref: [N, T] token log-probs (current, sampling-time, reference policy);
     advantages: [N]; mask: [N, T] (bool or 0/1). Detached metrics of this call: `pg_loss` and `kl`
-    are means over responses of their token means (the loss's aggregation), weight `sequences`;
-    the rest are means over response tokens, weight `tokens`. clip_frac_high + clip_frac_low is
-    verl's `pg_clipfrac`; dual_clip_frac is verl's `pg_clipfrac_lower`.
+    are means over responses of their token means (the loss's aggregation), weight `sequences`; the
+    rest are means over response tokens, weight `tokens`. clip_frac_high + clip_frac_low is verl's
+    `pg_clipfrac`; dual_clip_frac is verl's `pg_clipfrac_lower`.
     """
     if logp_ref is None and cfg.kl_coef > 0:
         raise ValueError("kl_coef > 0 needs the reference log-probs `logp_ref`")
@@ -126,9 +126,8 @@ def tgrpo_loss(
         metrics = {
             "pg_loss": seq_mean_token_mean(pg, mask, len(mask)),
             "kl": seq_mean_token_mean(kl, mask, len(mask)),
-            # upper bound
+            # A > 0 clipped at the upper bound, A < 0 at the lower one
             "clip_frac_high": masked_mean(((adv > 0) & (ratio > 1.0 + cfg.eps_high)).float(), mask),
-            # lower bound
             "clip_frac_low": masked_mean(((adv < 0) & (ratio < 1.0 - cfg.eps_low)).float(), mask),
             "dual_clip_frac": masked_mean(dual.float(), mask),
             "ratio_mean": masked_mean(ratio, mask),

@@ -1,13 +1,13 @@
 """The trajectory cache (paper §3.2 "Trajectory Cache", eq. 7; SPEC §3).
 
-Keeps the per-sample records (r_F1, length L, final reward) of the last C steps, B_c = B x C
-prompt groups, and serves their statistics in two phases per step:
+Keeps the per-sample records (r_F1, length L, final reward) of the last C steps, B_c = B x C prompt
+groups, and serves their statistics in two phases per step:
   1. `push_answers(f1, lengths)` then `answer_stats()` -> (L-bar, r-bar_F1), current step included,
      for the length-dependent rewards;
-  2. `push_rewards(final)` then `rewards()` -> every cached final reward, the pool of eq. 2's
-     r-bar and sigma_r (`psyrl.rl.tgrpo.advantages`).
-Older steps keep the final rewards they got at their own step; nothing is recomputed.
-Free of torch.distributed: the trainer all-gathers records so every rank pushes the same ones.
+  2. `push_rewards(final)` then `rewards()` -> every cached final reward, the pool of eq. 2's r-bar
+     and sigma_r (`psyrl.rl.tgrpo.advantages`).
+Older steps keep the final rewards they got at their own step; nothing is recomputed. Free of
+torch.distributed: the trainer all-gathers records so every rank pushes the same ones.
 """
 
 from __future__ import annotations

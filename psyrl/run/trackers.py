@@ -165,7 +165,7 @@ class Trackers:
                 self.live[name] = KINDS[name](run)
             except ImportError as e:
                 self._warn(name, f'{e}; pip install "{EXTRAS[name]}"')
-            except Exception as e:  # noqa: BLE001 -- a tracker must never stop training
+            except Exception as e:  # a tracker must never stop training
                 self._warn(name, f"{type(e).__name__}: {e}")
 
     def _warn(self, name: str, why: str) -> None:
@@ -183,7 +183,7 @@ class Trackers:
                 continue  # it already holds this step from the attempt before the crash
             try:
                 getattr(tracker, method)(step, *args)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 self._warn(name, f"{type(e).__name__}: {e}")
 
     def log(self, row: dict) -> None:
@@ -197,6 +197,6 @@ class Trackers:
         for name, tracker in list(self.live.items()):
             try:
                 tracker.close()
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 self._warn(name, f"{type(e).__name__}: {e}")
         self.live = {}

@@ -2,8 +2,7 @@
 format checks (one definition, `psyrl.rl.rewards`), and the teacher-forced loss of the SFT targets.
 
 Generation goes through the sampler interface (`psyrl.runtime.sampler`), the one the T-GRPO trainer
-samples
-with: one response per item at `rollout.valid_temperature`, top-p `rollout.top_p`.
+samples with: one response per item at `rollout.valid_temperature`, top-p `rollout.top_p`.
 """
 
 from __future__ import annotations

@@ -120,8 +120,8 @@ def resolve_dtype(choice: str, device: torch.device) -> str:
 
 
 def gloo_threads() -> int:
-    """How many of gloo's worker and I/O threads this process runs (read from /proc: 0 where
-    there is none)."""
+    """How many of gloo's worker and I/O threads this process runs (read from /proc: 0 where there
+    is none)."""
     count = 0
     for comm in Path("/proc/self/task").glob("*/comm"):
         with contextlib.suppress(OSError):  # a thread that ended while being listed
@@ -130,16 +130,16 @@ def gloo_threads() -> int:
 
 
 def cleanup(dist: Dist) -> None:
-    """Leave the process group and end gloo's threads before the interpreter exits; call it once
-    the models and optimiser are released.
+    """Leave the process group and end gloo's threads before the interpreter exits; call it once the
+    models and optimiser are released.
 
     Why the threads must end: a gloo worker releases a finished collective's tensors after `wait()`
     has returned; when that release needs the GIL while Python 3.11 is finalizing, the thread is
     ended by pthread_exit, whose unwinding through a noexcept destructor calls std::terminate
-    ("terminate called without an active exception", exit -6; bench/teardown_aborts.py counts
-    it). destroy_process_group() does not stop them while a DeviceMesh still holds the
-    group (torch 2.13 distributed/device_mesh.py:303-330, `_pg_registry`), so the mesh lets go of
-    it too, and the collection then destroys the group, whose destructor joins its threads."""
+    ("terminate called without an active exception", exit -6; bench/teardown_aborts.py counts it).
+    destroy_process_group() does not stop them while a DeviceMesh still holds the group (torch 2.13
+    distributed/device_mesh.py:303-330, `_pg_registry`), so the mesh lets go of it too, and the
+    collection then destroys the group, whose destructor joins its threads."""
     if not (dist.sharded and tdist.is_initialized()):
         return
     tdist.destroy_process_group()
@@ -345,7 +345,7 @@ def _gather_bucket(bucket, device, dtype) -> Iterator[tuple[str, torch.Tensor]]:
     flat = torch.zeros(offset, dtype=dtype, device=device)  # this rank's share, padding included
     for _, tensor, _, start in layout:
         local = tensor.to_local().detach()
-        # casts on device
+        # the cast happens on the device
         flat[start : start + local.numel()].copy_(local.reshape(-1).to(device, non_blocking=True))
     gathered = torch.empty(world * offset, dtype=dtype, device=device)  # [world, offset]
     tdist.all_gather_single(gathered, flat)

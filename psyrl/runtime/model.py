@@ -266,10 +266,8 @@ def token_logprobs(
     if positions is None:
         positions = attention_mask[:, 1:].bool()  # [B, T-1]
     decoder = model.get_decoder()
-    # [B,T,H]
-    hidden = decoder(
-        input_ids=input_ids, attention_mask=attention_mask, use_cache=False
-    ).last_hidden_state
+    out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    hidden = out.last_hidden_state  # [B, T, H]
     rows = hidden[:, :-1][positions]  # [N, H]
     targets = input_ids[:, 1:][positions]  # [N]
     head = model.get_output_embeddings()
@@ -291,9 +289,8 @@ def token_logprobs(
 
 def collate(token_ids: Sequence[Sequence[int]], prompt_lengths: Sequence[int], pad_id: int):
     """Right-padded input_ids, attention_mask [B, T] and the response mask [B, T-1] (True where
-    token t+1 is
-    response: position t predicts it) of sequences whose first prompt_lengths[i] tokens are the
-    prompt."""
+    token t+1 is response: position t predicts it) of sequences whose first prompt_lengths[i] tokens
+    are the prompt."""
     width = max(len(ids) for ids in token_ids)
     input_ids = torch.full((len(token_ids), width), pad_id, dtype=torch.long)  # [B, T]
     attention_mask = torch.zeros((len(token_ids), width), dtype=torch.long)  # [B, T]

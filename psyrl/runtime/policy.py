@@ -23,7 +23,7 @@ def build_policy(cfg, tokenizer, dist: Dist) -> Policy:
     (FSDP2 CPUOffloadPolicy)."""
     if not dist.sharded:
         return Policy(load_model(cfg.model, tokenizer, seed=cfg.run.seed, device=dist.device))
-    build = lambda empty: Policy(load_model(cfg.model, tokenizer, seed=cfg.run.seed, empty=empty))  # noqa: E731
+    build = lambda empty: Policy(load_model(cfg.model, tokenizer, seed=cfg.run.seed, empty=empty))
     return load_sharded(
         build, dist, cfg.model.dtype, cfg.fsdp.offload == "always", cfg.fsdp.reshard_after_forward
     )
@@ -40,7 +40,7 @@ def build_reference(cfg, tokenizer, dist: Dist) -> Policy:
     else:
         build = lambda empty: Policy(
             load_model(cfg.model, tokenizer, seed=cfg.run.seed, empty=empty)
-        )  # noqa: E731
+        )
         reference = load_sharded(
             build,
             dist,

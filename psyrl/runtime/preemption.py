@@ -2,8 +2,8 @@
 early SIGUSR1 with `--signal=USR1@SECONDS`) turns into a checkpoint and a clean exit.
 
 The handler only records the signal. The trainers ask `requested(dist)` at fixed points of a step,
-on every rank in the same collective, so a signal that reached one rank stops all of them after
-the same step, with nothing cut in the middle of a write.
+on every rank in the same collective, so a signal that reached one rank stops all of them after the
+same step, with nothing cut in the middle of a write.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ class Preempted(Exception):
 
 
 class Preemption:
-    """Owns the handlers of `signals` (names, e.g. "SIGTERM") while the run trains, and restores
-    the previous ones on close."""
+    """Owns the handlers of `signals` (names, e.g. "SIGTERM") while the run trains, and restores the
+    previous ones on close."""
 
     def __init__(self, signals: Sequence[str]):
         self.received = 0  # the last signal's number on this rank, 0 for none

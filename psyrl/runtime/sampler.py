@@ -1,16 +1,14 @@
 """The sampler: G responses per prompt, with the sampler's own token log-probs, and the weight sync.
 
 One small interface the trainer calls (SPEC §9 `sampler` table), implemented here in PyTorch for
-CPUs
-and tests, and on a colocated vLLM engine in `psyrl.runtime.vllm_sampler` (`sampler.engine =
+CPUs and tests, and on a colocated vLLM engine in `psyrl.runtime.vllm_sampler` (`sampler.engine =
 "vllm"`):
   generate(prompt_token_ids, n, temperature, top_p, max_new_tokens, seed) -> per prompt, n
   `Sample`s;
   load_weights(iterator of (name, tensor)) -> the fresh weights, one tensor at a time;
   close() -> at the end of the run, after its last collective.
 `TorchSampler` holds its OWN unsharded copy of the model, as a colocated vLLM engine does: the
-trainer
-updates its FSDP shards, then streams full tensors into this copy
+trainer updates its FSDP shards, then streams full tensors into this copy
 (`psyrl.runtime.distributed.gather_full_state_dict`).
 
 Sampling is exact nucleus sampling with a KV cache and last-position logits only. A token is drawn
@@ -111,9 +109,8 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torch
     before = torch.where(blk > 0, edges.gather(-1, (blk - 1).clamp(min=0)), 0.0)  # [b, 1]
     local = before + inside.double().cumsum(-1)  # [b, block]
     # The float32 block sum can exceed the float64 sum of its entries by a rounding: keep the target
-    # under the
-    # block's own end, so the token found has local[k - 1] <= target < local[k], i.e. probability >
-    # 0.
+    # under the block's own end, so the token found has local[k - 1] <= target < local[k], i.e.
+    # probability > 0.
     pos = torch.searchsorted(local, torch.minimum(target, below(local[:, -1:])), right=True)
     return start + pos.squeeze(-1)
 
@@ -205,7 +202,7 @@ class TorchSampler:
         seeds = prompt_seeds(prompt_token_ids, seed)
         # whole prompts per forward: a prompt's n rows share one generator
         per_call = max(1, self.batch // n)
-        # less padding
+        # prompts of similar lengths side by side: less padding
         order = sorted(range(len(prompt_token_ids)), key=lambda i: len(prompt_token_ids[i]))
         results: list = [None] * len(prompt_token_ids)
         starts = range(0, len(order), per_call)
@@ -233,9 +230,9 @@ class TorchSampler:
             generators += [g] * n
         width = max(len(r) for r in rows)
         pad = self.tokenizer.pad_token_id
-        # [b, P] left-padded
-        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.device)
-        # [b, P]
+        ids = torch.tensor(
+            [[pad] * (width - len(r)) + r for r in rows], device=self.device
+        )  # [b, P]
         mask = torch.tensor(
             [[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device
         )
@@ -259,8 +256,7 @@ class TorchSampler:
                     logits_to_keep=1,
                 )
             logits = out.logits[:, -1].float()  # [b, V]
-            # [b, V]
-            probs = torch.softmax(
+            probs = torch.softmax(  # [b, V]
                 logits / temperature if temperature not in (0, 1) else logits, dim=-1
             )
             # [b]
@@ -276,8 +272,7 @@ class TorchSampler:
             mask = torch.cat([mask, torch.ones_like(ids)], dim=-1)
             positions = positions[:, -1:] + 1
         # one read-back per batch (an element at a time would be one device sync per token per row
-        # on a GPU)
-        # [b, steps]
+        # on a GPU) [b, steps]
         all_ids, all_logps = torch.stack(tokens, dim=1).tolist(), torch.stack(logps, dim=1).tolist()
         return [self._sample(ids, lps) for ids, lps in zip(all_ids, all_logps)]
 

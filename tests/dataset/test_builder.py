@@ -715,7 +715,7 @@ def test_cli_plumbing_on_a_tiny_model_one_process_and_two_ranks(tiny_model, tmp_
     )
     # rank 0 reports
     assert two.returncode == 0 and two.stdout.count("88 generations") == 1, two.stderr
-    rows = lambda d: sorted((d / "generations.jsonl").read_text().splitlines())  # noqa: E731
+    rows = lambda d: sorted((d / "generations.jsonl").read_text().splitlines())
     # seeds per prompt: ranks and batch change nothing
     assert rows(tmp_path / "one") == rows(tmp_path / "two")
     report = json.loads((tmp_path / "one" / "report.json").read_text())

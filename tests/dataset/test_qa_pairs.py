@@ -87,7 +87,8 @@ STORY = "I waited two hours at the station, and my sister never came."
             f"Question: {Q}\nAnswer: Disappointed", QAPair(Q, "Disappointed"), id="no_reason"
         ),
         pytest.param(
-            f"Question: {Q}\nAnswer: Disappointed\n\nI hope this question works well for your dataset!",
+            f"Question: {Q}\nAnswer: Disappointed\n\nI hope this question works well for your "
+            "dataset!",
             QAPair(Q, "Disappointed"),
             id="chit_chat_after_answer",
         ),

@@ -230,8 +230,8 @@ def assert_no_key_on_disk(root: Path, *printed: str):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """An uninterrupted run on a server that never fails: the predictions every other run must
-    end with."""
+    """An uninterrupted run on a server that never fails: the predictions every other run must end
+    with."""
     server = Stub(clean)
     out = tmp_path_factory.mktemp("reference") / "eval"
     try:

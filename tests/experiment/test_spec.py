@@ -542,7 +542,7 @@ def test_plan_order_and_seed_pairing(tmp_path):
 
 def test_select_pulls_in_what_a_run_reads_transitively(tmp_path):
     units = plan(load_experiment(write(tmp_path, GOOD, "good.toml")))
-    keys = lambda chosen: [u.key for u in chosen]  # noqa: E731
+    keys = lambda chosen: [u.key for u in chosen]
     # report (seed 0) reads tg seed 0, which reads sft seed 0, which reads instruct
     assert keys(select(units, ("report",))) == [
         ("instruct", None),

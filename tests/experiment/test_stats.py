@@ -1,6 +1,6 @@
 """psyrl.experiment.stats: the two-level percentile bootstrap and its paired version, on values
-computed by hand (the arithmetic in comments) and against two independent references: a plain
-numpy item bootstrap (one seed) and the normal-theory interval for normal draws."""
+computed by hand (the arithmetic in comments) and against two independent references: a plain numpy
+item bootstrap (one seed) and the normal-theory interval for normal draws."""
 
 import math
 
@@ -81,8 +81,8 @@ def test_same_inputs_same_interval():
 
 def _quantile_mc_sd(sigma: float, resamples: int) -> float:
     """Monte-Carlo sd of the 2.5 % (or 97.5 %) sample quantile of `resamples` draws from a roughly
-    normal distribution with sd `sigma`: sqrt(p (1 - p) / B) / f(q), f(q) = phi(1.96) / sigma
-    (the asymptotic variance of a sample quantile)."""
+    normal distribution with sd `sigma`: sqrt(p (1 - p) / B) / f(q), f(q) = phi(1.96) / sigma (the
+    asymptotic variance of a sample quantile)."""
     p = (1 - LEVEL) / 2
     density = math.exp(-(1.96**2) / 2) / math.sqrt(2 * math.pi) / sigma  # 0.0584 / sigma
     return math.sqrt(p * (1 - p) / resamples) / density  # = 2.67 sigma / sqrt(B)

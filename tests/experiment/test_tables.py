@@ -1,6 +1,6 @@
 """psyrl.experiment.tables: cells, delta rows and paired comparisons from hand-written
-predictions.jsonl files (2 seeds x 4 items), checked against means computed by hand; a missing
-run; accuracy from `correct`; the markdown; results.md/.json through `--tables-only`."""
+predictions.jsonl files (2 seeds x 4 items), checked against means computed by hand; a missing run;
+accuracy from `correct`; the markdown; results.md/.json through `--tables-only`."""
 
 import dataclasses
 import json
@@ -261,7 +261,7 @@ def test_table_markdown(experiment):
     ]
     assert "| run | T1 | T2 | all items |" in lines
     assert "| --- | ---: | ---: | ---: |" in lines
-    cell = lambda c: f"{c['mean']:.1f} [{c['low']:.1f}, {c['high']:.1f}]"  # noqa: E731
+    cell = lambda c: f"{c['mean']:.1f} [{c['low']:.1f}, {c['high']:.1f}]"
     a = cells_of(table, "a")
     assert (
         f"| A (2 seeds) | 75.0 [{a['T1']['low']:.1f}, {a['T1']['high']:.1f}] | "

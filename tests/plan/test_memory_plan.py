@@ -1,6 +1,6 @@
-"""`psyrl plan` (psyrl/plan/memory.py): parameter counts against transformers, FSDP2 shard
-bytes measured on 2 gloo ranks, activation and log-prob memory measured on a CPU, the CLI end to
-end, and the suggested gpu_memory_utilization by hand."""
+"""`psyrl plan` (psyrl/plan/memory.py): parameter counts against transformers, FSDP2 shard bytes
+measured on 2 gloo ranks, activation and log-prob memory measured on a CPU, the CLI end to end, and
+the suggested gpu_memory_utilization by hand."""
 
 import json
 import os

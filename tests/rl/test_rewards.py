@@ -25,7 +25,7 @@ from psyrl.rl.rewards import (
 
 # SPEC §2 defaults: w 0.5/0.5, delta 0.1, tau 0.75/1.25, L+ 2, S- 0.5, tau_rep 0.5, eps 1e-6
 CFG = RewardConfig()
-T = lambda *values: torch.tensor(values, dtype=torch.float64)  # noqa: E731
+T = lambda *values: torch.tensor(values, dtype=torch.float64)
 
 
 # ---------------------------------------------------------------- eq. 6: format

@@ -200,7 +200,7 @@ def make_batch(n=6, t=7, seed=0):
     logp_ref = torch.log_softmax(
         logits + 0.3 * torch.randn(n, t, 11, generator=g, dtype=torch.float64), -1
     )
-    gather = lambda lp: lp.gather(-1, tokens[..., None]).squeeze(-1)  # noqa: E731
+    gather = lambda lp: lp.gather(-1, tokens[..., None]).squeeze(-1)
     adv = torch.randn(n, generator=g, dtype=torch.float64) * 2
     return logits, gather, gather(logp_old), gather(logp_ref), adv, mask
 

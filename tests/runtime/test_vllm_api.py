@@ -33,7 +33,7 @@ class Recorder:
         self.calls = []
         self.sleeping = set()
 
-    def LLM(self, **kwargs):  # noqa: N802
+    def LLM(self, **kwargs):
         self.calls.append(("LLM", "__init__", (), kwargs))
         engine = SimpleNamespace(
             shutdown=lambda *a, **k: self.calls.append(("InprocClient", "shutdown", a, k))
@@ -64,12 +64,12 @@ class Recorder:
         one = lambda j: SimpleNamespace(
             index=j,
             token_ids=[5, 6],
-            finish_reason="length",  # noqa: E731
+            finish_reason="length",
             logprobs=logprobs,
         )
         return SimpleNamespace(outputs=[one(j) for j in range(params.n)])
 
-    def SamplingParams(self, **kwargs):  # noqa: N802
+    def SamplingParams(self, **kwargs):
         self.calls.append(("SamplingParams", "__init__", (), kwargs))
         return SimpleNamespace(**kwargs)
 
