@@ -30,7 +30,7 @@ from psyrl.core.records import BenchmarkRecord, load_records, read_jsonl
 from psyrl.eval.report import results_markdown
 from psyrl.report.plot import PANELS, load_runs, moving_average, series
 from psyrl.report.summary import summary_table
-from psyrl.rl.rollout import COLUMNS
+from psyrl.run.samples import COLUMNS
 from psyrl.runtime.checkpoint import checkpoint_dirs, select_checkpoint
 
 # SFT logs neither rewards nor KL: its losses are the curves a person looks at
@@ -151,7 +151,7 @@ def sample_files(run_dir: Path) -> list[tuple[int, Path]]:
 
 
 def sample_row(row) -> dict:
-    """A line of samples/step-N.jsonl (`psyrl.rl.rollout.write_samples`); the JS relies on these
+    """A line of samples/step-N.jsonl (`psyrl.run.samples.write_samples`); the JS relies on these
     keys."""
     if not isinstance(row, dict):
         raise ValueError("expected a JSON object")
