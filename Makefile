@@ -107,11 +107,11 @@ self-train: $(STAMP)
 	  --out $(SELF_OUT)/before --overwrite --no-progress $(DEMO_EVAL_SET)
 	$(TORCHRUN) evaluate.py --model $(SELF_OUT)/tiny-self-train/hf --benchmarks data/demo/mc.jsonl --split eval \
 	  --out $(SELF_OUT)/after --overwrite --no-progress $(DEMO_EVAL_SET)
-	@echo; $(VENV)/bin/psyrl compare $(SELF_OUT)/before $(SELF_OUT)/after --label "demo model" --label "+ self-train SFT"
+	@echo; $(VENV)/bin/psyrl evaluate compare $(SELF_OUT)/before $(SELF_OUT)/after --label "demo model" --label "+ self-train SFT"
 
 # Regenerates the config reference docs/config.md from the dataclass docstrings.
 docs: $(STAMP)
-	$(PY) -m psyrl.cli config reference --write-readme docs/config.md
+	$(PY) -m psyrl config reference --write-readme docs/config.md
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis

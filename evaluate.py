@@ -5,10 +5,11 @@
     python evaluate.py compare RUN_A RUN_B ...                     (Table 2/3, deltas against RUN_A)
     python evaluate.py lengths RUN_A [RUN_B] --out fig6.png        (RQ5 / Figure 6)
 
-The same command as `psyrl evaluate`. The program, read top to bottom: psyrl/recipes/evaluate.py.
+The same command as `psyrl evaluate`. The evaluation it runs, read top to bottom: `main` in
+psyrl/recipes/evaluate.py.
 """
 
-from psyrl.cli.commands import evaluate as main
+from psyrl.cli.evaluate import evaluate
 
 if __name__ == "__main__":
-    main()
+    evaluate()

@@ -3,10 +3,12 @@
     python train_sft.py --config configs/sft/tiny.toml [--set table.key=value ...] [--resume]
     torchrun --nproc_per_node N train_sft.py --config ... [--resume]          (FSDP2, SPEC §1)
 
-The same command as `psyrl train-sft`. The program, read top to bottom: psyrl/recipes/sft.py.
+The same command as `psyrl train-sft`. The loop it runs, read top to bottom: `train` in
+psyrl/recipes/sft.py.
 """
 
-from psyrl.cli.commands import train_sft as main
+from psyrl.cli.train import train_sft
+from psyrl.recipes.sft import train
 
 if __name__ == "__main__":
-    main()
+    train_sft(obj=train)

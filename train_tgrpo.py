@@ -3,10 +3,12 @@
     python train_tgrpo.py --config configs/tgrpo/tiny.toml [--set table.key=value ...] [--resume]
     torchrun --nproc_per_node 4 train_tgrpo.py --config configs/tgrpo/qwen2.5-3b.toml   (FSDP2)
 
-The same command as `psyrl train-tgrpo`. The program, read top to bottom: psyrl/recipes/tgrpo.py.
+The same command as `psyrl train-tgrpo`. The loop it runs, read top to bottom: `train` in
+psyrl/recipes/tgrpo.py.
 """
 
-from psyrl.cli.commands import train_tgrpo as main
+from psyrl.cli.train import train_tgrpo
+from psyrl.recipes.tgrpo import train
 
 if __name__ == "__main__":
-    main()
+    train_tgrpo(obj=train)

@@ -1,6 +1,6 @@
 """Evaluation speed on a CPU: items/s of `evaluate.py` for a tiny model, in one process and on 2
-torchrun ranks, and how the items and the generation time split over the ranks. Results go in the
-README ("Measured").
+torchrun ranks, and how the items and the generation time split over the ranks. Results go in
+docs/measurements.md and docs/evaluation.md.
 
     python bench/eval_speed.py [--model runs/tiny-tgrpo/hf] [--out /tmp/eval-speed]
 

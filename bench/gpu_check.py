@@ -1,6 +1,6 @@
 """The GPU-node check of psyrl's vLLM path: run it once on a node with `pip install -e '.[vllm]'`
-(vLLM 0.32) before a long run, and keep its output. On 1 GPU it takes a few minutes; the README
-quotes its output format.
+(vLLM 0.32) before a long run, and keep its output. On 1 GPU it takes a few minutes;
+docs/gpu-node.md quotes its output format.
 
     python bench/gpu_check.py [--gpus N] [--model DIR] [--out runs/gpu-check]
 

@@ -28,7 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 from psyrl.core.config import load_config  # noqa: E402
 from psyrl.core.runlog import read_metrics  # noqa: E402
-from psyrl.plan.memory import GIB, load_architecture, plan  # noqa: E402
+from psyrl.plan.architecture import load_architecture  # noqa: E402
+from psyrl.plan.phases import GIB  # noqa: E402
+from psyrl.plan.planner import plan  # noqa: E402
 
 SHAPE_05B = [
     "model.tokenizer=qwen2.5",

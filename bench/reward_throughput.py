@@ -4,7 +4,7 @@
 
 Runs the two scoring phases a T-GRPO step runs (answer components, cache phase 1, final rewards,
 cache phase 2) and prints responses/s (best of --repeats). Target: >= 5,000 responses/s, so that
-scoring stays a negligible part of a training step. Results are written in the README.
+scoring stays a negligible part of a training step. Results are written in docs/measurements.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How many self-labels are right: for an evaluate.py run on the selftrain half, the items `psyrl
 self-label` keeps at each tau, for both confidences, and how many of their new labels equal the gold
 answer. An analysis that reads the gold answers AFTER labelling (the labelling itself never does);
-results in the README (continual self-training).
+results in docs/evaluation.md (continual self-training).
 
     python bench/self_label_precision.py runs/self-train/label-half
 """

@@ -5,8 +5,8 @@ training steps are timed.
     python bench/sft_ranks.py [--steps 60]
 
 Prints one row per variant: median step time, training tokens/s and the peak resident memory of the
-largest rank (`perf/peak_mem_gib`; on a GPU it would be the peak CUDA memory). Results: README
-"Measured".
+largest rank (`perf/peak_mem_gib`; on a GPU it would be the peak CUDA memory). Results:
+docs/measurements.md.
 """
 
 from __future__ import annotations

@@ -65,9 +65,9 @@ def torn_write(self, row):
 runlog.MetricsFile.write = torn_write
 trainer = sys.argv.pop(1)
 if trainer == "tgrpo":
-    from psyrl.cli.commands import train_tgrpo as command
+    from psyrl.cli.train import train_tgrpo as command
 else:
-    from psyrl.cli.commands import train_sft as command
+    from psyrl.cli.train import train_sft as command
 command(prog_name=trainer)
 """
 

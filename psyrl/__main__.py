@@ -1,5 +1,5 @@
 """`python -m psyrl ...` (and `torchrun ... -m psyrl build ...`): the `psyrl` command group."""
 
-from psyrl.cli import main
+from psyrl.cli.main import main
 
 main(prog_name="psyrl")

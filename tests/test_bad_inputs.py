@@ -2,7 +2,7 @@
 
 Each case must end with a non-zero exit and one message that names the file (and the line, where the
 input has lines), without a traceback, and must write nothing: not in its output directory, not
-beside it, and not in an existing run of the same name. The count is in the README."""
+beside it, and not in an existing run of the same name. The count is in docs/runs.md."""
 
 import csv
 import hashlib
@@ -17,7 +17,7 @@ from click.testing import CliRunner
 import evaluate
 import train_sft
 import train_tgrpo
-from psyrl.cli import main as psyrl
+from psyrl.cli.main import main as psyrl
 from psyrl.core.config import ModelConfig
 from psyrl.runtime.model import load_model, load_tokenizer
 
@@ -218,7 +218,7 @@ def trainer_args(script, config: str, ws: Path, data=None, model=None, out=None,
     ]
     for s in sets:
         args += ["--set", s]
-    return script.main, args
+    return getattr(script, script.__name__), args  # the script's command
 
 
 COMMANDS = {
@@ -232,7 +232,7 @@ COMMANDS = {
     ),
     "evaluate.py": (
         lambda ws, data=None, model=None, out=None: (
-            evaluate.main,
+            evaluate.evaluate,
             [
                 "--model",
                 str(model or ws / "model"),
@@ -250,7 +250,7 @@ COMMANDS = {
     # the tokenizer from elsewhere: the model directory is still checked before any write
     "evaluate.py --tokenizer tiny": (
         lambda ws, model: (
-            evaluate.main,
+            evaluate.evaluate,
             [
                 "--model",
                 str(model),
@@ -320,9 +320,12 @@ COMMANDS = {
         ["run"],
     ),
     "psyrl select-checkpoint": (lambda ws, run: (psyrl, ["select-checkpoint", str(run)]), ["ckpt"]),
-    "psyrl compare": (lambda ws, run: (psyrl, ["compare", str(run)]), ["eval"]),
-    "psyrl lengths": (
-        lambda ws, run: (psyrl, ["lengths", str(run), "--out", str(ws / "l.png")]),
+    "psyrl evaluate compare": (
+        lambda ws, run: (psyrl, ["evaluate", "compare", str(run)]),
+        ["eval"],
+    ),
+    "psyrl evaluate lengths": (
+        lambda ws, run: (psyrl, ["evaluate", "lengths", str(run), "--out", str(ws / "l.png")]),
         ["eval"],
     ),
     "psyrl self-label": (

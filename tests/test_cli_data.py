@@ -2,7 +2,7 @@
 
 from click.testing import CliRunner
 
-from psyrl.cli import main
+from psyrl.cli.main import main
 
 
 def test_data_check_reports_counts_and_bad_lines(tmp_path):

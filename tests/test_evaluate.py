@@ -172,7 +172,7 @@ def test_self_train_round_pieces(tiny_model, tmp_path):
     ids = [r["id"] for r in lines(out / "predictions.jsonl")]
     held = select_items(load_benchmark("data/demo/mc.jsonl"), 0, "eval", 0)
     assert ids and not set(ids) & {r.id for r in held}
-    psyrl = [sys.executable, "-m", "psyrl.cli"]
+    psyrl = [sys.executable, "-m", "psyrl"]
     labelled = subprocess.run(
         psyrl + ["self-label", str(out), "--out", str(tmp_path / "s.jsonl")],
         capture_output=True,

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from contextlib import nullcontext
 from types import SimpleNamespace
 
 import pytest
@@ -20,8 +19,7 @@ from test_train_tgrpo import TORCHRUN, run_cli, run_in_process
 from psyrl.core.config import ModelConfig, load_config
 from psyrl.core.runlog import read_metrics
 from psyrl.recipes import tgrpo as train_tgrpo
-from psyrl.rl.rollout import RolloutBatch
-from psyrl.rl.update import micro_batches, update
+from psyrl.rl import update as update_module
 from psyrl.runtime import distributed, vllm_sampler
 from psyrl.runtime.checkpoint import export_hf
 from psyrl.runtime.distributed import ONE_PROCESS
@@ -41,7 +39,7 @@ TINY = ModelConfig(
 @pytest.mark.slow
 def test_sync_buckets_rank0_gather_and_phase_offload_on_two_ranks(tmp_path):
     result = subprocess.run(
-        [*TORCHRUN, "tests/sync_check.py", str(tmp_path)],
+        [*TORCHRUN, "tests/workers/sync_check.py", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -56,59 +54,6 @@ def test_sync_buckets_rank0_gather_and_phase_offload_on_two_ranks(tmp_path):
             "lm_head.weight" not in got["names tied=True"]
             and "lm_head.weight" in got["names tied=False"]
         )
-
-
-def test_micro_batches_pack_by_tokens():
-    lengths = [5, 9, 3, 9, 2, 7]
-    assert micro_batches(lengths, 4, 0) == [[0, 1, 2, 3], [4, 5]]  # fixed size, in order
-    # by decreasing length (ties by index): 9 (1), 9 (3), 7 (5), 5 (0), 3 (2), 2 (4); budget 20:
-    # [1]: 1 x 9; + 3: 2 x 9 = 18 <= 20; + 5: 3 x 9 = 27 > 20 -> new; [5, 0]: 2 x 7 = 14; + 2: 3 x 7
-    # = 21 > 20
-    # -> new; [2, 4]: 2 x 3 = 6
-    assert micro_batches(lengths, 4, 20) == [[1, 3], [5, 0], [2, 4]]
-    assert micro_batches([30, 4], 4, 20) == [[0], [1]]  # longer than the budget: alone
-
-
-def fake_cfg(**optim):
-    cfg = load_config(
-        "configs/tgrpo/tiny.toml", ["model.path=", "loss.kl_coef=0", "optim.grad_clip=0"]
-    )
-    for k, v in optim.items():
-        setattr(cfg.optim, k, v)
-    return cfg
-
-
-def test_token_budget_gives_the_gradient_of_fixed_micro_batches():
-    tokenizer = load_tokenizer(TINY)
-    g = torch.Generator().manual_seed(0)
-    batch = RolloutBatch([], [], [], [])
-    for i, (prompt, response) in enumerate([(7, 3), (5, 11), (9, 2), (6, 8), (4, 13), (8, 5)]):
-        batch.token_ids.append(
-            tuple(torch.randint(10, 200, (prompt + response,), generator=g).tolist())
-        )
-        batch.prompt_lengths.append(prompt)
-        batch.advantages.append(float(i % 3 - 1))
-        batch.sampler_logprobs.append([-1.0] * response)
-    grads, sums = [], []
-    for optim in ({"micro_batch": 2}, {"micro_batch": 2, "micro_batch_tokens": 30}):
-        cfg = fake_cfg(**optim)
-        cfg.optim.global_batch, cfg.rollout.samples = 12, 1  # update's divisor: 12 sequences
-        policy = Policy(load_model(TINY, tokenizer, seed=1))
-        before = [p.detach().clone() for p in policy.parameters()]
-        optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)  # after = before - grad
-        sums.append(
-            update(
-                policy, optimizer, batch, tokenizer.pad_token_id, cfg, ONE_PROCESS, nullcontext()
-            )[2]
-        )
-        grads.append([b - p.detach() for b, p in zip(before, policy.parameters())])
-    assert micro_batches([len(ids) for ids in batch.token_ids], 2, 30) != micro_batches(
-        [0] * 6, 2, 0
-    )
-    assert max((a - b).abs().max().item() for a, b in zip(*grads)) < 1e-6
-    assert max(a.abs().max().item() for a in grads[0]) > 1e-4  # a real gradient
-    for key in sums[0]:
-        assert float(sums[0][key]) == pytest.approx(float(sums[1][key]), rel=1e-6, abs=1e-9), key
 
 
 def test_export_in_bfloat16_states_its_dtype(tmp_path):
@@ -225,7 +170,9 @@ def test_one_step_runs_the_node_phases_in_order(start, tmp_path, monkeypatch):
     monkeypatch.setattr(offload, "to_device", recorded("shards to device", offload.to_device))
     monkeypatch.setattr(vllm_sampler, "release_memory", lambda device: events.append("empty cache"))
     monkeypatch.setattr(
-        train_tgrpo, "sequence_logprobs", recorded("experience", train_tgrpo.sequence_logprobs)
+        update_module,
+        "sequence_logprobs",
+        recorded("experience", update_module.sequence_logprobs),
     )
     monkeypatch.setattr(train_tgrpo, "update", recorded("update", train_tgrpo.update))
     monkeypatch.setattr(
@@ -340,9 +287,9 @@ if __name__ == "__main__":
 
 
 def test_start_up_memory_check_refuses_what_cannot_fit(monkeypatch, capsys):
-    import click
 
-    from psyrl.run import directory as run
+    from psyrl.core.errors import RunError
+    from psyrl.run import launch as run
     from psyrl.runtime.distributed import Dist
 
     gib = {"value": 8}
@@ -355,7 +302,7 @@ def test_start_up_memory_check_refuses_what_cannot_fit(monkeypatch, capsys):
     gpu = Dist(rank=0, world=4, local_world=4, device=torch.device("cuda", 0))
     cfg = load_config("configs/tgrpo/qwen2.5-3b.toml")
     with pytest.raises(
-        click.ClickException, match=r"memory plan: \w+ needs .* GiB of 8: set .*run.memory_check"
+        RunError, match=r"memory plan: \w+ needs .* GiB of 8: set .*run.memory_check"
     ):
         run.check_memory_plan(cfg, gpu, "tgrpo")
     cfg.run.memory_check = False  # printed, not refused

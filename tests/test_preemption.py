@@ -16,8 +16,9 @@ from test_evaluate import tiny_model  # noqa: F401
 from test_train_tgrpo import TORCHRUN, rows_without_timing, tgrpo_sets
 
 from psyrl.core.config import ConfigError, load_config
+from psyrl.core.errors import EXIT_PREEMPTED
 from psyrl.runtime.distributed import ONE_PROCESS
-from psyrl.runtime.preemption import EXIT_PREEMPTED, Preemption
+from psyrl.runtime.preemption import Preemption
 
 # PSYRL_TEST_PREEMPT = "PHASE:N:RANK": that rank sends itself SIGTERM inside the N-th call (in this
 # process) of the phase's function, then lets the call finish.
@@ -27,11 +28,11 @@ import psyrl.run.directory as run_module
 program_name = sys.argv.pop(1)
 if program_name == "tgrpo":
     import psyrl.recipes.tgrpo as program
-    from psyrl.cli.commands import train_tgrpo as command
+    from psyrl.cli.train import train_tgrpo as command
     update_name = "update"
 else:
     import psyrl.recipes.sft as program
-    from psyrl.cli.commands import train_sft as command
+    from psyrl.cli.train import train_sft as command
     update_name = "clipped_step"
 phase, at, rank = os.environ.get("PSYRL_TEST_PREEMPT", "none:0:0").split(":")
 calls = [0]
@@ -179,7 +180,7 @@ def signalling_sampler(self):
     return sampler
 
 generation.Generation.make_sampler = signalling_sampler
-from psyrl.cli.commands import evaluate
+from psyrl.cli.evaluate import evaluate
 evaluate(prog_name="evaluate.py")
 """
 

@@ -100,7 +100,7 @@ def test_tiny_sft_learns_and_exports(tmp_path):
     ).read_text()
 
     chosen = subprocess.run(
-        [sys.executable, "-m", "psyrl.cli", "select-checkpoint", str(run)],
+        [sys.executable, "-m", "psyrl", "select-checkpoint", str(run)],
         capture_output=True,
         text=True,
     )

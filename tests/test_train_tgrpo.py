@@ -22,8 +22,9 @@ from psyrl.core.config import load_config
 from psyrl.core.records import load_stimuliqa
 from psyrl.core.runlog import read_metrics
 from psyrl.recipes import tgrpo as program
-from psyrl.rl import rollout, update
-from psyrl.rl.rewards import reward_metrics, score_batch
+from psyrl.rl import update
+from psyrl.rl.rewards import final_rewards, reward_metrics, score_batch
+from psyrl.rl.scoring import Sample, answer_tensors
 from psyrl.rl.tgrpo import advantages
 from psyrl.rl.trajectory_cache import TrajectoryCache
 from psyrl.runtime.checkpoint import write_manifest
@@ -78,7 +79,7 @@ def run_in_process(start, out, *extra, resume=False):
         a for s in tgrpo_sets(start, out, *extra) for a in ("--set", s)
     ]
     return CliRunner().invoke(
-        train_tgrpo.main, args + (["--resume"] if resume else []), catch_exceptions=False
+        train_tgrpo.train_tgrpo, args + (["--resume"] if resume else []), catch_exceptions=False
     )
 
 
@@ -220,20 +221,31 @@ def check_markdown(path: Path, samples: list[dict], logged: dict, records, G: in
             assert f"```text\n{s['response']}\n```" in section
 
 
+def cache_phases(samples: list[Sample], cache: TrajectoryCache, cfg) -> torch.Tensor:
+    """Phases 3-5 of the loop (psyrl/recipes/tgrpo.py) on a step's samples: the advantages."""
+    parts, lengths = answer_tensors(samples)
+    cache.push_answers(parts["f1"], lengths)
+    mean_length, mean_f1 = cache.answer_stats()
+    final, _ = final_rewards(parts, lengths, mean_length, mean_f1, cfg.reward)
+    cache.push_rewards(final)
+    G = cfg.rollout.samples
+    return advantages(final, cfg.advantage.scope, G, cache.rewards(), cfg.advantage.eps)
+
+
+def scored(f1: float, fmt: float, length: int) -> Sample:
+    return Sample(0, 0, "x", "", length, "stop", f1, fmt, 0.0, {})
+
+
 def test_group_scope_with_cache_size_one_is_standard_grpo():
     cfg = load_config(
         None, ["reward.variant=base", "advantage.scope=group", "cache.size=1", "rollout.samples=4"]
     )
     cache = TrajectoryCache(cfg.cache.size)
     # a previous step: must not matter
-    older = [{"f1": 1.0, "fmt": 1.0, "rep": 0.0, "length": 9}] * 8
-    rollout.score(older, cache, cfg)
+    cache_phases([scored(1.0, 1.0, 9)] * 8, cache, cfg)
     f1 = [1.0, 0.5, 0.0, 0.0, 0.2, 0.2, 0.2, 0.2]
     fmt = [1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0]
-    samples = [
-        {"f1": a, "fmt": b, "rep": 0.0, "length": 5 + i} for i, (a, b) in enumerate(zip(f1, fmt))
-    ]
-    adv, parts = rollout.score(samples, cache, cfg)
+    adv = cache_phases([scored(a, b, 5 + i) for i, (a, b) in enumerate(zip(f1, fmt))], cache, cfg)
     rewards = [0.5 * a + 0.5 * b for a, b in zip(f1, fmt)]  # eq. 11 with w_F1 = w_fmt = 0.5
     expected = []
     for g in (rewards[:4], rewards[4:]):  # verl's grpo: per-group mean, unbiased std, eps 1e-6
@@ -352,7 +364,7 @@ def test_bad_input_is_refused_with_one_message(start, tmp_path, extra, message):
     args = ["--config", "configs/tgrpo/tiny.toml"] + [
         a for s in tgrpo_sets(start, tmp_path, *extra) for a in ("--set", s)
     ]
-    result = CliRunner().invoke(train_tgrpo.main, args)
+    result = CliRunner().invoke(train_tgrpo.train_tgrpo, args)
     assert result.exit_code != 0 and message in result.output, result.output
     assert not (tmp_path / "rl").exists()  # refused before anything was written
 
@@ -414,7 +426,7 @@ def crash(self, step, *args, **kwargs):
     return save(self, step, *args, **kwargs)
 Run.save = crash
 sys.argv[0] = "train_tgrpo.py"
-train_tgrpo.main()
+train_tgrpo.train_tgrpo(obj=train_tgrpo.train)
 """
 
 TRACKIO_LOGS = """

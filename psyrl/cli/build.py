@@ -1,10 +1,8 @@
 """`psyrl build`: the StimuliQA builder's command line (the pipeline: psyrl.dataset.builder,
 psyrl.dataset.topics, psyrl.dataset.reasoning, psyrl.dataset.run).
 
-    psyrl build qa --catalogue C --table T --model DIR --out DIR          (one process; HF/torch
-    sampler on CPU)
-    torchrun --nproc_per_node 4 -m psyrl build qa ... --engine vllm --tensor-parallel 4    (a GPU
-    node)
+    psyrl build qa --catalogue C --table T --model DIR --out DIR     (one process, torch sampler)
+    torchrun --nproc_per_node 4 -m psyrl build qa ... --engine vllm --tensor-parallel 4  (GPU node)
 """
 
 from __future__ import annotations
@@ -14,12 +12,9 @@ from pathlib import Path
 
 import click
 
-from psyrl.core.generation_options import (
-    GenerationOptions,
-    fail_once,
-    generation_options,
-    option_problems,
-)
+from psyrl.cli.errors import reported
+from psyrl.cli.options import generation_options
+from psyrl.core.generation_options import GenerationOptions, option_problems
 from psyrl.dataset.prompts import DIALOGUES, PAPER_REASONING, PAPER_TOPICS, SHORT_WORDS
 from psyrl.dataset.quality_control import NEAR_DUPLICATE
 
@@ -71,63 +66,22 @@ def build_options(samples: int = 1, max_new_tokens: int = 512):
 
 
 def run_build(body):
-    """Wrap a build command: check the generation options, join torchrun, load the tokenizer, hand
-    `body` a BuildRun whose sampler loads the model on first use, print the report; errors as one
-    message from rank 0."""
+    """Wrap a build command: check the generation options, then `psyrl.dataset.run.build` (join
+    torchrun, run `body` on a BuildRun, print the report); errors as one message from rank 0."""
 
     @functools.wraps(body)
     def command(gen: GenerationOptions, out_dir, overwrite, **kwargs):
         problems = option_problems(gen)
         if problems:
             raise click.UsageError("; ".join(problems))
-        from psyrl.core.records import DataError
-        from psyrl.dataset.run import BuildError
-        from psyrl.runtime.distributed import cleanup
-        from psyrl.runtime.generation import start_generation
-        from psyrl.runtime.preemption import EXIT_PREEMPTED, Preempted
-        from psyrl.runtime.vllm_sampler import VLLMUnavailable
+        from psyrl.dataset.run import build
 
-        try:
-            dist = start_generation(gen)
-            build(body, dist, gen, Path(out_dir), overwrite, kwargs)
-            if dist.is_main:
-                click.echo((Path(out_dir) / "report.md").read_text(encoding="utf-8"))
-            cleanup(dist)  # after build() released the model
-        except Preempted as e:
-            if dist.is_main:
-                click.echo(f"psyrl build {e}", err=True)
-            cleanup(dist)
-            raise SystemExit(EXIT_PREEMPTED) from None
-        except (BuildError, DataError, OSError, ValueError, VLLMUnavailable) as e:
-            fail_once(e, "psyrl build", (BuildError, DataError, VLLMUnavailable))
+        with reported("psyrl build", also=(OSError, ValueError)):
+            report = build(body, gen, Path(out_dir), overwrite, kwargs)
+        if report is not None:
+            click.echo(report)
 
     return command
-
-
-def build(body, dist, gen: GenerationOptions, out_dir: Path, overwrite: bool, kwargs) -> None:
-    """Load the model, run `body` on a BuildRun, close it; the model is released on return."""
-    from psyrl.dataset.generation_log import Sampling
-    from psyrl.dataset.run import GENERATION_KEYS, BuildRun
-    from psyrl.runtime.generation import load_generation
-
-    generation = load_generation(dist, gen)
-    settings = {k: generation.settings[k] for k in GENERATION_KEYS}
-    sampling = Sampling(
-        gen.temperature, gen.top_p, gen.max_new_tokens, gen.seed, gen.samples, gen.batch
-    )
-    run = BuildRun(
-        dist,
-        generation.tokenizer,
-        out_dir,
-        settings,
-        sampling,
-        generation.make_sampler,
-        gen.progress,
-    )
-    try:
-        body(run, overwrite=overwrite, **kwargs)
-    finally:  # on success or preemption every rank is here; after an error the process just ends
-        run.close()
 
 
 def qc_and_split_options(command):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from psyrl.core.atomic import write_text
 from psyrl.core.config import DataConfig
+from psyrl.core.errors import PsyrlError
 from psyrl.core.text import ANSWER_CLOSE, ANSWER_OPEN, THINK_CLOSE, THINK_OPEN
 
 # paper §3.1 and Table 2; the subdimension -> dimension pairing is psyrl's reading (the paper lists
@@ -38,7 +39,7 @@ DIMENSIONS: tuple[str, ...] = (
 MAX_REPORTED_ERRORS = 20
 
 
-class DataError(ValueError):
+class DataError(PsyrlError, ValueError):
     """A data file a run cannot use; the message lists `file:line: problem` for every bad line (up
     to 20)."""
 

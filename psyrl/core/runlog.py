@@ -3,6 +3,7 @@ line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import resource
@@ -82,30 +83,31 @@ def last_step(path: str | Path) -> int:
     return max((row["step"] for _, row in read_jsonl(path, bad=[])), default=-1)
 
 
-class Laps:
-    """Wall seconds of each named phase of a step: `laps("sample")` closes the phase that ran since
-    the last call (a name closed twice adds up). On CUDA also the peak memory the trainer's
-    allocator held in each phase."""
+class PhaseTimer:
+    """Wall seconds of each named phase of a step, `with timer("sample"): ...` (a name timed twice
+    adds up), and on CUDA the peak memory the trainer's allocator held in each phase (EasyR1's
+    `timer` around each phase of `fit`)."""
 
     def __init__(self, device: torch.device | None = None):
-        self.start = self.last = time.perf_counter()
+        self.start = time.perf_counter()
         self.seconds: dict[str, float] = {}
         self.peaks: dict[str, float] = {}
         self.cuda = device is not None and device.type == "cuda"
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats(device)
         self.device = device
 
-    def __call__(self, name: str) -> None:
-        now = time.perf_counter()
-        self.seconds[name], self.last = self.seconds.get(name, 0.0) + now - self.last, now
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        began = time.perf_counter()
+        yield
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - began
         if self.cuda:
             peak = torch.cuda.max_memory_allocated(self.device) / 2**30
             self.peaks[name] = max(self.peaks.get(name, 0.0), peak)
-            torch.cuda.reset_peak_memory_stats(self.device)
 
     def row(self) -> dict[str, float]:
-        """`time/<phase>` of each closed phase, `time/step` (the whole step so far), on CUDA
+        """`time/<phase>` of each timed phase, `time/step` (the whole step so far), on CUDA
         `perf/peak_gib/<phase>`."""
         return {
             **{f"time/{k}": v for k, v in self.seconds.items()},

@@ -20,8 +20,10 @@ from typing import Literal
 
 import tomli
 
+from psyrl.core.errors import PsyrlError
 
-class ConfigError(ValueError):
+
+class ConfigError(PsyrlError, ValueError):
     """A configuration a run cannot use; the message names where (file:line or --set) and the
     key."""
 

@@ -21,9 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import click
-
 from psyrl.core.atomic import temporary
+from psyrl.core.errors import PsyrlError
 from psyrl.core.records import (
     DataError,
     benchmark_record,
@@ -71,7 +70,7 @@ CHAT_COLUMNS = ("system", "user", "assistant", "user_context", "user_question")
 INSTALL_HINT = "pip install -e '.[data]' (or: pip install 'pyarrow>=15')"
 
 
-class ConvertError(ValueError):
+class ConvertError(PsyrlError, ValueError):
     """A conversion that cannot start: a bad --map, an existing --out, a missing dependency."""
 
 
@@ -493,89 +492,3 @@ def convert(
 
 
 # ---------------------------------------------------------------- the command
-@click.command("convert", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("source", type=click.Path(path_type=Path))
-@click.option(
-    "--to",
-    "target",
-    type=click.Choice(TARGETS),
-    required=True,
-    help="stimuliqa: training/validation records; benchmark: multiple-choice evaluation items.",
-)
-@click.option(
-    "--map",
-    "map_texts",
-    multiple=True,
-    required=True,
-    metavar="KEY=COLUMN,...",
-    help="Which source column fills each field (see above); repeatable.",
-)
-@click.option(
-    "--out", type=click.Path(path_type=Path), required=True, help="The JSONL file to write."
-)
-@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
-@click.option(
-    "--from",
-    "kind",
-    type=click.Choice(KINDS),
-    default=None,
-    help="The source's format (default: from the path).",
-)
-@click.option(
-    "--benchmark",
-    default=None,
-    help="--to benchmark: the `benchmark` field (default: --out's name without .jsonl).",
-)
-def convert_command(source, target, map_texts, out, overwrite, kind, benchmark):
-    """Convert SOURCE into psyrl's StimuliQA or benchmark JSONL, every row validated.
-
-    SOURCE is a datasets save_to_disk directory (state.json), a .parquet, .csv/.tsv, .jsonl or .json
-    file, or a chat JSONL: each line {"messages": [user turn, assistant turn]} with an optional
-    system turn first. Parquet and datasets need pyarrow: pip install -e '.[data]'.
-
-    --map gives KEY=COLUMN pairs, comma-separated:
-
-    \b
-      psyrl data convert stories.parquet --to stimuliqa --out train.jsonl \\
-          --map id=uid,stimuli=story,question=prompt,answer=gold
-      psyrl data convert cosmos.csv --to benchmark --out cosmosqa.jsonl \\
-          --map stimuli=context,question=question,answer_index=label \\
-          --map options=answer0+answer1+answer2+answer3
-
-    \b stimuliqa question, stimuli, and answer (or options + answer_index: the
-                chosen option is the answer); optional id, variable, dimension,
-                subdimension, reasoning, reason (a generator's
-                Reason: line, the SFT think text with data.think_from = "reason")
-    benchmark   question, options, and answer or answer_index (both: they
-                must agree); optional id, stimuli (the context), task, meta
-
-    \b options a list column, a JSON list in a CSV cell, or COL+COL+...
-                  (trailing empty cells dropped)
-    answer_index 0-based number or letter (A = 0) id default SOURCE-NAME/ROW (stimuliqa),
-    BENCHMARK/ROW (benchmark) meta default {"source_file", "source_row"} COLUMN a.b reaches into a
-    struct column, e.g. options=choices.text
-
-    A chat source has the columns system, user, assistant, and the user turn split at its last blank
-    line: user_context (before it; "" without one) and user_question (the last paragraph), besides
-    the line's other keys (e.g. id):
-
-    \b
-      psyrl data convert chats.jsonl --to stimuliqa --out train.jsonl \\
-          --map stimuli=user_context,question=user_question,answer=assistant
-
-    An open-answer evaluation set is a StimuliQA file (evaluate.py scores it by F1 and format). Text
-    is stripped of surrounding whitespace. Errors name the source file, its line (CSV, JSONL) or
-    row, and the column; nothing is written unless every row converts.
-    """
-    try:
-        mapping = parse_map(map_texts, target)
-    except ConvertError as e:
-        raise click.BadParameter(str(e), param_hint="--map") from None
-    try:
-        src, records = convert(source, target, mapping, out, kind, benchmark, overwrite)
-    except (ValueError, OSError) as e:  # DataError and ConvertError are ValueErrors
-        raise click.ClickException(str(e)) from None
-    click.echo(
-        f"wrote {out}: {len(records)} {target} records from {len(src.rows)} rows of "
-        f"{src.path} ({src.kind})"
-    )

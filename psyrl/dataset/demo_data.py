@@ -18,8 +18,6 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import click
-
 from psyrl.core.records import (
     SUBDIMENSIONS,
     BenchmarkRecord,
@@ -286,37 +284,3 @@ def write(demo: DemoSet, out_dir: Path) -> dict:
         "mc.jsonl": len(demo.mc),
         "README.md": readme.count("\n"),
     }
-
-
-@click.command("demo-data")
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("data/demo"),
-    show_default=True,
-    help="Directory to write train.jsonl, test.jsonl, mc.jsonl and README.md into.",
-)
-@click.option(
-    "--seed",
-    type=int,
-    default=0,
-    show_default=True,
-    help="Seed of the generator (same seed, same bytes).",
-)
-def demo_data_command(out: Path, seed: int):
-    """Write the SYNTHETIC StimuliQA-format demo set (for the CPU demo and tests; NOT the paper's
-    data).
-
-    Template-generated and not psychologically validated: 18 variables (3 per subdimension) x 60
-    items split 40/20 into train.jsonl/test.jsonl by the paper's per-variable rule, 2 low-frequency
-    variables excluded by that rule, 20 fresh 4-option items per variable in mc.jsonl (benchmark
-    schema), and a README.md describing it all. Deterministic: the same seed writes the same bytes.
-    """
-    try:
-        counts = write(generate(seed), out)
-    except OSError as e:  # --out not writable, a file in its way, a full disk
-        raise click.ClickException(f"cannot write the demo set to {out}: {e}") from None
-    click.echo(
-        f"wrote synthetic demo data to {out}: "
-        + ", ".join(f"{k} {v} lines" for k, v in counts.items())
-    )

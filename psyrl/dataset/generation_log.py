@@ -23,10 +23,11 @@ from tqdm import tqdm
 
 from psyrl.core.atomic import write_text
 from psyrl.core.config import RunConfig
+from psyrl.core.errors import Preempted
 from psyrl.core.records import DataError, read_jsonl
 from psyrl.eval.benchmarks import item_seed
 from psyrl.runtime.distributed import Dist, agree, all_gather_lists, broadcast_object
-from psyrl.runtime.preemption import Preempted, Preemption
+from psyrl.runtime.preemption import Preemption
 
 
 @dataclass(frozen=True)

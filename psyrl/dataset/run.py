@@ -12,16 +12,20 @@ generations on every run, so a changed filter setting costs no generation.
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from psyrl.core.atomic import write_text
+from psyrl.core.errors import Preempted, PsyrlError
+from psyrl.core.generation_options import GenerationOptions
 from psyrl.core.records import DIMENSIONS, write_jsonl
 from psyrl.dataset.catalogue import Variable
 from psyrl.dataset.generation_log import Job, Sampling, generate, load_log
-from psyrl.runtime.distributed import Dist, broadcast_object
+from psyrl.runtime.distributed import Dist, broadcast_object, cleanup
+from psyrl.runtime.generation import load_generation, start_generation
 
 BUILD_FILES = (
     "build.json",
@@ -50,7 +54,7 @@ GENERATION_KEYS = (
 )
 
 
-class BuildError(ValueError):
+class BuildError(PsyrlError, ValueError):
     """A build that cannot go on (its output directory holds another build, settings changed, no
     input)."""
 
@@ -131,6 +135,43 @@ class BuildRun:
     def close(self) -> None:
         if self.sampler is not None:
             self.sampler.close()
+
+
+def build(
+    body: Callable, gen: GenerationOptions, out_dir: Path, overwrite: bool, options: dict
+) -> str | None:
+    """One `psyrl build` command: join torchrun, load the tokenizer, run `body(run, overwrite=...,
+    **options)` on a BuildRun whose sampler loads the model on first use, close it, leave the
+    process group. Returns report.md's text on rank 0, None on the others; on Preempted rank 0 says
+    where the build stopped."""
+    dist = start_generation(gen)
+    try:
+        generation = load_generation(dist, gen)
+        settings = {k: generation.settings[k] for k in GENERATION_KEYS}
+        sampling = Sampling(
+            gen.temperature, gen.top_p, gen.max_new_tokens, gen.seed, gen.samples, gen.batch
+        )
+        run = BuildRun(
+            dist,
+            generation.tokenizer,
+            out_dir,
+            settings,
+            sampling,
+            generation.make_sampler,
+            gen.progress,
+        )
+        try:
+            body(run, overwrite=overwrite, **options)
+        finally:  # on success or preemption every rank is here; after an error the process ends
+            run.close()
+    except Preempted as e:
+        if dist.is_main:
+            print(f"psyrl build {e}", file=sys.stderr, flush=True)
+        cleanup(dist)
+        raise
+    report = (out_dir / "report.md").read_text(encoding="utf-8") if dist.is_main else None
+    cleanup(dist)  # after the model was released
+    return report
 
 
 def _check_previous(out: Path, command: str, settings: dict) -> None:

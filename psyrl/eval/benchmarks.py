@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from psyrl.core.errors import PsyrlError
 from psyrl.core.records import BenchmarkRecord, DataError, StimuliRecord, load_records, read_jsonl
 from psyrl.core.text import choice_of, extract_answer, format_reward, option_scores, token_f1
 
@@ -36,7 +37,7 @@ DISPLAY_NAMES = {
 HALVES = ("all", "selftrain", "eval")
 
 
-class EvalError(ValueError):
+class EvalError(PsyrlError, ValueError):
     """Bad evaluation input: an unknown benchmark, a bad predictions file, settings that do not
     match a resume."""
 

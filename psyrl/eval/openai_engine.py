@@ -27,12 +27,14 @@ import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from psyrl.core.errors import PsyrlError
+
 RETRY_WAIT_MAX = 60.0  # seconds: the backoff doubles up to this
 RETRY_AFTER_MAX = 300.0  # seconds: a longer Retry-After fails instead of stalling the run
 BODY_SHOWN = 200  # characters of an error response shown in the message
 
 
-class ApiError(Exception):
+class ApiError(PsyrlError):
     """A request that failed for good: the message names the URL, the HTTP status and the start of
     the response body (or the connection error)."""
 

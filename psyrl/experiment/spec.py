@@ -20,6 +20,8 @@ from pathlib import Path
 
 import tomli
 
+from psyrl.core.errors import PsyrlError
+
 KINDS = ("sft", "tgrpo", "evaluate", "psyrl")
 RULES = ("median", "best", "last")
 RUN_KEYS = {
@@ -34,7 +36,7 @@ TABLE_KEYS = {"title", "rows", "columns", "benchmark", "metric", "deltas", "comp
 PLACEHOLDER = re.compile(r"\{(run|eval|model):([^{}]+)\}")
 
 
-class ExperimentError(ValueError):
+class ExperimentError(PsyrlError, ValueError):
     """An experiment file psyrl cannot run; the message names the file, its line and the key."""
 
 

@@ -2,17 +2,14 @@
 per benchmark and per task, for any local Hugging Face checkpoint.
 
     python evaluate.py --model runs/tiny-tgrpo/hf --limit 10 --out runs/eval/tiny
-    torchrun --nproc_per_node N evaluate.py --model DIR ...        (items split across ranks, one
-    model per rank)
-    python evaluate.py compare RUN_A RUN_B ...                     (Table 2/3-style, deltas against
-    RUN_A)
-    python evaluate.py lengths RUN_A [RUN_B] --out fig6.png        (RQ5 / Figure 6)
+    torchrun --nproc_per_node N evaluate.py --model DIR ...   (items split across ranks)
+    python evaluate.py compare RUN_A RUN_B ...                (Table 2/3, deltas against RUN_A)
+    python evaluate.py lengths RUN_A [RUN_B] --out fig6.png   (RQ5 / Figure 6)
     psyrl evaluate ... / torchrun --nproc_per_node N -m psyrl evaluate ...   (installed)
-    python evaluate.py --engine openai --base-url URL --api-model NAME ...   (an API baseline, one
-    process: `evaluate_api`)
+    python evaluate.py --engine openai --base-url URL --api-model NAME ...   (`evaluate_api`)
 
-Its command line (the options below are the trainers' config keys, psyrl.core.generation_options) is
-psyrl.cli.commands.evaluate; `main` below is the program.
+Its command line (the generation options are the trainers' config keys,
+psyrl.core.generation_options) is psyrl/cli/evaluate.py; `main` below is the program.
 
 Responses come from the sampler interface of the trainers (`psyrl.runtime.sampler`), one per item,
 seeded per item id: an item's random draws do not depend on the ranks, the batch, --limit or a
@@ -32,16 +29,16 @@ import json
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import click
 from tqdm import tqdm
 
 from psyrl.core import prompts
 from psyrl.core.atomic import write_text
 from psyrl.core.config import PromptConfig, RunConfig
-from psyrl.core.generation_options import GenerationOptions, fail_once
-from psyrl.core.records import DataError
+from psyrl.core.errors import Preempted
+from psyrl.core.generation_options import GenerationOptions
 from psyrl.eval.benchmarks import (
     PAPER_BENCHMARKS,
     EvalError,
@@ -54,13 +51,12 @@ from psyrl.eval.benchmarks import (
     task_of,
 )
 from psyrl.eval.lengths import counts_markdown, lengths_by_index
-from psyrl.eval.openai_engine import ApiError, ApiOptions, Client, complete_all, request_body
+from psyrl.eval.openai_engine import ApiOptions, Client, complete_all, request_body
 from psyrl.eval.report import results_markdown
-from psyrl.runtime.distributed import all_gather_lists, broadcast_object, cleanup, print0
+from psyrl.runtime.distributed import Dist, all_gather_lists, broadcast_object, cleanup, print0
 from psyrl.runtime.generation import load_generation, start_generation
 from psyrl.runtime.model import model_config, weight_files
-from psyrl.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption
-from psyrl.runtime.vllm_sampler import VLLMUnavailable  # imports no vLLM until one is built
+from psyrl.runtime.preemption import Preemption
 
 OUTPUT_FILES = ("predictions.jsonl", "eval.json", "results.json", "results.md", "lengths.png")
 GENERATION_KEYS = (
@@ -96,72 +92,70 @@ def split_specs(values) -> list[str]:
     return [v.strip() for value in values for v in value.split(",") if v.strip()]
 
 
-def main(
-    gen: GenerationOptions,
-    benchmarks,
-    benchmark_dir,
-    mode,
-    limit,
-    half,
-    split_seed,
-    out_dir,
-    overwrite,
-    api: ApiOptions | None = None,
-) -> None:
-    """Evaluate --model (options checked by the command line): join the ranks, evaluate, report;
-    every error is one message from rank 0. With `api` (--engine openai): one process, no model."""
-    specs = split_specs(benchmarks) or list(PAPER_BENCHMARKS)
+@dataclass(frozen=True)
+class Selection:
+    """What evaluate.py evaluates, and where it writes: its options beside the generation ones."""
+
+    benchmarks: tuple[str, ...]
+    """Benchmark names or JSONL files, each possibly comma-separated; none: the paper's five."""
+    benchmark_dir: str
+    """Where benchmark names are looked up (<dir>/<name>/*.jsonl)."""
+    prompt: str
+    """Appendix A.1's instruction: `cot` (think, then answer) or `direct`."""
+    limit: int = 0
+    """At most this many items per benchmark task, a seeded choice; 0: all."""
+    split: str = "all"
+    """SPEC §8's half of every benchmark: `selftrain`, `eval`, or `all`."""
+    split_seed: int = 0
+    """Seed of the split's hash."""
+    out: str | None = None
+    """Output directory; None: runs/eval/<model name>."""
+    overwrite: bool = False
+    """Delete the directory's earlier evaluate.py files instead of resuming them."""
+
+    def specs(self) -> list[str]:
+        return split_specs(self.benchmarks) or list(PAPER_BENCHMARKS)
+
+
+def main(gen: GenerationOptions, chosen: Selection, api: ApiOptions | None = None) -> None:
+    """Evaluate --model (options checked by the command line): join the ranks, evaluate, report,
+    leave. With `api` (--engine openai): one process, no model. Raises psyrl's errors (and on
+    Preempted, rank 0 has said how to resume)."""
     if api is not None:
-        out = Path(out_dir or Path("runs") / "eval" / api.model.replace("/", "-"))
+        out = Path(chosen.out or Path("runs") / "eval" / api.model.replace("/", "-"))
         try:
-            evaluate_api(
-                gen, api, specs, benchmark_dir, mode, limit, half, split_seed, out, overwrite
-            )
+            evaluate_api(gen, api, chosen, out)
         except Preempted as e:
-            click.echo(str(e))
-            raise SystemExit(EXIT_PREEMPTED) from None
-        except (EvalError, DataError, OSError, ValueError, ApiError) as e:
-            raise click.ClickException(str(e)) from None
+            print(str(e), flush=True)
+            raise
         return
     default_out = Path("runs") / "eval" / model_label(Path(gen.model)).replace("/", "-")
-    out = Path(out_dir) if out_dir else default_out
+    out = Path(chosen.out) if chosen.out else default_out
+    dist = start_generation(gen)
     try:
-        dist = start_generation(gen)
-        evaluate(dist, gen, specs, benchmark_dir, mode, limit, half, split_seed, out, overwrite)
-        cleanup(dist)
+        evaluate(dist, gen, chosen, out)
     except Preempted as e:
         print0(str(e), dist)
         cleanup(dist)
-        raise SystemExit(EXIT_PREEMPTED) from None
-    except (EvalError, DataError, OSError, ValueError, VLLMUnavailable) as e:
-        fail_once(e, "evaluate", (EvalError, DataError, VLLMUnavailable))
+        raise
+    cleanup(dist)
 
 
-def evaluate(
-    dist,
-    gen: GenerationOptions,
-    specs,
-    benchmark_dir,
-    mode,
-    limit,
-    half,
-    split_seed,
-    out: Path,
-    overwrite,
-) -> None:
+def evaluate(dist: Dist, gen: GenerationOptions, chosen: Selection, out: Path) -> None:
+    """The evaluation of a local model over this process's ranks (`main` runs it)."""
     # ------------------------------------------------------------- inputs, checked before any write
-    sources, items = selection(specs, benchmark_dir, limit, half, split_seed)
+    sources, items = selection(chosen)
     generation = load_generation(dist, gen)  # the tokenizer; the model loads after the resume check
     tokenizer, model_dir = generation.tokenizer, Path(gen.model)
     # the model directory too, before eval.json is written: its config (no remote code), weights
     model_config(generation.model_cfg, tokenizer)
     if not weight_files(model_dir):
         raise EvalError(f"{model_dir} holds no weights (*.safetensors or *.bin)")
-    given = {**generation.settings, "prompt": mode}
+    given = {**generation.settings, "prompt": chosen.prompt}
     recorded = (*GENERATION_KEYS, "tensor_parallel", "gpu_memory_utilization")
     settings = {
         **{k: given[k] for k in recorded if k in given},
-        **selection_settings(sources, limit, half, split_seed),
+        **selection_settings(sources, chosen),
     }
     predictions = out / "predictions.jsonl"
     done: dict[str, dict] = {}
@@ -169,87 +163,88 @@ def evaluate(
     # rank 0 decides and writes; the others learn the outcome (no rank left waiting alone)
     if dist.is_main:
         try:
-            done = start_output(out, settings, items, overwrite)
+            done = start_output(out, settings, items, chosen.overwrite)
         except (EvalError, OSError) as e:
             problem = str(e)
     problem, done_ids = broadcast_object((problem, set(done)), dist)
     if problem:
         raise EvalError(problem)
-    sampler = generation.make_sampler()
-    prompt_cfg = PromptConfig(mode=mode)
-    pending = [(s, r) for s, r in items if r.id not in done_ids]
-    # similar lengths per batch: less padding
-    pending.sort(key=lambda item: len(prompts.content(item[1])))
-    print0(
-        f"evaluate: {model_dir} on {dist.world} x {dist.device}: {len(items)} items "
-        f"({', '.join(f'{s.name} {sum(1 for x, _ in items if x is s)}' for s in sources)}); "
-        f"{len(done_ids)} already in {predictions}, {len(pending)} to generate",
-        dist,
-    )
+    # closed after the last collective
+    with generation.make_sampler() as sampler:
+        mode = chosen.prompt
+        prompt_cfg = PromptConfig(mode=mode)
+        pending = [(s, r) for s, r in items if r.id not in done_ids]
+        # similar lengths per batch: less padding
+        pending.sort(key=lambda item: len(prompts.content(item[1])))
+        print0(
+            f"evaluate: {model_dir} on {dist.world} x {dist.device}: {len(items)} items "
+            f"({', '.join(f'{s.name} {sum(1 for x, _ in items if x is s)}' for s in sources)}); "
+            f"{len(done_ids)} already in {predictions}, {len(pending)} to generate",
+            dist,
+        )
 
-    # ------------------------------------------------------- generate and score, appending as we go
-    stats = {"rank": dist.rank, "items": 0, "response_tokens": 0, "generate_s": 0.0}
-    t0 = time.perf_counter()
-    per_round = gen.batch * dist.world
-    bar = tqdm(
-        total=len(items),
-        initial=len(done_ids),
-        desc="evaluate",
-        unit="item",
-        dynamic_ncols=True,
-        disable=not (gen.progress and dist.is_main),
-    )
-    with (
-        predictions.open("a", encoding="utf-8")
-        if dist.is_main
-        else contextlib.nullcontext() as sink,
-        Preemption(RunConfig().preempt_signals) as preemption,
-    ):
-        for start in range(0, len(pending), per_round):
-            # strided: each rank gets short and long
-            mine = pending[start : start + per_round][dist.rank :: dist.world]
-            texts = [prompts.render(tokenizer, r, prompt_cfg) for _, r in mine]
-            ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-            t = time.perf_counter()
-            seeds = [item_seed(gen.seed, r.id) for _, r in mine]
-            samples = sampler.generate(  # collective: even with no item
-                ids, 1, gen.temperature, gen.top_p, gen.max_new_tokens, seeds
-            )
-            stats["generate_s"] += time.perf_counter() - t
-            rows = []
-            for (source, record), text, group in zip(mine, texts, samples):
-                s = group[0]
-                row = score_response(
-                    record,
-                    source.name,
-                    s.text,
-                    len(s.token_ids),
-                    s.finish_reason,
-                    sum(s.logprobs) / len(s.logprobs),
-                    mode,
+        # --------------------------------------------------- generate and score, appending as we go
+        stats = {"rank": dist.rank, "items": 0, "response_tokens": 0, "generate_s": 0.0}
+        t0 = time.perf_counter()
+        per_round = gen.batch * dist.world
+        bar = tqdm(
+            total=len(items),
+            initial=len(done_ids),
+            desc="evaluate",
+            unit="item",
+            dynamic_ncols=True,
+            disable=not (gen.progress and dist.is_main),
+        )
+        with (
+            predictions.open("a", encoding="utf-8")
+            if dist.is_main
+            else contextlib.nullcontext() as sink,
+            Preemption(RunConfig().preempt_signals) as preemption,
+        ):
+            for start in range(0, len(pending), per_round):
+                # strided: each rank gets short and long
+                mine = pending[start : start + per_round][dist.rank :: dist.world]
+                texts = [prompts.render(tokenizer, r, prompt_cfg) for _, r in mine]
+                ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+                t = time.perf_counter()
+                seeds = [item_seed(gen.seed, r.id) for _, r in mine]
+                samples = sampler.generate(  # collective: even with no item
+                    ids, 1, gen.temperature, gen.top_p, gen.max_new_tokens, seeds
                 )
-                rows.append({**row, "prompt": text})
-                stats["items"] += 1
-                stats["response_tokens"] += len(s.token_ids)
-            rows = all_gather_lists(rows, dist)
-            if dist.is_main:  # on disk at once: a crash loses at most the round in flight
-                sink.write("".join(json.dumps(row) + "\n" for row in rows))
-                sink.flush()
-                os.fsync(sink.fileno())
-                done.update((row["id"], row) for row in rows)  # only rank 0 writes the results
-            bar.update(len(rows))
-            # a scheduler's signal on any rank: stop here, every finished round on disk
-            if (stop := preemption.requested(dist)) and start + per_round < len(pending):
-                bar.close()
-                sampler.close()
-                raise Preempted(
-                    f"evaluate: preempted by {stop} after {len(done_ids) + start + per_round} of "
-                    f"{len(items)} items, all in {predictions}; run the same command to resume"
-                )
-    bar.close()
-    wall = time.perf_counter() - t0
-    per_rank = all_gather_lists([stats], dist)
-    sampler.close()  # after the last collective
+                stats["generate_s"] += time.perf_counter() - t
+                rows = []
+                for (source, record), text, group in zip(mine, texts, samples):
+                    s = group[0]
+                    row = score_response(
+                        record,
+                        source.name,
+                        s.text,
+                        len(s.token_ids),
+                        s.finish_reason,
+                        sum(s.logprobs) / len(s.logprobs),
+                        mode,
+                    )
+                    rows.append({**row, "prompt": text})
+                    stats["items"] += 1
+                    stats["response_tokens"] += len(s.token_ids)
+                rows = all_gather_lists(rows, dist)
+                if dist.is_main:  # on disk at once: a crash loses at most the round in flight
+                    sink.write("".join(json.dumps(row) + "\n" for row in rows))
+                    sink.flush()
+                    os.fsync(sink.fileno())
+                    done.update((row["id"], row) for row in rows)  # only rank 0 writes the results
+                bar.update(len(rows))
+                # a scheduler's signal on any rank: stop here, every finished round on disk
+                if (stop := preemption.requested(dist)) and start + per_round < len(pending):
+                    bar.close()
+                    raise Preempted(
+                        f"evaluate: preempted by {stop} after {len(done_ids) + start + per_round} "
+                        f"of {len(items)} items, all in {predictions}; run the same command to "
+                        "resume"
+                    )
+        bar.close()
+        wall = time.perf_counter() - t0
+        per_rank = all_gather_lists([stats], dist)
     if not dist.is_main:
         return
 
@@ -278,26 +273,20 @@ def evaluate(
 def evaluate_api(
     gen: GenerationOptions,
     api: ApiOptions,
-    specs,
-    benchmark_dir,
-    mode,
-    limit,
-    half,
-    split_seed,
+    chosen: Selection,
     out: Path,
-    overwrite,
 ) -> None:
     """`--engine openai`: the same items, prompts, seeds, scoring, files and resume as `evaluate`,
     each response one chat-completions request (`api.concurrency` in flight, one process)."""
     # ------------------------------------------------------------- inputs, checked before any write
-    sources, items = selection(specs, benchmark_dir, limit, half, split_seed)
+    sources, items = selection(chosen)
     # the key's variable by name only: its value never reaches a file or the screen
     settings = {
         "model": api.model,
         "engine": "openai",
         "base_url": api.base_url,
         "api_key_env": api.key_env,
-        "prompt": mode,
+        "prompt": chosen.prompt,
         "temperature": gen.temperature,
         "top_p": gen.top_p,
         "seed": gen.seed,
@@ -305,15 +294,16 @@ def evaluate_api(
         "concurrency": api.concurrency,
         "request_timeout": api.timeout,
         "retries": api.retries,
-        **selection_settings(sources, limit, half, split_seed),
+        **selection_settings(sources, chosen),
     }
-    done = start_output(out, settings, items, overwrite)
+    done = start_output(out, settings, items, chosen.overwrite)
     predictions = out / "predictions.jsonl"
+    mode = chosen.prompt
     prompt_cfg = PromptConfig(mode=mode)
     pending = [(s, r, prompts.messages(r, prompt_cfg)) for s, r in items if r.id not in done]
     client = Client(api)
     key = "an API key" if client.has_key else "no API key"
-    click.echo(
+    print(
         f"evaluate: {api.model} at {api.url} ({key} from ${api.key_env}), {api.concurrency} "
         f"requests in flight: {len(items)} items "
         f"({', '.join(f'{s.name} {sum(1 for x, _ in items if x is s)}' for s in sources)}); "
@@ -381,29 +371,33 @@ def evaluate_api(
     }
     write_results(out, api.model, items, done, settings, perf)
     speed = f"{perf['items_per_s']:.2f} items/s" if perf["items_per_s"] else "nothing new"
-    click.echo(
+    print(
         f"evaluate: {stats['items']} items requested in {wall:.1f} s ({speed}); "
         f"{out}/results.md, results.json, predictions.jsonl"
     )
 
 
-def selection(specs, benchmark_dir, limit, half, split_seed) -> tuple[list, list]:
+def selection(chosen: Selection) -> tuple[list, list]:
     """(sources, items): the items evaluated, as (source, record) in source and file order."""
-    sources = resolve_sources(specs, benchmark_dir)
-    items = [(s, r) for s in sources for r in select_items(s.records, limit, half, split_seed)]
+    sources = resolve_sources(chosen.specs(), chosen.benchmark_dir)
+    items = [
+        (s, r)
+        for s in sources
+        for r in select_items(s.records, chosen.limit, chosen.split, chosen.split_seed)
+    ]
     if not items:
         raise EvalError(
-            f"no item to evaluate in {', '.join(s.name for s in sources)} (split {half})"
+            f"no item to evaluate in {', '.join(s.name for s in sources)} (split {chosen.split})"
         )
     return sources, items
 
 
-def selection_settings(sources, limit, half, split_seed) -> dict:
+def selection_settings(sources, chosen: Selection) -> dict:
     """What eval.json records of the selection, whatever generates."""
     return {
-        "split": half,
-        "split_seed": split_seed,
-        "limit": limit,
+        "split": chosen.split,
+        "split_seed": chosen.split_seed,
+        "limit": chosen.limit,
         "options": PromptConfig().options,
         "sources": [
             {"name": s.name, "path": str(s.path.resolve()), "schema": s.schema} for s in sources
@@ -446,7 +440,7 @@ def write_results(
     except EvalError:
         pass  # no ToMbench Unexpected Outcome Test item in this evaluation
     write_text(out / "results.md", markdown)
-    click.echo(markdown)
+    print(markdown)
 
 
 def previous_predictions(out: Path, settings: dict, items: list) -> dict[str, dict]:

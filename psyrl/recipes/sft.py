@@ -1,10 +1,9 @@
 """SFT / knowledge injection (paper §4.1 "Implementation Details", appendix A.4, appendix B).
+`train` below is the whole loop, read top to bottom; `train_sft.py` runs it.
 
     python train_sft.py --config configs/sft/tiny.toml [--set table.key=value ...] [--resume]
     torchrun --nproc_per_node N train_sft.py --config ... [--resume]          (FSDP2, SPEC §1)
     psyrl train-sft ... / torchrun --nproc_per_node N -m psyrl train-sft ...         (installed)
-
-Its command line is psyrl.cli.commands.train_sft; `train` below is the program.
 
 Loss on response tokens only (the SFT target of SPEC §6 plus the end-of-turn token), normalised by
 the response-token count of the whole optimiser step over all ranks; AdamW; linear warm-up then
@@ -23,16 +22,18 @@ over-long examples are dropped, not truncated.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 
-import click
 import torch
 
-from psyrl.core.config import ConfigError
+from psyrl.core.config import Config
+from psyrl.core.errors import RunError
 from psyrl.core.records import Cursor, DataError, load_records, load_stimuliqa, next_indices
 from psyrl.core.runlog import peak_memory_gib
 from psyrl.rl.rewards import load_reward_plugin
-from psyrl.run.directory import Run, check_memory_plan
+from psyrl.run.directory import Run
+from psyrl.run.launch import check_memory_plan, setup_errors
 from psyrl.run.validation import longest_prompt, sample_items, validate
 from psyrl.runtime.checkpoint import select_checkpoint
 from psyrl.runtime.distributed import Dist, all_reduce, print0, rank_share
@@ -53,35 +54,33 @@ LINE_FIELDS = [
 ]
 
 
-def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
+def train(cfg: Config, dist: Dist, overwrite: bool, resume: bool) -> None:
     # --------------------------------------------------- setup: everything checked before any write
     run = Run(cfg, dist, "sft", LINE_FIELDS, overwrite, resume)
     if cfg.optim.global_batch % dist.world:
-        raise click.ClickException(
+        raise RunError(
             f"optim.global_batch = {cfg.optim.global_batch} must be a multiple of the "
             f"{dist.world} ranks (each rank takes an equal share of every step)"
         )
-    try:
+    with setup_errors():
         train_records = load_stimuliqa(cfg.data.train_file)
         valid_records = load_records(cfg.data.valid_file) if cfg.data.valid_file else []
         tokenizer = load_tokenizer(cfg.model)
         check_memory_plan(cfg, dist, "sft")
         policy = build_policy(cfg, tokenizer, dist)
         plugin = load_reward_plugin(cfg.reward.custom) if cfg.reward.custom else None
-    except (ConfigError, DataError, OSError, ValueError, RuntimeError) as e:
-        raise click.ClickException(str(e)) from None
     examples, counts = build_examples(
         train_records, tokenizer, cfg.prompt, cfg.data.max_length, cfg.data.think_from
     )
     if not examples:
-        raise click.ClickException(f"{cfg.data.train_file}: no usable training example ({counts})")
+        raise DataError(f"{cfg.data.train_file}: no usable training example ({counts})")
     run.check_data(cfg.data.train_file, len(examples))
     valid_records = sample_items(valid_records, cfg.data.valid_items, cfg.run.seed)
     run.start(train_records, valid_records)
 
     policy.train()
     optimizer = build_optimizer(policy, cfg.optim)
-    # FSDP: its own policy
+    # under FSDP its MixedPrecisionPolicy casts; one process autocasts
     amp = contextlib.nullcontext() if dist.sharded else autocast(cfg.model, dist.device)
     steps, batch, micro = cfg.run.steps, cfg.optim.global_batch, cfg.optim.micro_batch
     state = run.resume(policy, optimizer)
@@ -96,104 +95,90 @@ def train(cfg, dist: Dist, overwrite: bool, resume: bool) -> None:
         f"steps of {batch} sequences"
     )
 
-    sampler = None  # built at the first validation, synced before each later one
+    def save(step: int, validation: tuple | None, cursor: Cursor) -> None:
+        """checkpoints/step-N/ with the trainer's state at data position `cursor` (`validation`:
+        (metrics, outputs) of the held-out items, or None)."""
+        trainer = {"cursor": vars(cursor), "skipped_updates": skipped_updates}
+        held_out = (valid_records, *validation) if validation else None
+        run.save(step, policy, optimizer, tokenizer, trainer, {}, held_out)
 
-    def run_validation():
-        nonlocal sampler
-        if sampler is None:
-            # validates only
-            sampler = build_sampler(
-                policy,
-                cfg,
-                tokenizer,
-                dist,
-                cfg.rollout.valid_temperature,
-                longest_prompt(valid_records, tokenizer, cfg),
-            )
-        else:
+    def held_out(sync: bool = True) -> tuple[dict, list]:
+        """Validation on the held-out items: (metrics, outputs); `sync`: the policy has moved since
+        the sampler got its weights."""
+        if sync:
             sync_weights(sampler, policy, cfg, dist)
         return validate(policy, sampler, tokenizer, valid_records, cfg, dist, plugin=plugin)
 
-    with run:
-        # the untrained model's scores: the baseline of every later row
-        if valid_records and run.first == 1:
-            metrics, _ = run_validation()
-            run.log({"step": 0, "steps": steps, **metrics}, echo=True)
+    # validation's sampler (none without held-out items), closed after the final export
+    sampler = None
+    if valid_records:
+        longest = longest_prompt(valid_records, tokenizer, cfg)
+        temperature = cfg.rollout.valid_temperature  # it validates only
+        sampler = build_sampler(policy, cfg, tokenizer, dist, temperature, longest)
+    with sampler or contextlib.nullcontext():
+        with run:
+            # the untrained model's scores: the baseline of every later row
+            if valid_records and run.first == 1:
+                metrics, _ = held_out(sync=False)
+                run.log({"step": 0, "steps": steps, **metrics}, echo=True)
 
-        for step in range(run.first, steps + 1):
-            # ---------------------------------------------------------------- one optimiser step
-            t0 = time.perf_counter()
-            lr = cfg.optim.lr * lr_factor(step - 1, cfg.optim, steps)
-            set_lr(optimizer, lr)
-            indices, cursor = next_indices(
-                cursor, len(examples), batch, cfg.run.seed, cfg.data.shuffle
-            )
-            step_examples = [examples[i] for i in indices]
-            # global: the gradient does not depend on micro-batching
-            normalizer = response_tokens(step_examples)
-            loss_sum = torch.zeros((), device=dist.device)
-            for loss in micro_batch_losses(
-                policy,
-                rank_share(step_examples, dist),
-                micro,
-                tokenizer.pad_token_id,
-                normalizer,
-                dist.device,
-                amp,
-            ):
-                loss.backward()
-                # read once per step: .item() per micro-batch would sync a GPU each time
-                loss_sum += loss.detach()
-            grad_norm, applied = clipped_step(policy, optimizer, cfg.optim.grad_clip)
-            if not applied:
-                skipped_updates += 1
-                print0(f"step {step}: non-finite gradient norm {grad_norm}; update skipped", dist)
-            elapsed = time.perf_counter() - t0
-
-            # ------------------------------------------------------------ log, validate, checkpoint
-            peak = all_reduce(torch.tensor(peak_memory_gib(dist.device)), dist, "max")
-            row = {
-                "step": step,
-                "steps": steps,
-                "train/loss": all_reduce(loss_sum, dist).item(),
-                "train/grad_norm": grad_norm,
-                "train/lr": lr,
-                "train/tokens": sum(len(e.input_ids) for e in step_examples),
-                "train/response_tokens": normalizer,
-                "train/skipped_updates": skipped_updates,
-                "data/epoch": cursor.epoch,
-                "perf/step_s": elapsed,
-                "perf/peak_mem_gib": float(peak),
-            }
-            row["perf/tokens_per_s"] = row["train/tokens"] / elapsed
-            save = run.should_save(step)
-            if valid_records and (save or step == steps):
-                metrics, outputs = run_validation()
-                row.update(metrics)
-            # before the save: a crash right after it must not lose the row of a step it kept
-            run.log(row)
-            # a signal on any rank during the step: its checkpoint, then out (not at the last)
-            stop = run.preempted_after(step)
-            if save or stop:
-                run.save(
-                    step,
-                    policy,
-                    optimizer,
-                    tokenizer,
-                    {"cursor": vars(cursor), "skipped_updates": skipped_updates},
-                    {},
-                    (valid_records, metrics, outputs) if valid_records and save else None,
+            for step in range(run.first, steps + 1):
+                # ------------------------------------------------------------ one optimiser step
+                t0 = time.perf_counter()
+                lr = cfg.optim.lr * lr_factor(step - 1, cfg.optim, steps)
+                set_lr(optimizer, lr)
+                indices, cursor = next_indices(
+                    cursor, len(examples), batch, cfg.run.seed, cfg.data.shuffle
                 )
-            run.advance(step, row)
-            if stop or (save and (stop := run.preempted_after(step))):  # or during the save
-                if sampler is not None:
-                    sampler.close()
-                raise run.stop(stop)
+                step_examples = [examples[i] for i in indices]
+                # global: the gradient does not depend on micro-batching
+                normalizer = response_tokens(step_examples)
+                loss_sum = torch.zeros((), device=dist.device)
+                for loss in micro_batch_losses(
+                    policy,
+                    rank_share(step_examples, dist),
+                    micro,
+                    tokenizer.pad_token_id,
+                    normalizer,
+                    dist.device,
+                    amp,
+                ):
+                    loss.backward()
+                    # read once per step: .item() per micro-batch would sync a GPU each time
+                    loss_sum += loss.detach()
+                grad_norm, applied = clipped_step(policy, optimizer, cfg.optim.grad_clip)
+                if not applied:
+                    skipped_updates += 1
+                    print0(
+                        f"step {step}: non-finite gradient norm {grad_norm}; update skipped", dist
+                    )
+                elapsed = time.perf_counter() - t0
 
-    # ---------------------------------------------------------------- final export
-    run.finish(policy, tokenizer)
-    if sampler is not None:
-        sampler.close()
+                # -------------------------------------------------- log, validate, checkpoint
+                peak = all_reduce(torch.tensor(peak_memory_gib(dist.device)), dist, "max")
+                row = {
+                    "step": step,
+                    "steps": steps,
+                    "train/loss": all_reduce(loss_sum, dist).item(),
+                    "train/grad_norm": grad_norm,
+                    "train/lr": lr,
+                    "train/tokens": sum(len(e.input_ids) for e in step_examples),
+                    "train/response_tokens": normalizer,
+                    "train/skipped_updates": skipped_updates,
+                    "data/epoch": cursor.epoch,
+                    "perf/step_s": elapsed,
+                    "perf/peak_mem_gib": float(peak),
+                }
+                row["perf/tokens_per_s"] = row["train/tokens"] / elapsed
+                run.end_step(
+                    step,
+                    row,
+                    functools.partial(save, cursor=cursor),
+                    held_out if valid_records else None,
+                )
+
+        # ---------------------------------------------------------------------- final export
+        run.finish(policy, tokenizer)
     if valid_records and cfg.checkpoint.every and dist.is_main:
         step, score, path = select_checkpoint(run.dir, "median")
         print0(

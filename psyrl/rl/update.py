@@ -1,6 +1,6 @@
-"""The policy update of a T-GRPO step (eq. 1, SPEC §3): gradient-free log-probs of the reference and
-the sampling-time policy, and one optimiser step per mini-batch over micro-batches with the global
-divisor.
+"""The policy update of a T-GRPO step (eq. 1, SPEC §3): the experience pass (gradient-free
+log-probs of the reference and of the sampling-time policy), and one optimiser step per mini-batch
+over micro-batches with the global divisor.
 
 Micro-batches are `optim.micro_batch` sequences (the update) or `optim.logprob_micro_batch`
 (log-probs) in order, or, with `optim.micro_batch_tokens`, packed by a token budget: a rank's
@@ -16,6 +16,7 @@ from collections import defaultdict
 
 import torch
 
+from psyrl.core.config import Config
 from psyrl.rl.rollout import RolloutBatch
 from psyrl.rl.tgrpo import tgrpo_loss
 from psyrl.runtime.distributed import Dist, all_reduce
@@ -72,7 +73,7 @@ def shortest(batch: RolloutBatch) -> list[int]:
 
 
 def sequence_logprobs(
-    model, batch: RolloutBatch, pad_id: int, cfg, dist: Dist, amp
+    model, batch: RolloutBatch, pad_id: int, cfg: Config, dist: Dist, amp
 ) -> list[torch.Tensor]:
     """Per sequence, the log-probs of its response tokens under `model` at rollout.temperature (no
     gradient), in the batch's order; optim.logprob_micro_batch sequences a forward, or micro-batches
@@ -103,14 +104,44 @@ def as_padded(values: list[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
     )
 
 
-def update(policy, optimizer, batch: RolloutBatch, pad_id: int, cfg, dist: Dist, amp):
+def experience(
+    policy,
+    reference,
+    rollout: RolloutBatch,
+    updates: int,
+    pad_id: int,
+    cfg: Config,
+    dist: Dist,
+    amp,
+) -> list[RolloutBatch]:
+    """The experience pass (no gradient): the `updates` mini-batches of `rollout` (this rank's share
+    of each, `RolloutBatch.split`), with pi_ref's log-probs of every sequence (eq. 1's KL term; no
+    `reference` when loss.kl_coef = 0) and pi_old's on every mini-batch after the first: those are
+    off-policy once the first update has moved the policy, so the sampling policy's log-probs are
+    computed now. The first updates the policy that sampled: its logp_old is the update's own
+    detached logp_theta (SPEC §3 skips the pass only for a single mini-batch; the first of several
+    is as on-policy as that one)."""
+    if reference is not None:
+        rollout.logp_ref = sequence_logprobs(reference, rollout, pad_id, cfg, dist, amp)
+    minibatches = rollout.split(updates)
+    later = rollout.select(range(len(minibatches[0]), len(rollout)))
+    old = sequence_logprobs(policy, later, pad_id, cfg, dist, amp)
+    for u, minibatch in enumerate(minibatches[1:]):
+        minibatch.logp_old = old[u * len(minibatch) : (u + 1) * len(minibatch)]
+    return minibatches
+
+
+def update(
+    policy, optimizer, batch: RolloutBatch, pad_id: int, cfg: Config, dist: Dist, amp
+) -> tuple[float, bool, dict]:
     """One optimiser step on this rank's share of a mini-batch (eq. 1), gradients accumulated over
     micro-batches and divided by the mini-batch's sequence count over all ranks (optim.global_batch
     x rollout.samples). `fsdp.defer_grad_sync`: the gradient reduce-scatter runs at the last
     micro-batch only. Returns (grad norm, applied, sums): sums holds the loss metrics' token- and
     sequence-weighted sums (float64 tensors, read once per step by `reduce_sums`: .item() per
     micro-batch would sync a GPU each time)."""
-    T, normalizer = cfg.rollout.temperature, cfg.optim.global_batch * cfg.rollout.samples
+    temperature = cfg.rollout.temperature
+    normalizer = cfg.optim.global_batch * cfg.rollout.samples  # the mini-batch's sequences
     sums = defaultdict(float)
     batches = micro_batches(
         [len(ids) for ids in batch.token_ids], cfg.optim.micro_batch, cfg.optim.micro_batch_tokens
@@ -124,7 +155,7 @@ def update(policy, optimizer, batch: RolloutBatch, pad_id: int, cfg, dist: Dist,
             policy.set_requires_gradient_sync(k == count - 1)
         input_ids, attention_mask, mask = collated(chunk, pad_id, dist.device)
         with amp:
-            logp = policy(input_ids, attention_mask, T, mask)  # [b, T-1]
+            logp = policy(input_ids, attention_mask, temperature, mask)  # [b, T-1]
         logp_old = as_padded(chunk.logp_old, mask) if chunk.logp_old is not None else logp.detach()
         logp_ref = as_padded(chunk.logp_ref, mask) if cfg.loss.kl_coef > 0 else None
         adv = torch.tensor(chunk.advantages, dtype=torch.float32, device=dist.device)  # [b]

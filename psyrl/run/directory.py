@@ -1,58 +1,36 @@
-"""What both trainers (`train_sft.py`, `train_tgrpo.py`) do around their loop: the click entry that
-fails once on rank 0, and the `Run`, which owns the run directory: its checks, the resume,
-metrics.jsonl and the progress bar, the checkpoints and the final export."""
+"""The `Run`: what both trainers (`train_sft.py`, `train_tgrpo.py`) do around their loop. It owns
+the run directory, `runs/<name>/`: its checks, the resume, metrics.jsonl, the trackers and the
+progress bar, the end of every step (validation, checkpoint, preemption), the sample files and the
+final export."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import click
-import torch
-import transformers
 from tqdm import tqdm
 
-import psyrl
 from psyrl.core.atomic import tidy
-from psyrl.core.config import ConfigError, config_changes, dump_config, load_config
-from psyrl.core.runlog import (
-    MetricsFile,
-    last_step,
-    read_metrics,
-    step_line,
-    truncate_metrics,
-)
-from psyrl.plan.memory import load_architecture, plan
+from psyrl.core.config import Config, ConfigError, config_changes, dump_config, load_config
+from psyrl.core.errors import Preempted, RunError
+from psyrl.core.runlog import MetricsFile, last_step, read_metrics, step_line, truncate_metrics
+from psyrl.run.card import model_card
+from psyrl.run.samples import sample_rows, write_samples
 from psyrl.run.trackers import TrackedRun, Trackers
 from psyrl.runtime.checkpoint import (
-    CheckpointError,
     export_hf,
     find_resumable,
     json_text,
     load_checkpoint,
     save_checkpoint,
 )
-from psyrl.runtime.distributed import (
-    Dist,
-    barrier,
-    broadcast_object,
-    cleanup,
-    init_distributed,
-    print0,
-)
-from psyrl.runtime.preemption import EXIT_PREEMPTED, Preempted, Preemption
-from psyrl.runtime.vllm_sampler import (  # imports no vLLM
-    VLLMUnavailable,
-    check_tensor_parallel,
-    import_vllm,
-)
+from psyrl.runtime.distributed import Dist, barrier, broadcast_object, print0
+from psyrl.runtime.preemption import Preemption
 
 # may change on --resume: same numbers
 RESUME_FREE = (
@@ -66,99 +44,35 @@ RESUME_FREE = (
 )
 
 
-def run_entry(train: Callable, config_path, overrides, overwrite: bool, resume: bool) -> None:
-    """Load the config, join the process group, call train(cfg, dist, overwrite, resume); every
-    error is one click message, said once by rank 0 (the other ranks fail the same way and exit
-    quietly)."""
-    try:
-        # no per-save bars inside psyrl's own progress bar
-        transformers.utils.logging.disable_progress_bar()
-        if overwrite and resume:
-            raise click.ClickException("--overwrite and --resume exclude each other")
-        try:
-            cfg = load_config(config_path, overrides)
-            # CPU tensors: gloo beside nccl
-            host_shards = cfg.fsdp.offload != "none" or cfg.fsdp.ref_offload
-            if cfg.sampler.engine == "vllm":
-                import_vllm()  # before anything starts: a torch run never imports it
-            dist = init_distributed(cfg.run.device, host_shards, cfg.fsdp.timeout_minutes)
-            if cfg.sampler.engine == "vllm":
-                check_tensor_parallel(cfg.sampler.tensor_parallel, dist.world)
-        except (ConfigError, ValueError, VLLMUnavailable) as e:
-            raise click.ClickException(str(e)) from None
-        try:
-            train(cfg, dist, overwrite, resume)
-        # e.g. a full disk while logging: which file, not a traceback (checkpoints are atomic)
-        except OSError as e:
-            raise click.ClickException(f"file error: {e}") from None
-        except Preempted as e:
-            print0(str(e), dist)
-            cleanup(dist)
-            raise SystemExit(EXIT_PREEMPTED) from None
-        # on a normal exit only: after an error, NCCL work may be in flight and the process just
-        # ends
-        cleanup(dist)
-    except click.ClickException as e:
-        if int(os.environ.get("RANK", "0")) != 0:
-            raise SystemExit(e.exit_code) from None
-        raise
-
-
-def check_memory_plan(cfg, dist: Dist, trainer: str) -> None:
-    """On CUDA: print `psyrl plan`'s verdict for this config on these GPUs (their memory read from
-    the device, the node's RAM from the OS), and refuse a config it predicts will not fit, unless
-    run.memory_check is false."""
-    if dist.device.type != "cuda":
-        return
-    try:
-        architecture, _ = load_architecture(cfg.model)
-        gpu_gib = torch.cuda.get_device_properties(dist.device).total_memory / 2**30
-        # the host figures are per node, with every rank on it
-        one_node = dist.world == dist.local_world
-        host_gib = (
-            os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 if one_node else None
-        )
-        memory = plan(cfg, architecture, dist.world, gpu_gib, host_gib, trainer)
-    except ValueError as e:  # e.g. an architecture the planner does not model
-        print0(f"memory plan: not available ({e})", dist)
-        return
-    print0(
-        memory.verdict()
-        + ("" if memory.fits else " (`psyrl plan --config ...` prints the whole table)"),
-        dist,
-    )
-    gpus_fit = all(p.fits for p in memory.phases) and (
-        memory.pool is None or memory.pool.sequences >= 1
-    )
-    # host RAM rests on a per-rank assumption: a warning only
-    if not gpus_fit and cfg.run.memory_check:
-        raise click.ClickException(
-            f"{memory.verdict()}; set run.memory_check = false to start anyway"
-        )
-
-
 class Run:
     """One training run's directory, `runs/<name>/`, from the checks before the first write to the
     final export (torchtitan's checkpointer, picotron's CheckpointManager). Used in this order:
     `Run(...)` refuses to clobber a run or to resume nothing and finds the checkpoint to resume;
     `check_data` ties the checkpoint to its data; `start` writes the resolved config; `resume`
-    restores the model, optimiser and metrics; inside `with run:`, `log` / `should_save` / `save` /
-    `advance` each step (and `preempted` / `stop` when a scheduler's signal came); `finish` exports
-    the final model."""
+    restores the model, optimiser and metrics; inside `with run:` (metrics.jsonl, trackers, progress
+    bar and signal handlers open), `end_step` ends every step (log, validate, checkpoint, and
+    Preempted when a scheduler's signal came; `preempt_now` right after a T-GRPO step's sampling)
+    and `write_samples` dumps a T-GRPO step's responses; `finish` exports the final model."""
 
     def __init__(
-        self, cfg, dist: Dist, name: str, line_fields: list, overwrite: bool, resume: bool
+        self,
+        cfg: Config,
+        dist: Dist,
+        name: str,
+        line_fields: list,
+        overwrite: bool,
+        resume: bool,
     ):
         self.cfg, self.dist, self.name, self.line_fields = cfg, dist, name, line_fields
         self.dir = Path(cfg.run.output_dir) / cfg.run.name
         exists = (self.dir / "metrics.jsonl").exists()
         if exists and not (overwrite or resume):
-            raise click.ClickException(
+            raise RunError(
                 f"{self.dir} already holds a run; pass --resume to continue it or "
                 "--overwrite to start over"
             )
         if resume and not exists:
-            raise click.ClickException(f"--resume: {self.dir} holds no run")
+            raise RunError(f"--resume: {self.dir} holds no run")
         self.wipe = overwrite and exists
         self.checkpoint = self._resumable() if resume else None
         self.state: dict = {}  # trainer.json of the checkpoint resumed
@@ -180,14 +94,14 @@ class Run:
         # rank 0 decides: nodes may see a shared filesystem differently
         checkpoint = broadcast_object(found, dist)
         if checkpoint is None:
-            raise click.ClickException(
+            raise RunError(
                 f"--resume: {self.dir} holds no complete checkpoint with a training state "
                 "(checkpoint.every = 0 saves none; checkpoint.keep_state prunes older ones)"
             )
         try:
             saved = load_config(checkpoint / "config.resolved.toml")
         except ConfigError as e:
-            raise click.ClickException(
+            raise RunError(
                 f"--resume: cannot read the config the run was started with ({e}); a run "
                 "started by an older psyrl may use keys this version no longer has"
             ) from None
@@ -197,7 +111,7 @@ class Run:
             if k not in RESUME_FREE and k.split(".")[0] not in RESUME_FREE
         ]
         if changed:
-            raise click.ClickException(
+            raise RunError(
                 f"--resume: the config differs from {checkpoint / 'config.resolved.toml'} "
                 f"in {', '.join(changed)}; resuming would not continue the same run"
             )
@@ -213,7 +127,7 @@ class Run:
         if self.checkpoint:
             self.state = json.loads((self.checkpoint / "trainer.json").read_text(encoding="utf-8"))
             if self.state.get("data") != self.data:
-                raise click.ClickException(
+                raise RunError(
                     f"--resume: {data_path} is not the data {self.checkpoint} was trained "
                     f"on ({self.state.get('data')}, now {self.data}): its data position is "
                     "void"
@@ -326,11 +240,6 @@ class Run:
         if echo:
             print0(step_line(row, self.line_fields), self.dist)
 
-    def log_samples(self, step: int, rows: list[dict], markdown: str) -> None:
-        """A step's samples (as written to samples/step-N.jsonl and .md) to the trackers."""
-        if self.trackers is not None:
-            self.trackers.samples(step, rows, markdown)
-
     def should_save(self, step: int) -> bool:
         """A checkpoint every checkpoint.every steps and at the last (none when every = 0)."""
         every = self.cfg.checkpoint.every
@@ -349,7 +258,7 @@ class Run:
         """`checkpoints/step-N/`: model, optimiser and RNG (`psyrl.runtime.checkpoint`), the
         resolved config, trainer.json (step, data fingerprint, `state`), `files`, and
         validation.json / validation.jsonl when `validation` is (records, metrics, outputs); a
-        failed write is one message."""
+        failed write raises CheckpointError (the previous checkpoints are intact)."""
         files = {
             "config.resolved.toml": self.resolved,
             "trainer.json": json_text({"step": step, "data": self.data, **state}),
@@ -371,20 +280,8 @@ class Run:
                 + "\n"
                 for r, s in zip(records, outputs)
             )
-        try:
-            save_checkpoint(
-                self.dir,
-                step,
-                policy,
-                optimizer,
-                tokenizer,
-                files,
-                self.dist,
-                self.cfg.checkpoint.keep_state,
-                self.cfg.checkpoint.export_dtype,
-            )
-        except CheckpointError as e:
-            raise click.ClickException(str(e)) from None
+        keep, dtype = self.cfg.checkpoint.keep_state, self.cfg.checkpoint.export_dtype
+        save_checkpoint(self.dir, step, policy, optimizer, tokenizer, files, self.dist, keep, dtype)
         self.saved = step
 
     def preempted(self) -> str | None:
@@ -410,6 +307,60 @@ class Run:
             "--resume to continue"
         )
 
+    def preempt_now(self, step: int, save_previous: Callable[[], None]) -> None:
+        """run.preempt_now, right after a step's sampling (collective): when a preemption signal
+        came, checkpoint the previous step with `save_previous()` (nothing of this one is kept yet:
+        cache, model and data position are as after the previous step, and the sampler's seeds are
+        per step) unless it is saved already, then raise Preempted."""
+        if self.cfg.run.preempt_now and (signal := self.preempted()):
+            if 0 < step - 1 != self.saved:
+                save_previous()
+            raise self.stop(signal)
+
+    def write_samples(
+        self, step: int, samples: list, components: dict, advantages, means: dict, records: list
+    ) -> None:
+        """Every log.samples_every steps, on rank 0: samples/step-N.jsonl and .md (`records`: the
+        step's prompts in step order; `means`: the step's reward metrics), also sent to the
+        trackers."""
+        every = self.cfg.log.samples_every
+        if not (every and step % every == 0 and self.dist.is_main):
+            return
+        rows = sample_rows(samples, components, advantages)
+        shown, variant = self.cfg.log.samples_prompts, self.cfg.reward.variant
+        markdown = write_samples(self.dir / "samples", step, rows, means, records, shown, variant)
+        if self.trackers is not None:
+            self.trackers.samples(step, rows, markdown)
+
+    def end_step(
+        self,
+        step: int,
+        row: dict,
+        save: Callable[[int, tuple | None], None],
+        validate: Callable[[], tuple[dict, list]] | None,
+    ) -> None:
+        """Log, validate, checkpoint: the end of every step of both trainers. `validate()` (None
+        without held-out items) runs at every checkpoint and at the last step and adds its metrics
+        to `row`; the row goes to metrics.jsonl before the checkpoint (a crash right after the save
+        must not lose the row of a step it kept); `save(step, validation)` writes the checkpoint,
+        every checkpoint.every steps with the validation's (metrics, outputs), or now without them
+        when a preemption signal reached a rank during the step; then the console line. A signal
+        during the step or its save raises Preempted (not after the last step: the run finishes
+        instead)."""
+        checkpoint = self.should_save(step)
+        validation = None
+        if validate is not None and (checkpoint or step == self.cfg.run.steps):
+            metrics, outputs = validate()
+            row.update(metrics)
+            validation = (metrics, outputs) if checkpoint else None
+        self.log(row)
+        signal = self.preempted_after(step)
+        if checkpoint or signal:
+            save(step, validation)
+        self.advance(step, row)
+        if signal or (checkpoint and (signal := self.preempted_after(step))):
+            raise self.stop(signal)
+
     def advance(self, step: int, row: dict) -> None:
         """The step is done: move the bar, and print its line every log.every steps and at the
         last."""
@@ -428,84 +379,8 @@ class Run:
                 self.data,
                 read_metrics(self.dir / "metrics.jsonl"),
             )
-        try:
-            export_hf(
-                policy,
-                tokenizer,
-                self.dir / "hf",
-                self.dist,
-                self.cfg.checkpoint.export_dtype,
-                {"README.md": card} if card else None,
-            )
-        except CheckpointError as e:
-            raise click.ClickException(str(e)) from None
-        print0(f"{self.name}: done; final model in {self.dir / 'hf'}", self.dist)
-
-
-def psyrl_commit() -> str:
-    """The git commit of the psyrl checkout this runs from, or why there is none."""
-    try:
-        found = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            cwd=Path(psyrl.__file__).parent,
+        files = {"README.md": card} if card else None
+        export_hf(
+            policy, tokenizer, self.dir / "hf", self.dist, self.cfg.checkpoint.export_dtype, files
         )
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown (no git)"
-    return found.stdout.strip() if found.returncode == 0 else "unknown (not a git checkout)"
-
-
-def model_card(cfg, trainer: str, resolved: str, data: dict, rows: list[dict]) -> str:
-    """hf/README.md: where the model comes from (base model, trainer, psyrl version and commit), the
-    data it saw (paths and sha256), its last held-out scores, and the resolved config."""
-    base = cfg.model.path or f"none: a tiny model built from [model] (seed {cfg.run.seed})"
-    valid = [r for r in rows if any(k.startswith("valid/") for k in r)]
-    files = [("train", cfg.data.train_file, data.get("sha256", ""), data.get("examples", ""))]
-    if cfg.data.valid_file:
-        digest = hashlib.sha256(Path(cfg.data.valid_file).read_bytes()).hexdigest()
-        files.append(("validation", cfg.data.valid_file, digest, cfg.data.valid_items or "all"))
-    lines = [
-        "---",
-        f"base_model: {json.dumps(cfg.model.path) if cfg.model.path else 'null'}",
-        "library_name: transformers",
-        f"tags: [psyrl, {trainer}]",
-        "---",
-        "",
-        f"# {cfg.run.name}",
-        "",
-        f"Trained with psyrl {psyrl.__version__} (commit {psyrl_commit()}): `{trainer}`, "
-        f"{cfg.run.steps} steps{'' if trainer == 'sft' else f', reward {cfg.reward.variant}'}; "
-        f"weights in {cfg.checkpoint.export_dtype}. Base model: {base}.",
-        "",
-        "## Data",
-        "",
-        "| split | file | sha256 | items used |",
-        "| --- | --- | --- | ---: |",
-        *[f"| {split} | `{path}` | `{digest}` | {n} |" for split, path, digest, n in files],
-        "",
-    ]
-    if valid:
-        last = valid[-1]
-        lines += [
-            f"## Held-out scores (validation at step {last['step']})",
-            "",
-            "| metric | value |",
-            "| --- | ---: |",
-            *[
-                f"| {k} | {v:.4f} |"
-                for k, v in last.items()
-                if k.startswith("valid/") and isinstance(v, float)
-            ],
-            "",
-        ]
-    lines += [
-        "## Configuration (config.resolved.toml)",
-        "",
-        "```toml",
-        resolved.rstrip(),
-        "```",
-        "",
-    ]
-    return "\n".join(lines)
+        print0(f"{self.name}: done; final model in {self.dir / 'hf'}", self.dist)

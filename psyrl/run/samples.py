@@ -30,6 +30,25 @@ MEANS = (
 )
 
 
+def sample_rows(samples: list, components: dict, advantages) -> list[dict]:
+    """The rows of samples/step-N.jsonl: per response of the step (`psyrl.rl.scoring.Sample`, in
+    step order) its id, index in its group, text, tokens and finish reason, the reward components of
+    COLUMNS its variant has (`components`: name -> one value per response) and its advantage."""
+    keys = [k for k in COLUMNS if k in components]
+    return [
+        {
+            "id": s.id,
+            "sample": s.index,
+            "response": s.text,
+            "tokens": s.length,
+            "finish_reason": s.finish_reason,
+            **{k: float(components[k][n]) for k in keys},
+            "advantage": float(advantages[n]),
+        }
+        for n, s in enumerate(samples)
+    ]
+
+
 def write_samples(
     directory: Path,
     step: int,

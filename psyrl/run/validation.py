@@ -55,8 +55,8 @@ def validate(
     the prompt-to-prompt noise of a training step), and valid/loss (NLL per response token of the
     SFT targets) for StimuliQA records, or valid/accuracy (SPEC §7 F1-accuracy: the option of
     highest F1 to the answer; a tie is `E` and wrong) and valid/not_applicable (the fraction of E
-    choices) for benchmark-schema records; outputs: one `psyrl.runtime.sampler.Sample` per record,
-    in record order.
+    choices) for benchmark-schema records; outputs: one `psyrl.runtime.sampler.Completion` per
+    record, in record order.
 
     `sampler` generates (it holds an unsharded model); `policy` (sharded or not) scores the loss,
     inside `actor_on_device()` (T-GRPO's phase offload brings the actor's shards back for it). Items

@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from psyrl.core.atomic import replace_dir, sync_tree, temporary, write_text
+from psyrl.core.errors import PsyrlError
 from psyrl.runtime.distributed import DTYPES, ONE_PROCESS, Dist, agree, gather_to_rank0
 
 CHECKPOINT_GLOB = "step-*"
@@ -39,7 +40,7 @@ STATE_PARTS = ("state", "rng")  # what `keep_state` prunes from older checkpoint
 WRITE_ERRORS = (OSError, SafetensorError, CheckpointException)
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(PsyrlError, RuntimeError):
     """A checkpoint could not be written (the previous ones are intact) or read."""
 
 

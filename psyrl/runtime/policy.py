@@ -4,6 +4,7 @@ weights, kept in sync."""
 
 from __future__ import annotations
 
+from psyrl.core.config import Config
 from psyrl.runtime.distributed import (
     DTYPES,
     Dist,
@@ -17,7 +18,7 @@ from psyrl.runtime.sampler import TorchSampler
 from psyrl.runtime.vllm_sampler import VLLMSampler, engine_model_dir  # imports no vLLM
 
 
-def build_policy(cfg, tokenizer, dist: Dist) -> Policy:
+def build_policy(cfg: Config, tokenizer, dist: Dist) -> Policy:
     """The policy that trains: one process holds the whole model; under torchrun rank 0 reads it and
     FSDP2 shards it, float32 master weights, on the host throughout when fsdp.offload = "always"
     (FSDP2 CPUOffloadPolicy)."""
@@ -29,7 +30,7 @@ def build_policy(cfg, tokenizer, dist: Dist) -> Policy:
     )
 
 
-def build_reference(cfg, tokenizer, dist: Dist) -> Policy:
+def build_reference(cfg: Config, tokenizer, dist: Dist) -> Policy:
     """pi_ref (eq. 1's KL term): the starting checkpoint, frozen, held in the compute dtype
     (model.dtype; verl and EasyR1 load theirs in bf16), under torchrun sharded with FSDP2 CPU
     offload when fsdp.ref_offload (A.3)."""
@@ -54,7 +55,7 @@ def build_reference(cfg, tokenizer, dist: Dist) -> Policy:
 
 def build_sampler(
     policy: Policy,
-    cfg,
+    cfg: Config,
     tokenizer,
     dist: Dist,
     temperature: float | None = None,
@@ -93,7 +94,7 @@ def build_sampler(
     return TorchSampler(lm, tokenizer, dist.device, cfg.sampler.batch)
 
 
-def sync_weights(sampler, policy: Policy, cfg, dist: Dist) -> None:
+def sync_weights(sampler, policy: Policy, cfg: Config, dist: Dist) -> None:
     """The weight sync: every parameter of the trainer, cast to model.dtype on the device and
     all-gathered in buckets of sampler.sync_bucket_mib (`psyrl.runtime.distributed.sync_buckets`),
     streamed into the sampler. Collective."""

@@ -15,13 +15,6 @@ import torch
 
 from psyrl.runtime.distributed import Dist, all_reduce
 
-EXIT_PREEMPTED = 75  # sysexits.h EX_TEMPFAIL: a temporary failure, to be retried (here: resumed)
-
-
-class Preempted(Exception):
-    """A trainer stopped on a preemption signal after writing its checkpoint (or finding nothing to
-    keep); the message says how to resume."""
-
 
 class Preemption:
     """Owns the handlers of `signals` (names, e.g. "SIGTERM") while the run trains, and restores the

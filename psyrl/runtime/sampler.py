@@ -4,7 +4,7 @@ One small interface the trainer calls (SPEC §9 `sampler` table), implemented he
 CPUs and tests, and on a colocated vLLM engine in `psyrl.runtime.vllm_sampler` (`sampler.engine =
 "vllm"`):
   generate(prompt_token_ids, n, temperature, top_p, max_new_tokens, seed) -> per prompt, n
-  `Sample`s;
+  `Completion`s;
   load_weights(iterator of (name, tensor)) -> the fresh weights, one tensor at a time;
   close() -> at the end of the run, after its last collective.
 `TorchSampler` holds its OWN unsharded copy of the model, as a colocated vLLM engine does: the
@@ -30,6 +30,7 @@ import torch
 from tqdm import tqdm
 from transformers import DynamicCache
 
+from psyrl.core.errors import Preempted
 from psyrl.runtime.model import load_weights, stop_token_ids
 
 # then a row samples its sorted nucleus directly (only when the nucleus holds little mass)
@@ -37,7 +38,9 @@ REJECTION_ROUNDS = 16
 
 
 @dataclass(frozen=True)
-class Sample:
+class Completion:
+    """One response of the sampler to one prompt."""
+
     token_ids: tuple[int, ...]
     """The response: generated tokens up to and including the first stop token."""
     text: str
@@ -47,6 +50,19 @@ class Sample:
     logprobs: tuple[float, ...]
     """The sampler's log softmax(logits / T) of each response token over the full vocabulary (T = 1
     when greedy)."""
+
+
+class ClosedAfterUse:
+    """`with sampler:` closes the sampler when the block ends, after the run's last collective: on
+    success or preemption, where every rank gets to; after an error another rank may still be in a
+    collective, and the process just ends."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if kind is None or issubclass(kind, Preempted):
+            self.close()
 
 
 def nucleus_mask(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -161,7 +177,7 @@ def prompt_seeds(prompt_token_ids: Sequence[Sequence[int]], seed: int | Sequence
     return seeds
 
 
-class TorchSampler:
+class TorchSampler(ClosedAfterUse):
     """Batched autoregressive sampling on a plain (unsharded) transformers causal LM."""
 
     def __init__(
@@ -195,7 +211,7 @@ class TorchSampler:
         top_p: float,
         max_new_tokens: int,
         seed: int | Sequence[int],
-    ) -> list[list[Sample]]:
+    ) -> list[list[Completion]]:
         """n samples for each prompt, in prompt order. temperature 0 = greedy. `seed`: one per
         prompt, or an int from which prompt i takes seed + i; a prompt's samples depend only on its
         prompt, its seed and the weights, never on the other prompts of the call."""
@@ -222,7 +238,9 @@ class TorchSampler:
                 results[i] = samples[k * n : (k + 1) * n]
         return results
 
-    def _generate_rows(self, prompts, n, temperature, top_p, max_new_tokens, seeds) -> list[Sample]:
+    def _generate_rows(
+        self, prompts, n, temperature, top_p, max_new_tokens, seeds
+    ) -> list[Completion]:
         rows = [list(p) for p in prompts for _ in range(n)]
         generators = []
         for s in seeds:  # one generator per prompt, shared by its n rows in order
@@ -276,11 +294,11 @@ class TorchSampler:
         all_ids, all_logps = torch.stack(tokens, dim=1).tolist(), torch.stack(logps, dim=1).tolist()
         return [self._sample(ids, lps) for ids, lps in zip(all_ids, all_logps)]
 
-    def _sample(self, ids: list[int], logps: list[float]) -> Sample:
+    def _sample(self, ids: list[int], logps: list[float]) -> Completion:
         end = next((k for k, t in enumerate(ids) if t in self.stops), None)
         kept = len(ids) if end is None else end + 1
         text_ids = ids[:kept] if end is None else ids[:end]
-        return Sample(
+        return Completion(
             tuple(ids[:kept]),
             self.tokenizer.decode(text_ids, skip_special_tokens=False),
             "length" if end is None else "stop",

@@ -19,8 +19,8 @@ paper ran on.
     what the trainer holds: `psyrl plan` computes a fraction that fits beside it.
 
 vLLM is imported here only, and only when a VLLMSampler is built: a CPU install without vLLM never
-imports it. Records are the same `Sample`s as the torch sampler's; see `logprobs_mode` for how their
-log-probs are defined.
+imports it. Records are the same `Completion`s as the torch sampler's; see `logprobs_mode` for how
+their log-probs are defined.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
+from psyrl.core.errors import PsyrlError
 from psyrl.runtime.distributed import DTYPES, Dist, all_gather_lists
 from psyrl.runtime.model import stop_token_ids
-from psyrl.runtime.sampler import Sample, prompt_seeds
+from psyrl.runtime.sampler import ClosedAfterUse, Completion, prompt_seeds
 
 # what the engine calls below were written for and what `pip install -e '.[vllm]'` pins
 VLLM_VERSION = "0.32.0"
@@ -46,7 +47,7 @@ VLLM_VERSION = "0.32.0"
 CPU_KV_CACHE_GIB = "2"
 
 
-class VLLMUnavailable(RuntimeError):
+class VLLMUnavailable(PsyrlError, RuntimeError):
     """`sampler.engine = "vllm"` on a machine without vLLM (or with a version that lacks what psyrl
     calls)."""
 
@@ -183,7 +184,7 @@ def release_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-class VLLMSampler:
+class VLLMSampler(ClosedAfterUse):
     """`generate` and `load_weights` on a colocated vLLM engine (module doc). Build it on every rank
     together."""
 
@@ -273,7 +274,7 @@ class VLLMSampler:
         top_p: float,
         max_new_tokens: int,
         seed: int | Sequence[int],
-    ) -> list[list[Sample]]:
+    ) -> list[list[Completion]]:
         """n samples for each prompt, in prompt order (the torch sampler's contract). Collective:
         every rank calls it together, with its own prompts (possibly none)."""
         seeds = prompt_seeds(prompt_token_ids, seed)
@@ -334,7 +335,7 @@ class VLLMSampler:
         groups already gone)."""
         engine_call(self.llm, "shutdown")
 
-    def _sample(self, completion, measured: bool) -> Sample:
+    def _sample(self, completion, measured: bool) -> Completion:
         ids = tuple(completion.token_ids)
         stopped = completion.finish_reason == "stop"
         # psyrl sets no stop string: only stop tokens end
@@ -349,7 +350,7 @@ class VLLMSampler:
             for t, step in zip(ids, completion.logprobs)
         )
         text = self.tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=False)
-        return Sample(ids, text, completion.finish_reason, logprobs)
+        return Completion(ids, text, completion.finish_reason, logprobs)
 
     def _free(self) -> None:
         release_memory(self.dist.device)

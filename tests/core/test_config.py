@@ -6,9 +6,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from psyrl.cli import README_END, README_START, main
+from psyrl.cli.config import README_END, README_START
+from psyrl.cli.main import main
 from psyrl.core.config import ConfigError, config_reference, dump_config, load_config
-from psyrl.plan.memory import load_architecture, plan
+from psyrl.plan.architecture import load_architecture
+from psyrl.plan.planner import plan
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(ROOT.glob("configs/**/*.toml"))

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from psyrl.cli import main
 from psyrl.cli.build import build_group
+from psyrl.cli.main import main
 from psyrl.core.config import ModelConfig, SamplerConfig
+from psyrl.core.errors import Preempted
 from psyrl.core.records import DataError, StimuliRecord, load_stimuliqa, sft_target, write_jsonl
 from psyrl.core.tomlconf import field_docs
 from psyrl.dataset import prompts
@@ -26,8 +27,7 @@ from psyrl.dataset.run import BuildError, BuildRun
 from psyrl.dataset.topics import build_topics
 from psyrl.runtime.distributed import ONE_PROCESS
 from psyrl.runtime.model import load_model, load_tokenizer
-from psyrl.runtime.preemption import Preempted
-from psyrl.runtime.sampler import Sample
+from psyrl.runtime.sampler import Completion
 
 CATALOGUE, TABLE = "data/build/catalogue.toml", "data/build/stimuli.csv"
 TOKENIZER = load_tokenizer(ModelConfig())
@@ -52,7 +52,9 @@ class ScriptedSampler:
             prompt = TOKENIZER.decode(ids)
             outputs = [self.respond(prompt, j) for j in range(n)]
             outputs = [o if isinstance(o, tuple) else (o, "stop") for o in outputs]
-            groups.append([Sample(tuple(TOKENIZER(t)["input_ids"]), t, f, ()) for t, f in outputs])
+            groups.append(
+                [Completion(tuple(TOKENIZER(t)["input_ids"]), t, f, ()) for t, f in outputs]
+            )
         return groups
 
     def close(self):

@@ -11,6 +11,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from psyrl.cli.data import convert_command
 from psyrl.core.records import (
     BenchmarkRecord,
     DataError,
@@ -18,7 +19,7 @@ from psyrl.core.records import (
     load_benchmark,
     load_stimuliqa,
 )
-from psyrl.dataset.convert import ConvertError, convert, convert_command, parse_map, read_source
+from psyrl.dataset.convert import ConvertError, convert, parse_map, read_source
 
 DATA_EXTRA = "parquet and datasets sources need the data extra: pip install -e '.[data]'"
 DATASETS = "datasets' own save_to_disk writes this fixture: pip install -e '.[dev]' (or datasets)"

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from psyrl.cli.data import demo_data_command
 from psyrl.core.records import SUBDIMENSIONS, load_benchmark, load_stimuliqa
-from psyrl.dataset.demo_data import FILES, demo_data_command, generate, load_templates, write
+from psyrl.dataset.demo_data import FILES, generate, load_templates, write
 
 SHIPPED = Path(__file__).resolve().parents[2] / "data" / "demo"
 

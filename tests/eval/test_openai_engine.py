@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from psyrl.cli.commands import evaluate as evaluate_command
+from psyrl.cli.evaluate import evaluate as evaluate_command
 from psyrl.eval.benchmarks import item_seed, resolve_sources, select_items
 
 KEY = "sk-test-4f1c9e0b7a2d"  # the value no file or message may hold

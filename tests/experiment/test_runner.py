@@ -11,13 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from psyrl.experiment.runner import (
-    experiment_command,
-    resolve,
-    restart_flag,
-    steps,
-    substitute,
-)
+from psyrl.cli.experiment import experiment_command
+from psyrl.experiment.runner import resolve, restart_flag, steps, substitute
 from psyrl.experiment.spec import load_experiment, plan, unit_dir
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from psyrl.experiment.runner import collect, experiment_command
+from psyrl.cli.experiment import experiment_command
+from psyrl.experiment.runner import collect
 from psyrl.experiment.spec import load_experiment, plan
 from psyrl.experiment.tables import ALL, build_table, table_markdown
 

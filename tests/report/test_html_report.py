@@ -1,24 +1,30 @@
 """`psyrl report` on real run directories: a 4-step SFT run, a 2-step T-GRPO run that dumps its
 samples every step, and an evaluation of the SFT run (one module fixture). The page's curves, tables
 and escaping are checked in Python, then in headless Chromium after its JS ran: the rollout rows of
-the default step, and filters given in the URL."""
+the default step, and filters given in the URL. The page's CSS and JS are files of the package
+(psyrl/assets/report/), inlined verbatim, and pyproject.toml ships them in the wheel."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from html.parser import HTMLParser
-from pathlib import Path
+from importlib import resources
+from pathlib import Path, PurePosixPath
 
 import pytest
+import tomli
 from click.testing import CliRunner
 
-from psyrl.cli import report_command
+import psyrl
+from psyrl.cli.runs import report_command
 from psyrl.core.records import load_records
 from psyrl.core.runlog import read_metrics
-from psyrl.report.html_report import PANELS, SFT_PANELS, read_samples, spaced
-from psyrl.report.plot import series
+from psyrl.report.page import SFT_PANELS, write_report
+from psyrl.report.plot import PANELS, series
+from psyrl.report.read import read_samples, spaced
 from psyrl.report.summary import summary_table
 from psyrl.runtime.checkpoint import select_checkpoint
 
@@ -358,6 +364,48 @@ def test_bad_input_names_the_file_and_line(runs, tmp_path):
     result = runner.invoke(report_command, [str(broken)])
     assert result.exit_code == 1
     assert f"{samples}:{len(lines) + 1}: missing sample, response" in result.output
+
+
+# ---------------------------------------------------------------- the assets
+
+
+def asset_text(name: str) -> str:
+    return (resources.files("psyrl") / "assets" / "report" / name).read_text(encoding="utf-8")
+
+
+def test_the_css_and_js_files_are_inlined_verbatim(tmp_path):
+    """A run with nothing but metrics.jsonl is enough: the page inlines the package's asset files
+    byte for byte and fetches nothing (no src= or href= to another file)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": 0, "valid/f1": 0.1}, {"step": 1, "train/loss": 2.0, "valid/f1": 0.2}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    html = write_report([run], tmp_path / "page.html").read_text(encoding="utf-8")
+    css, js = asset_text("report.css"), asset_text("report.js")
+    assert "svg.panel" in css and '"use strict";' in js  # the real files, not empty ones
+    assert html.count(f"<style>\n{css}</style>") == 1
+    assert html.count(f"<script>\n{js}</script>") == 1
+    assert "src=" not in html and "<link" not in html
+    assert all(href.startswith("#") for href in re.findall(r'href="([^"]*)"', html))
+
+
+def test_pyproject_ships_every_report_asset():
+    """Every file under psyrl/assets/report/ matches a [tool.setuptools.package-data] pattern,
+    matched as setuptools globs it from the package folder (`*` within one path segment)."""
+    package = Path(psyrl.__file__).parent
+    pyproject = tomli.loads((package.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["psyrl"]
+    files = [p.relative_to(package) for p in (package / "assets" / "report").rglob("*")]
+    files = [PurePosixPath(f.as_posix()) for f in files if (package / f).is_file()]
+    assert {f.name for f in files} >= {"report.css", "report.js"}
+
+    def shipped(path: PurePosixPath) -> bool:
+        # Path.match matches from the right: equal segment counts make it a whole-path match
+        return any(
+            len(path.parts) == len(PurePosixPath(p).parts) and path.match(p) for p in patterns
+        )
+
+    assert [f for f in files if not shipped(f)] == []
 
 
 # ---------------------------------------------------------------- the page in a real browser

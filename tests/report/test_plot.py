@@ -6,7 +6,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from psyrl.cli import main
+from psyrl.cli.main import main
 from psyrl.report.plot import moving_average
 
 # the `plot` extra; `make test` installs it with `dev`

@@ -208,7 +208,7 @@ def test_bad_input_stops_every_rank_with_one_message(tmp_path, extra, expected):
 @pytest.mark.slow
 def test_export_from_shards_loads_back_identically(tmp_path):
     result = subprocess.run(
-        [*TORCHRUN, "tests/sharded_logits.py", str(tmp_path)],
+        [*TORCHRUN, "tests/workers/sharded_logits.py", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -9,7 +9,14 @@ from psyrl.core import prompts
 from psyrl.core.config import ModelConfig, PromptConfig
 from psyrl.core.records import load_stimuliqa
 from psyrl.runtime.model import load_model, load_tokenizer, stop_token_ids, token_logprobs
-from psyrl.runtime.sampler import Sample, TorchSampler, draw, in_nucleus, inverse_cdf, nucleus_mask
+from psyrl.runtime.sampler import (
+    Completion,
+    TorchSampler,
+    draw,
+    in_nucleus,
+    inverse_cdf,
+    nucleus_mask,
+)
 
 CPU = torch.device("cpu")
 
@@ -32,7 +39,7 @@ def setup():
     return cfg, tokenizer, model, ids
 
 
-def trainer_logprobs(model, prompt, sample: Sample, temperature: float) -> torch.Tensor:
+def trainer_logprobs(model, prompt, sample: Completion, temperature: float) -> torch.Tensor:
     ids = torch.tensor([list(prompt) + list(sample.token_ids)])
     positions = torch.zeros(1, ids.shape[1] - 1, dtype=torch.bool)
     positions[0, len(prompt) - 1 :] = True
@@ -247,7 +254,7 @@ class ScriptedSampler:
         self.texts = list(texts)
 
     def generate(self, prompt_token_ids, n, temperature, top_p, max_new_tokens, seed):
-        return [[Sample((1,), self.texts.pop(0), "stop", (0.0,))] for _ in prompt_token_ids]
+        return [[Completion((1,), self.texts.pop(0), "stop", (0.0,))] for _ in prompt_token_ids]
 
 
 def test_validation_on_a_benchmark_file_scores_f1_accuracy(setup):

@@ -1,83 +1,24 @@
-"""The command lines of the three programs (`train_sft.py`, `train_tgrpo.py`, `evaluate.py`, and
-`psyrl train-sft`, `train-tgrpo`, `evaluate`): click and the config layer only. A command imports
-its program (torch, transformers) when it runs, so `--help` answers at once."""
+"""`evaluate.py` / `psyrl evaluate` (a checkpoint or an API model on the OOD benchmarks) with its
+sub-commands `compare` (Tables 2 and 3) and `lengths` (RQ5 / Figure 6), and `psyrl self-label`
+(continual self-training's labels). The evaluation itself is `psyrl.recipes.evaluate`."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 import click
 
-from psyrl.cli import compare_command, lengths_command
-from psyrl.core.generation_options import GenerationOptions, generation_options, option_problems
+from psyrl.cli.errors import fail, reported
+from psyrl.cli.options import generation_options
+from psyrl.core.generation_options import GenerationOptions, option_problems
 from psyrl.eval.benchmarks import EXTRA_BENCHMARKS, HALVES, PAPER_BENCHMARKS
 from psyrl.eval.openai_engine import ApiOptions, url_problem
 
-# the checkout's data/benchmarks (psyrl/recipes/ is two folders down)
+# the checkout's data/benchmarks (psyrl/cli/ is two folders down)
 BENCHMARK_DIR = Path(__file__).resolve().parents[2] / "data" / "benchmarks"
-
-
-def entry_command(example_config: str, state: str):
-    """The click command of an entry script with the options both take: --config, --set,
-    --overwrite, --resume (`state`: what a checkpoint restores, for --resume's help)."""
-    options = [
-        click.option(
-            "--config",
-            "config_path",
-            type=click.Path(dir_okay=False),
-            required=True,
-            help=f"TOML run config, e.g. {example_config}.",
-        ),
-        click.option(
-            "--set",
-            "overrides",
-            multiple=True,
-            metavar="TABLE.KEY=VALUE",
-            help="Override one key; repeatable.",
-        ),
-        click.option(
-            "--overwrite", is_flag=True, help="Delete an existing runs/<name>/ and start over."
-        ),
-        click.option(
-            "--resume",
-            is_flag=True,
-            help=f"Continue runs/<name>/ from its newest complete "
-            f"checkpoint ({state}); the config may differ only in run.name, run.output_dir and "
-            "the log, checkpoint and fsdp tables.",
-        ),
-    ]
-
-    def decorate(main: Callable) -> click.Command:
-        for option in reversed(options):  # listed in --help in this order
-            main = option(main)
-        return click.command(context_settings={"help_option_names": ["-h", "--help"]})(main)
-
-    return decorate
-
-
-@entry_command("configs/sft/tiny.toml", "model, optimiser, data position, RNG")
-def train_sft(config_path, overrides, overwrite, resume):
-    """Supervised fine-tuning on StimuliQA-format records (SFT target:
-    <think>reasoning</think><answer>…). Run it with python (one process) or under torchrun (FSDP2
-    over all ranks)."""
-    from psyrl.recipes.sft import train
-    from psyrl.run.directory import run_entry
-
-    run_entry(train, config_path, overrides, overwrite, resume)
-
-
-@entry_command("configs/tgrpo/tiny.toml", "model, optimiser, trajectory cache, data position, RNG")
-def train_tgrpo(config_path, overrides, overwrite, resume):
-    """T-GRPO on StimuliQA-format records: the trajectory cache and the bilateral reward of "From
-    Stimuli to Minds". Starts from model.path (appendix B: the median-F1 SFT checkpoint). Run it
-    with python (one process) or under torchrun (FSDP2 over all ranks)."""
-    from psyrl.recipes.tgrpo import train
-    from psyrl.run.directory import run_entry
-
-    run_entry(train, config_path, overrides, overwrite, resume)
 
 
 @click.group(
@@ -256,9 +197,11 @@ def evaluate(
     problems = option_problems(gen) + ([] if limit >= 0 else ["--limit must be >= 0"])
     if problems:
         raise click.UsageError("; ".join(problems))
-    from psyrl.recipes.evaluate import main
+    from psyrl.recipes.evaluate import Selection, main
 
-    main(gen, benchmarks, benchmark_dir, mode, limit, half, split_seed, out_dir, overwrite, api)
+    chosen = Selection(benchmarks, benchmark_dir, mode, limit, half, split_seed, out_dir, overwrite)
+    with reported("evaluate", also=(OSError, ValueError)):
+        main(gen, chosen, api)
 
 
 def api_problems(gen: GenerationOptions, api: ApiOptions) -> None:
@@ -290,5 +233,157 @@ def api_problems(gen: GenerationOptions, api: ApiOptions) -> None:
         )
 
 
-evaluate.add_command(compare_command, "compare")
-evaluate.add_command(lengths_command, "lengths")
+def run_labels(labels, run_dirs) -> list[str]:
+    """One --label per run, in order, or the folder names."""
+    if labels and len(labels) != len(run_dirs):
+        raise click.UsageError(f"{len(labels)} --label for {len(run_dirs)} runs")
+    return list(labels) or [Path(d).name for d in run_dirs]
+
+
+@evaluate.command("compare")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option(
+    "--label",
+    "labels",
+    multiple=True,
+    help="A row label per run, in order (default: the folder names).",
+)
+def compare_command(run_dirs, labels):
+    """Compare evaluate.py runs (their --out directories): Table 3's layout (F1 and accuracy per
+    benchmark) and Table 2's (F1 per StimuliQA subdimension), one row per run, deltas against the
+    first."""
+    from psyrl.eval.report import compare_markdown, load_results
+
+    with reported("psyrl evaluate compare", also=(ValueError,)):
+        results = [load_results(d) for d in run_dirs]
+        click.echo(compare_markdown(run_labels(labels, run_dirs), results))
+
+
+@evaluate.command("lengths")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--label",
+    "labels",
+    multiple=True,
+    help="A label per run, in order (default: the folder names).",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="PNG to write (default: RUN_DIR/lengths.png for one run, lengths.png here for several).",
+)
+def lengths_command(run_dirs, labels, out):
+    """RQ5 / Figure 6: response lengths by question index (1-3) on ToMbench's Unexpected Outcome
+    Test, non-zero-F1 samples only, one box per index and run (e.g. a base and a bilateral run side
+    by side), and the counts of valid samples. Needs evaluate.py runs that include tombench, and
+    matplotlib."""
+    from psyrl.eval.benchmarks import read_predictions
+    from psyrl.eval.lengths import counts_markdown, lengths_by_index, plot_lengths
+
+    labels = run_labels(labels, run_dirs)
+    out = out or (Path(run_dirs[0]) / "lengths.png" if len(run_dirs) == 1 else Path("lengths.png"))
+    with reported("psyrl evaluate lengths", also=(ValueError,)):
+        groups = [
+            lengths_by_index(read_predictions(Path(d) / "predictions.jsonl")[0]) for d in run_dirs
+        ]
+        click.echo(counts_markdown(labels, groups))
+        click.echo(f"wrote {plot_lengths(labels, groups, out)}")
+
+
+@click.command("self-label")
+@click.argument("eval_dir", type=click.Path(exists=True, file_okay=False))
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="The SFT data set to write (StimuliQA JSONL: data.train_file of train_sft.py).",
+)
+@click.option(
+    "--tau",
+    type=float,
+    default=0.4,
+    show_default=True,
+    help="Keep a prediction iff confidence > tau (the paper: 0.4 on the F1 confidence).",
+)
+@click.option(
+    "--confidence",
+    type=click.Choice(["f1", "logprob"]),
+    default="f1",
+    show_default=True,
+    help="f1: F1 of the extracted answer to its best-matching option (the paper); logprob: "
+    "exp(mean token log-probability) of the response under the sampler.",
+)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seed of the random option on an E tie."
+)
+@click.option(
+    "--any-split",
+    is_flag=True,
+    help="Also label predictions of the eval half or of whole benchmarks "
+    "(the paper's transductive setting: it then reports on the items it trained on).",
+)
+@click.option(
+    "--include-tombench",
+    is_flag=True,
+    help="Also label ToMbench items (its licence says: evaluation "
+    "only; left out and counted by default).",
+)
+def self_label_command(eval_dir, out, tau, confidence, seed, any_split, include_tombench):
+    """Continual self-training (SPEC §8): from an evaluate.py run on the self-train half (--split
+    selftrain), keep each format-valid prediction whose confidence exceeds tau, relabel it with its
+    best-matching option (gold answers are never read) and write an SFT set that train_sft.py takes
+    as it is."""
+    from psyrl.core.records import write_jsonl
+    from psyrl.eval.benchmarks import read_predictions, resolve_sources
+    from psyrl.eval.self_label import self_label
+
+    try:
+        settings_path = Path(eval_dir) / "eval.json"
+        if not settings_path.is_file():
+            raise ValueError(
+                f"{settings_path}: missing (is {eval_dir} an evaluate.py --out directory?)"
+            )
+        settings = json.loads(settings_path.read_text(encoding="utf-8"))
+        if not (Path(eval_dir) / "results.json").is_file():
+            raise ValueError(
+                f"{eval_dir} has no results.json: the evaluation did not finish (run it again to "
+                "resume it)"
+            )
+        if settings["split"] != "selftrain" and not any_split:
+            raise ValueError(
+                f"{eval_dir} evaluated the {settings['split']!r} split: self-labelling it trains "
+                "on items that are reported. Evaluate with --split selftrain (or pass --any-split)"
+            )
+        sources = resolve_sources([s["path"] for s in settings["sources"]], ".")
+        if any(s.schema != "benchmark" for s in sources):
+            raise ValueError("self-labelling needs multiple-choice (benchmark-schema) predictions")
+        records = {r.id: r for s in sources for r in s.records}
+        rows, _ = read_predictions(Path(eval_dir) / "predictions.jsonl")
+        kept, counts = self_label(
+            rows,
+            records,
+            tau,
+            confidence,
+            seed,
+            settings["prompt"],
+            settings["options"],
+            include_tombench,
+        )
+        if not kept:
+            raise ValueError(f"no prediction kept at tau = {tau} ({counts}); no data set written")
+        write_jsonl(out, kept)
+    except (OSError, ValueError, KeyError) as e:
+        fail(e, "psyrl self-label")
+    click.echo(
+        f"self-label: kept {counts['kept']} of {counts['predictions']} predictions (ToMbench, "
+        f"evaluation only: {counts['evaluation_only']}; no context {counts['no_context']}; "
+        f"format-invalid {counts['format_invalid']}; confidence <= {tau} "
+        f"{counts['low_confidence']}; no matching option {counts['no_matching_option']}); wrote "
+        f"{out}"
+        + (
+            ""
+            if settings["prompt"] == "cot"
+            else ' (direct prompt: no reasoning; SFT it with prompt.mode = "direct")'
+        )
+    )

@@ -1,4 +1,4 @@
-"""Worker for tests/plan/test_memory_plan.py, run under torchrun: the bytes one rank holds of the
+"""Worker for tests/plan/test_phases.py, run under torchrun: the bytes one rank holds of the
 FSDP2-sharded tiny model's parameters, gradients (after a backward, before zero_grad) and AdamW
 state (after one step), written to <out>/rank-R.json. Two counts each: the sum of the local shards'
 nbytes (the real elements) and the sum of the distinct storages behind them (what the allocator

@@ -1,0 +1,50 @@
+"""The trainers' command line: `train_sft.py` / `psyrl train-sft` and `train_tgrpo.py` / `psyrl
+train-tgrpo` (--config, --set, --overwrite, --resume), around `psyrl.run.launch.launch` of the
+recipe's loop.
+
+The entry scripts import their loop and hand it over (`train_tgrpo(obj=train)`), so a reader goes
+from the script to the loop in one step; `psyrl train-tgrpo` imports it when the command runs, so
+that its --help imports no torch.
+"""
+
+from __future__ import annotations
+
+import click
+
+from psyrl.cli.errors import reported
+from psyrl.cli.options import trainer_options
+
+HELP = {"help_option_names": ["-h", "--help"]}
+
+
+@click.command("train-sft", context_settings=HELP)
+@trainer_options("configs/sft/tiny.toml", "model, optimiser, data position, RNG")
+@click.pass_obj
+def train_sft(loop, config_path, overrides, overwrite, resume):
+    """Supervised fine-tuning on StimuliQA-format records (SFT target:
+    <think>reasoning</think><answer>…). Run it with python (one process) or under torchrun (FSDP2
+    over all ranks)."""
+    if loop is None:  # `psyrl train-sft`: the loop, imported when it runs
+        from psyrl.recipes.sft import train as loop
+    from psyrl.run.launch import launch
+
+    with reported("train-sft"):
+        launch(loop, config_path, overrides, overwrite, resume)
+
+
+TGRPO_STATE = "model, optimiser, trajectory cache, data position, RNG"
+
+
+@click.command("train-tgrpo", context_settings=HELP)
+@trainer_options("configs/tgrpo/tiny.toml", TGRPO_STATE)
+@click.pass_obj
+def train_tgrpo(loop, config_path, overrides, overwrite, resume):
+    """T-GRPO on StimuliQA-format records: the trajectory cache and the bilateral reward of "From
+    Stimuli to Minds". Starts from model.path (appendix B: the median-F1 SFT checkpoint). Run it
+    with python (one process) or under torchrun (FSDP2 over all ranks)."""
+    if loop is None:  # `psyrl train-tgrpo`: the loop, imported when it runs
+        from psyrl.recipes.tgrpo import train as loop
+    from psyrl.run.launch import launch
+
+    with reported("train-tgrpo"):
+        launch(loop, config_path, overrides, overwrite, resume)

@@ -1,0 +1,30 @@
+"""psyrl's own error types. The library raises them; the command line (`psyrl.cli.errors`) turns
+each into one message, said once by rank 0, and an exit status: no traceback, since each is about
+the user's files, settings or run directory (never a bug) and its message says what to change."""
+
+from __future__ import annotations
+
+EXIT_PREEMPTED = 75  # sysexits.h EX_TEMPFAIL: a temporary failure, to be retried (here: resumed)
+
+
+class PsyrlError(Exception):
+    """An error the user can act on: the command line prints `Error: <message>` and exits with
+    `exit_code`."""
+
+    exit_code = 1
+
+
+class UsageError(PsyrlError):
+    """Options that do not go together (exit status 2, as the command line's own usage errors)."""
+
+    exit_code = 2
+
+
+class RunError(PsyrlError):
+    """A training run that cannot start or go on: its run directory, a resume, batch sizes that do
+    not divide, a memory plan that does not fit."""
+
+
+class Preempted(Exception):
+    """A run stopped on a preemption signal after writing what it keeps; the message says how to
+    resume. Not an error: rank 0 prints the message and the process exits with EXIT_PREEMPTED."""
