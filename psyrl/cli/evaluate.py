@@ -15,7 +15,6 @@ from psyrl.cli.errors import fail, reported
 from psyrl.cli.options import generation_options
 from psyrl.core.generation_options import GenerationOptions, option_problems
 from psyrl.eval.benchmarks import EXTRA_BENCHMARKS, HALVES, PAPER_BENCHMARKS
-from psyrl.eval.openai_engine import ApiOptions, url_problem
 
 # the checkout's data/benchmarks (psyrl/cli/ is two folders down)
 BENCHMARK_DIR = Path(__file__).resolve().parents[2] / "data" / "benchmarks"
@@ -180,6 +179,8 @@ def evaluate(
         return
     api = None
     if gen.engine == "openai":
+        from psyrl.eval.openai_engine import ApiOptions  # http.client and ssl: not for --help
+
         api = ApiOptions(
             base_url or "",
             api_model or "",
@@ -204,8 +205,10 @@ def evaluate(
         main(gen, chosen, api)
 
 
-def api_problems(gen: GenerationOptions, api: ApiOptions) -> None:
-    """--engine openai's refusals, before anything is imported or read."""
+def api_problems(gen: GenerationOptions, api) -> None:
+    """--engine openai's refusals (`api`: its ApiOptions), before anything is read."""
+    from psyrl.eval.openai_engine import url_problem
+
     if gen.model is not None:
         raise click.UsageError(
             "--model is a local checkpoint; --engine openai evaluates "

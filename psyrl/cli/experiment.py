@@ -9,9 +9,6 @@ import shlex
 import click
 
 from psyrl.cli.errors import fail
-from psyrl.experiment.runner import collect, plan_memory, run_experiment
-from psyrl.experiment.spec import Experiment, ExperimentError, load_experiment, with_seeds
-from psyrl.experiment.tables import table_markdown, write_results
 
 
 @click.command("experiment")
@@ -101,6 +98,11 @@ def experiment_command(
     Run it from the repository root (the file's paths are relative to it). After a crash, a kill or
     a preemption (SIGTERM/SIGUSR1: forwarded; exit status 75), run the same command again.
     """
+    # the tables' bootstrap needs numpy: imported when the command runs, not for --help
+    from psyrl.experiment.runner import collect, plan_memory, run_experiment
+    from psyrl.experiment.spec import Experiment, ExperimentError, load_experiment, with_seeds
+    from psyrl.experiment.tables import table_markdown, write_results
+
     try:
         experiment = load_experiment(path, output_dir)
         if seeds is not None:

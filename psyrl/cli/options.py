@@ -16,14 +16,9 @@ from psyrl.core.generation_options import OPTION_KEYS, TOOL_DEFAULTS, Generation
 from psyrl.core.tomlconf import field_docs
 
 
-@functools.cache
-def _docs(table: type) -> dict[str, str]:
-    return field_docs(table)  # parses config.py: once per table, not once per option
-
-
 def _option(name: str, default, note: str, required: bool, engines: tuple[str, ...] = ()):
     spec = OPTION_KEYS[name]
-    doc = _docs(spec.table)[spec.key]
+    doc = field_docs(spec.table)[spec.key]
     if spec.cut:  # a ValueError at import if the docstring changed
         doc = doc[: doc.index(spec.cut)].removesuffix(".") + "."
     help_text = " ".join(text for text in (doc, spec.note, note) if text)

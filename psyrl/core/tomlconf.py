@@ -10,9 +10,9 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import functools
 import inspect
 import math
-import textwrap
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -266,7 +266,7 @@ def _toml_value(value) -> str:
 
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring under each field of a dataclass, read from its source."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    body = _class_bodies(inspect.getsourcefile(cls))[cls.__qualname__]
     docs = {}
     for node, after in zip(body, body[1:]):
         if (
@@ -276,6 +276,14 @@ def field_docs(cls: type) -> dict[str, str]:
         ):
             docs[node.target.id] = " ".join(str(after.value.value).split())
     return docs
+
+
+@functools.cache
+def _class_bodies(path: str) -> dict[str, list[ast.stmt]]:
+    """The statements of every top-level class in a source file, by name: one parse per file
+    (inspect.getsource tokenises the whole file again for every class)."""
+    tree = ast.parse(Path(path).read_text(encoding="utf-8"), path)
+    return {node.name: node.body for node in tree.body if isinstance(node, ast.ClassDef)}
 
 
 def reference(root: type) -> str:
