@@ -2,7 +2,7 @@
 T-GRPO in one process and on 2 torchrun ranks with tensor parallel 2 (same samples, sampler/trainer
 log-prob gap ~0 after every weight sync), evaluate.py and psyrl build with --engine vllm against
 --engine torch, and the log-prob vLLM reports at a temperature other than 1
-(tests/workers/vllm_probe.py, an engine per process). Skipped where vLLM is not installed; `make
+(tests/runtime/vllm_probe.py, an engine per process). Skipped where vLLM is not installed; `make
 test-vllm-cpu` runs them."""
 
 import json
@@ -165,7 +165,7 @@ def test_at_another_temperature_vllm_reports_the_logprob_after_the_nucleus_cut(t
     # the nucleus,
     # so it exceeds the trainer's by -log(nucleus mass): 0 without a cut, at most -log(top_p) with
     # one
-    result = run([sys.executable, "tests/workers/vllm_probe.py", "0.5", str(top_p)], timeout=600)
+    result = run([sys.executable, "tests/runtime/vllm_probe.py", "0.5", str(top_p)], timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     probe = json.loads(
         next(line for line in result.stdout.splitlines() if line.startswith("PROBE "))[6:]

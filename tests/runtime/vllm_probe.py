@@ -2,7 +2,7 @@
 process): samples at that temperature and top-p, and prints each sampled token's vLLM log-prob minus
 the trainer's log softmax(logits / T), as JSON. Used by tests/test_vllm_cli.py.
 
-    python tests/workers/vllm_probe.py TEMPERATURE TOP_P
+    python tests/runtime/vllm_probe.py TEMPERATURE TOP_P
 """
 
 import json
