@@ -76,9 +76,10 @@ def test_programs_are_the_scripts_commands():
 
 
 def test_each_script_names_its_loop():
-    # one step from the entry script to the loop: the script imports it and hands it over
-    assert train_sft.train is psyrl.recipes.sft.train
-    assert train_tgrpo.train is psyrl.recipes.tgrpo.train
+    # one step from the entry script to the loop: the script's `loop` imports it, and the
+    # command the script runs is the psyrl command's
+    assert train_sft.loop() is psyrl.recipes.sft.train
+    assert train_tgrpo.loop() is psyrl.recipes.tgrpo.train
 
 
 def test_every_command_is_registered_once():

@@ -426,7 +426,7 @@ def crash(self, step, *args, **kwargs):
     return save(self, step, *args, **kwargs)
 Run.save = crash
 sys.argv[0] = "train_tgrpo.py"
-train_tgrpo.train_tgrpo(obj=train_tgrpo.train)
+train_tgrpo.train_tgrpo(obj=train_tgrpo.loop)
 """
 
 TRACKIO_LOGS = """

@@ -2,9 +2,9 @@
 train-tgrpo` (--config, --set, --overwrite, --resume), around `psyrl.run.launch.launch` of the
 recipe's loop.
 
-The entry scripts import their loop and hand it over (`train_tgrpo(obj=train)`), so a reader goes
-from the script to the loop in one step; `psyrl train-tgrpo` imports it when the command runs, so
-that its --help imports no torch.
+An entry script hands its command the function that imports its loop (`train_tgrpo(obj=loop)`), so
+a reader goes from the script to the loop in one step; `psyrl train-tgrpo` uses the same import.
+The loop (torch, transformers) is imported when the command runs: --help answers at once.
 """
 
 from __future__ import annotations
@@ -15,6 +15,21 @@ from psyrl.cli.errors import reported
 from psyrl.cli.options import trainer_options
 
 HELP = {"help_option_names": ["-h", "--help"]}
+TGRPO_STATE = "model, optimiser, trajectory cache, data position, RNG"
+
+
+def sft_loop():
+    """The SFT loop, `train` in psyrl/recipes/sft.py."""
+    from psyrl.recipes.sft import train
+
+    return train
+
+
+def tgrpo_loop():
+    """The T-GRPO loop, `train` in psyrl/recipes/tgrpo.py."""
+    from psyrl.recipes.tgrpo import train
+
+    return train
 
 
 @click.command("train-sft", context_settings=HELP)
@@ -24,15 +39,10 @@ def train_sft(loop, config_path, overrides, overwrite, resume):
     """Supervised fine-tuning on StimuliQA-format records (SFT target:
     <think>reasoning</think><answer>…). Run it with python (one process) or under torchrun (FSDP2
     over all ranks)."""
-    if loop is None:  # `psyrl train-sft`: the loop, imported when it runs
-        from psyrl.recipes.sft import train as loop
     from psyrl.run.launch import launch
 
     with reported("train-sft"):
-        launch(loop, config_path, overrides, overwrite, resume)
-
-
-TGRPO_STATE = "model, optimiser, trajectory cache, data position, RNG"
+        launch((loop or sft_loop)(), config_path, overrides, overwrite, resume)
 
 
 @click.command("train-tgrpo", context_settings=HELP)
@@ -42,9 +52,7 @@ def train_tgrpo(loop, config_path, overrides, overwrite, resume):
     """T-GRPO on StimuliQA-format records: the trajectory cache and the bilateral reward of "From
     Stimuli to Minds". Starts from model.path (appendix B: the median-F1 SFT checkpoint). Run it
     with python (one process) or under torchrun (FSDP2 over all ranks)."""
-    if loop is None:  # `psyrl train-tgrpo`: the loop, imported when it runs
-        from psyrl.recipes.tgrpo import train as loop
     from psyrl.run.launch import launch
 
     with reported("train-tgrpo"):
-        launch(loop, config_path, overrides, overwrite, resume)
+        launch((loop or tgrpo_loop)(), config_path, overrides, overwrite, resume)
