@@ -199,7 +199,7 @@ def start_model(work: Path) -> None:
 
 def resumable_step(run: Path) -> int:
     """The step --resume would continue after, 0 when there is no checkpoint to resume."""
-    from psyrl.runtime.checkpoint import find_resumable
+    from psyrl.core.checkpoints import find_resumable
 
     found = find_resumable(run, lambda line: None) if run.exists() else None
     return int(found.name.split("-")[1]) if found else 0

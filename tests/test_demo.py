@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from psyrl.core.checkpoints import select_checkpoint
 from psyrl.core.runlog import read_metrics
-from psyrl.runtime.checkpoint import select_checkpoint
 
 VENV = Path(sys.executable).parent.parent
 SHORT_SFT = [

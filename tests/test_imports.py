@@ -6,6 +6,8 @@ trees too, so a pass means something."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -172,3 +174,17 @@ def test_the_checker_finds_a_cycle_inside_one_package(tmp_path):
         },
     )
     assert violations(root) == ["import cycle: psyrl.cli -> psyrl.cli.commands -> psyrl.cli"]
+
+
+def test_what_reads_runs_imports_no_torch():
+    # psyrl report, summary, plot, select-checkpoint and experiment read files only: no torch
+    readers = (
+        "psyrl.report.page, psyrl.report.plot, psyrl.report.summary, psyrl.core.checkpoints, "
+        "psyrl.experiment.runner, psyrl.experiment.tables"
+    )
+    code = (
+        f"import sys, {readers}; print([m for m in ('torch', 'transformers') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

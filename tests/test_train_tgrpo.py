@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 import train_tgrpo
+from psyrl.core.checkpoints import write_manifest
 from psyrl.core.config import load_config
 from psyrl.core.records import load_stimuliqa
 from psyrl.core.runlog import read_metrics
@@ -27,7 +28,6 @@ from psyrl.rl.rewards import final_rewards, reward_metrics, score_batch
 from psyrl.rl.scoring import Sample, answer_tensors
 from psyrl.rl.tgrpo import advantages
 from psyrl.rl.trajectory_cache import TrajectoryCache
-from psyrl.runtime.checkpoint import write_manifest
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 TIME_KEYS = ("time/", "perf/")

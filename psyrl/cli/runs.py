@@ -24,7 +24,7 @@ from psyrl.cli.errors import reported
 def select_checkpoint_command(run_dir, rule):
     """Print the HF directory of the chosen SFT checkpoint (by validation F1) of a train_sft.py
     run."""
-    from psyrl.runtime.checkpoint import select_checkpoint
+    from psyrl.core.checkpoints import select_checkpoint
 
     with reported("psyrl select-checkpoint", also=(FileNotFoundError,)):
         step, score, path = select_checkpoint(run_dir, rule)

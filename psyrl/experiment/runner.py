@@ -65,7 +65,7 @@ def resolve(experiment: Experiment, reference: str, seed: int | None, dry: bool)
         return str(directory / "hf")
     if dry and not (directory / "hf" / "config.json").is_file():
         raise Pending(f"$(psyrl select-checkpoint {directory} --rule {rule})")
-    from psyrl.runtime.checkpoint import select_checkpoint
+    from psyrl.core.checkpoints import select_checkpoint
 
     try:
         return str(select_checkpoint(directory, rule)[2] / "hf")
@@ -173,7 +173,7 @@ def restart_flag(run_dir: Path) -> list[str]:
     """--resume from the newest complete checkpoint; --overwrite when the run left none."""
     if not (run_dir / "metrics.jsonl").exists():
         return []
-    from psyrl.runtime.checkpoint import find_resumable
+    from psyrl.core.checkpoints import find_resumable
 
     return ["--resume"] if find_resumable(run_dir, lambda line: None) else ["--overwrite"]
 

@@ -27,19 +27,19 @@ import time
 
 import torch
 
+from psyrl.core.checkpoints import select_checkpoint
 from psyrl.core.config import Config
 from psyrl.core.errors import RunError
 from psyrl.core.records import Cursor, DataError, load_records, load_stimuliqa, next_indices
-from psyrl.core.runlog import peak_memory_gib
 from psyrl.rl.rewards import load_reward_plugin
 from psyrl.run.directory import Run
 from psyrl.run.launch import check_memory_plan, setup_errors
 from psyrl.run.validation import longest_prompt, sample_items, validate
-from psyrl.runtime.checkpoint import select_checkpoint
 from psyrl.runtime.distributed import Dist, all_reduce, print0, rank_share
 from psyrl.runtime.model import autocast, load_tokenizer
 from psyrl.runtime.optim import build_optimizer, clipped_step, lr_factor, set_lr
 from psyrl.runtime.policy import build_policy, build_sampler, sync_weights
+from psyrl.runtime.timing import peak_memory_gib
 from psyrl.sft.loss import build_examples, micro_batch_losses, response_tokens
 
 LINE_FIELDS = [

@@ -31,10 +31,10 @@ import json
 
 import torch
 
+from psyrl.core.checkpoints import json_text
 from psyrl.core.config import Config
 from psyrl.core.errors import RunError
 from psyrl.core.records import Cursor, DataError, load_records, load_stimuliqa, next_indices
-from psyrl.core.runlog import PhaseTimer, peak_memory_gib
 from psyrl.rl.rewards import final_rewards, load_reward_plugin
 from psyrl.rl.rollout import build_prompts, rank_positions, rollout_batch, sample_seed
 from psyrl.rl.scoring import answer_tensors, gather_samples, score_responses, step_metrics
@@ -44,11 +44,11 @@ from psyrl.rl.update import experience, reduce_sums, update
 from psyrl.run.directory import Run
 from psyrl.run.launch import check_memory_plan, setup_errors
 from psyrl.run.validation import longest_prompt, sample_items, validate
-from psyrl.runtime.checkpoint import json_text
 from psyrl.runtime.distributed import Dist, PhaseOffload, all_reduce, print0
 from psyrl.runtime.model import autocast, load_tokenizer
 from psyrl.runtime.optim import build_optimizer, lr_factor, set_lr
 from psyrl.runtime.policy import build_policy, build_reference, build_sampler, sync_weights
+from psyrl.runtime.timing import PhaseTimer, peak_memory_gib
 
 LINE_FIELDS = [
     ("reward", "reward/final", ".3f"),

@@ -25,13 +25,13 @@ from pathlib import Path
 
 import psyrl
 from psyrl.core.atomic import write_text
+from psyrl.core.checkpoints import select_checkpoint
 from psyrl.core.config import config_changes
 from psyrl.eval.report import results_markdown
 from psyrl.report.plot import PANELS, load_runs, moving_average, series
 from psyrl.report.read import RunData, prompt_records, read_run, read_samples, spaced
 from psyrl.report.summary import summary_table
 from psyrl.run.samples import COLUMNS
-from psyrl.runtime.checkpoint import select_checkpoint
 
 # ---------------------------------------------------------------- HTML helpers
 

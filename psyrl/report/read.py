@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 
 import psyrl
+from psyrl.core.checkpoints import checkpoint_dirs
 from psyrl.core.config import Config, ConfigError, load_config
 from psyrl.core.records import BenchmarkRecord, load_records, read_jsonl
-from psyrl.runtime.checkpoint import checkpoint_dirs
 
 
 @dataclasses.dataclass

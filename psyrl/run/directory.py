@@ -16,19 +16,14 @@ from pathlib import Path
 from tqdm import tqdm
 
 from psyrl.core.atomic import tidy
+from psyrl.core.checkpoints import find_resumable, json_text
 from psyrl.core.config import Config, ConfigError, config_changes, dump_config, load_config
 from psyrl.core.errors import Preempted, RunError
 from psyrl.core.runlog import MetricsFile, last_step, read_metrics, step_line, truncate_metrics
 from psyrl.run.card import model_card
 from psyrl.run.samples import sample_rows, write_samples
 from psyrl.run.trackers import TrackedRun, Trackers
-from psyrl.runtime.checkpoint import (
-    export_hf,
-    find_resumable,
-    json_text,
-    load_checkpoint,
-    save_checkpoint,
-)
+from psyrl.runtime.checkpoint import export_hf, load_checkpoint, save_checkpoint
 from psyrl.runtime.distributed import Dist, barrier, broadcast_object, print0
 from psyrl.runtime.preemption import Preemption
 

@@ -20,13 +20,13 @@ from click.testing import CliRunner
 
 import psyrl
 from psyrl.cli.runs import report_command
+from psyrl.core.checkpoints import select_checkpoint
 from psyrl.core.records import load_records
 from psyrl.core.runlog import read_metrics
 from psyrl.report.page import SFT_PANELS, write_report
 from psyrl.report.plot import PANELS, series
 from psyrl.report.read import read_samples, spaced
 from psyrl.report.summary import summary_table
-from psyrl.runtime.checkpoint import select_checkpoint
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"  # Debian's package
 TINY = [

@@ -10,19 +10,16 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from psyrl.core.atomic import tidy
-from psyrl.core.config import ModelConfig, OptimConfig
-from psyrl.runtime import checkpoint as ckpt
-from psyrl.runtime.checkpoint import (
-    CheckpointError,
-    export_hf,
+from psyrl.core.checkpoints import (
     find_resumable,
     json_text,
-    load_checkpoint,
-    save_checkpoint,
     select_checkpoint,
     verify,
     write_manifest,
 )
+from psyrl.core.config import ModelConfig, OptimConfig
+from psyrl.runtime import checkpoint as ckpt
+from psyrl.runtime.checkpoint import CheckpointError, export_hf, load_checkpoint, save_checkpoint
 from psyrl.runtime.model import Policy, load_model, load_tokenizer
 from psyrl.runtime.optim import build_optimizer
 

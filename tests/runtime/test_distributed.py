@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from psyrl.core.checkpoints import verify
 from psyrl.core.runlog import read_metrics
-from psyrl.runtime.checkpoint import verify
 from psyrl.runtime.distributed import Dist, rank_share
 from psyrl.runtime.model import Policy
 
