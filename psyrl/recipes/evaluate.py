@@ -248,7 +248,7 @@ def evaluate(dist: Dist, gen: GenerationOptions, chosen: Selection, out: Path) -
     if not dist.is_main:
         return
 
-    # ---------------------------------------------------------------- results
+    # -------------------------------------------------------------------------------------- results
     perf = {
         "ranks": dist.world,
         "device": str(dist.device),
@@ -310,7 +310,7 @@ def evaluate_api(
         f"{len(done)} already in {predictions}, {len(pending)} to request"
     )
 
-    # ------------------------------------------- request and score, appending each as it finishes
+    # --------------------------------------------- request and score, appending each as it finishes
     def body(job) -> dict:
         _, record, messages = job
         return request_body(
@@ -359,7 +359,7 @@ def evaluate_api(
             f"{len(items)} items, all in {predictions}; run the same command to resume"
         )
 
-    # ---------------------------------------------------------------- results
+    # -------------------------------------------------------------------------------------- results
     perf = {
         "ranks": 1,
         "device": api.url,

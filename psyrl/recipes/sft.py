@@ -123,7 +123,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: bool) -> None:
                 run.log({"step": 0, "steps": steps, **metrics}, echo=True)
 
             for step in range(run.first, steps + 1):
-                # ------------------------------------------------------------ one optimiser step
+                # --------------------------------------------------------------- one optimiser step
                 t0 = time.perf_counter()
                 lr = cfg.optim.lr * lr_factor(step - 1, cfg.optim, steps)
                 set_lr(optimizer, lr)
@@ -154,7 +154,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: bool) -> None:
                     )
                 elapsed = time.perf_counter() - t0
 
-                # -------------------------------------------------- log, validate, checkpoint
+                # -------------------------------------------------------- log, validate, checkpoint
                 peak = all_reduce(torch.tensor(peak_memory_gib(dist.device)), dist, "max")
                 row = {
                     "step": step,
@@ -177,7 +177,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: bool) -> None:
                     held_out if valid_records else None,
                 )
 
-        # ---------------------------------------------------------------------- final export
+        # ----------------------------------------------------------------------------- final export
         run.finish(policy, tokenizer)
     if valid_records and cfg.checkpoint.every and dist.is_main:
         step, score, path = select_checkpoint(run.dir, "median")

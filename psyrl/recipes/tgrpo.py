@@ -166,7 +166,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: bool) -> None:
 
             for step in range(run.first, steps + 1):
                 timer = PhaseTimer(dist.device)
-                # ---------------------------------------- 1. sample G responses for every prompt
+                # ------------------------------------------- 1. sample G responses for every prompt
                 with timer("sample"):
                     before = cursor
                     indices, cursor = next_indices(
@@ -187,7 +187,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: bool) -> None:
                 run.preempt_now(step, functools.partial(save, step - 1, None, before))
 
                 with timer("score"):
-                    # ------------------------ 2. score every response (eq. 4-6, 9), all ranks'
+                    # ----------------------------- 2. score every response (eq. 4-6, 9), all ranks'
                     local = score_responses(
                         groups, records, positions, cfg.prompt.mode, cfg.reward, plugin
                     )
@@ -196,12 +196,12 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: bool) -> None:
                     # ------------- 3. the trajectory cache takes this step: L-bar, r-bar_F1 (eq. 7)
                     cache.push_answers(parts["f1"], lengths)
                     mean_length, mean_f1 = cache.answer_stats()
-                    # ----------------------------------- 4. final rewards (eq. 3, 8; A.2 11-15)
+                    # --------------------------------------- 4. final rewards (eq. 3, 8; A.2 11-15)
                     final, components = final_rewards(
                         parts, lengths, mean_length, mean_f1, cfg.reward
                     )
                     cache.push_rewards(final)
-                    # ------------------------------ 5. advantages (eq. 2) over the cached rewards
+                    # -------------------------------- 5. advantages (eq. 2) over the cached rewards
                     adv = advantages(
                         final, cfg.advantage.scope, G, cache.rewards(), cfg.advantage.eps
                     )  # [B*G]
@@ -210,7 +210,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: bool) -> None:
                 step_records = [train_prompts[indices[p]][0] for p in range(B)]
                 run.write_samples(step, samples, components, adv, scores, step_records)
 
-                # ---------------------------- 6. experience: reference and old log-probs, no grad
+                # ------------------------------ 6. experience: reference and old log-probs, no grad
                 with timer("offload"):
                     offload.to_device()  # the actor's shards and AdamW state, back from the host
                 with timer("logprobs"):
@@ -218,7 +218,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: bool) -> None:
                         policy, reference, rollout, updates_per_step, pad_id, cfg, dist, amp
                     )
 
-                # --------------------------------------------- 7. one update per mini-batch
+                # ----------------------------------------------------- 7. one update per mini-batch
                 with timer("update"):
                     sums, grad_norms = [], []
                     for u, minibatch in enumerate(minibatches):
@@ -240,13 +240,13 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: bool) -> None:
                                 dist,
                             )
 
-                # ------------------------------------------- 8. sync the weights into the sampler
+                # --------------------------------------------- 8. sync the weights into the sampler
                 with timer("offload"):
                     offload.to_host()  # the device is the engine's until the next experience pass
                 with timer("sync"):
                     sync_weights(sampler, policy, cfg, dist)
 
-                # -------------------------------------------- 9. log, validate, checkpoint
+                # ----------------------------------------------------- 9. log, validate, checkpoint
                 row = {
                     "step": step,
                     "steps": steps,
@@ -271,5 +271,5 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: bool) -> None:
                     held_out if valid_records else None,
                 )
 
-        # ------------------------------------------------------------------------ final export
+        # ----------------------------------------------------------------------------- final export
         run.finish(policy, tokenizer)
