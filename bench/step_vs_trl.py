@@ -102,7 +102,7 @@ def pin_cores() -> None:
     torch.set_num_threads(THREADS)
 
 
-def run_psyrl(model_dir: Path, data: Path, work: Path) -> dict:
+def run_psyrl(model_dir: Path, data: Path, work: Path, packing: bool = True) -> dict:
     import train_tgrpo
     from psyrl.core.runlog import read_metrics
 
@@ -112,6 +112,7 @@ def run_psyrl(model_dir: Path, data: Path, work: Path) -> dict:
         "run.steps": WARMUP + TIMED,
         "model.path": str(model_dir),
         "model.dtype": "float32",
+        "model.packing": packing,
         "data.train_file": str(data),
         "data.valid_file": "",
         "data.shuffle": False,
@@ -146,6 +147,7 @@ def run_psyrl(model_dir: Path, data: Path, work: Path) -> dict:
     out = {k.split("/")[1]: statistics.median(r[k] for r in rows) for k in keys}
     tokens = [r["response/length"] * PROMPTS * G for r in rows]
     out["generated_tokens"] = statistics.median(tokens)
+    out["padding_fraction"] = statistics.median(r["actor/padding_fraction"] for r in rows)
     return out
 
 
@@ -243,7 +245,10 @@ def side(name: str, work: Path) -> None:
     pin_cores()
     sys.path.insert(0, str(ROOT))
     model_dir, data = work / "model", work / "socialiqa.jsonl"
-    result = (run_psyrl if name == "psyrl" else run_trl)(model_dir, data, work)
+    if name == "trl":
+        result = run_trl(model_dir, data, work)
+    else:  # psyrl (packed, the default) or psyrl-padded (model.packing = false)
+        result = run_psyrl(model_dir, data, work / name, packing=name == "psyrl")
     result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     # which checkout was measured
     result["psyrl_from"] = str(Path(sys.modules["psyrl"].__file__).parent.parent)
@@ -252,9 +257,15 @@ def side(name: str, work: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--side", choices=["psyrl", "trl"], help="run one side here (internal)")
+    sides = ["psyrl", "psyrl-padded", "trl"]
+    parser.add_argument("--side", choices=sides, help="run one side here (internal)")
     parser.add_argument("--work", type=Path, help="workload directory (internal)")
-    parser.add_argument("--only", choices=["psyrl", "trl"], help="measure one side only")
+    parser.add_argument(
+        "--only",
+        choices=sides,
+        action="append",
+        help="measure these sides only (repeatable); psyrl-padded: model.packing = false",
+    )
     a = parser.parse_args()
     if a.side:
         return side(a.side, a.work)
@@ -274,7 +285,7 @@ def main() -> None:
             cwd=ROOT,
         )
         env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "TOKENIZERS_PARALLELISM": "false"}
-        for name in [a.only] if a.only else ["psyrl", "trl"]:
+        for name in a.only or sides:
             print(f"running {name} ({WARMUP} warm-up + {TIMED} timed steps)...", flush=True)
             proc = subprocess.run(
                 [str(python), __file__, "--side", name, "--work", str(work)],
@@ -298,15 +309,18 @@ def main() -> None:
             f"| {name} | {r['step']:.2f} s | {r['sample']:.2f} s | {r['generated_tokens']:.0f} | "
             f"{r['peak_rss_gib']:.2f} GiB |"
         )
-    if len(results) == 2:
-        print(f"\npsyrl / TRL step time: {results['psyrl']['step'] / results['trl']['step']:.3f}")
-        if "update" in results["psyrl"]:
-            p = results["psyrl"]
+    for name in ("psyrl", "psyrl-padded"):
+        if name in results and "trl" in results:
+            ratio = results[name]["step"] / results["trl"]["step"]
+            print(f"\n{name} / TRL step time: {ratio:.3f}")
+        if name in results:
+            p = results[name]
             print(
-                "psyrl step parts: "
+                f"{name} step parts: "
                 + ", ".join(
                     f"{k} {p[k]:.2f} s" for k in ("sample", "score", "logprobs", "update", "sync")
                 )
+                + f"; padding fraction of the update micro-batches {p['padding_fraction']:.3f}"
             )
 
 

@@ -118,6 +118,7 @@ def test_two_steps_update_every_parameter_and_checkpoint_the_cache(start, tmp_pa
         "actor/entropy",
         "actor/grad_norm",
         "actor/skipped_updates",
+        "actor/padding_fraction",
         "time/sample",
         "time/score",
         "time/logprobs",
@@ -132,6 +133,7 @@ def test_two_steps_update_every_parameter_and_checkpoint_the_cache(start, tmp_pa
         assert row["rollout/zero_variance_groups"] < 1 and row["actor/skipped_updates"] == 0
         # the sampler's copy follows the trainer (synced after step 1)
         assert row["rollout/logprob_gap"] < 1e-5
+        assert 0 < row["actor/padding_fraction"] < 1  # responses of different lengths
     assert rows[1]["actor/kl"] > 0  # the policy has moved away from the reference
     before = load_file(start / "runs" / "start" / "hf" / "model.safetensors")
     after = load_file(run / "hf" / "model.safetensors")

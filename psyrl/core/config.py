@@ -92,7 +92,14 @@ class ModelConfig:
     process: bf16 autocast. For GPUs: on this project's CPU, bf16 autocast trained the tiny model at
     191 tokens/s against 4,500-5,400 in float32 (two runs)."""
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
-    """transformers attention kernel."""
+    """transformers attention kernel of padded batches (generation, and every pass when `packing`
+    is off)."""
+    packing: bool = True
+    """Padding-free micro-batches for the log-probs, the T-GRPO update and SFT: a micro-batch's
+    sequences end to end in one row, positions restarting at each, attention never crossing a
+    sequence boundary (CUDA: torch's varlen FlashAttention; CPU: SDPA per sequence). Exact: the
+    same log-probs as the padded path to float rounding (docs/measurements.md). false: each
+    micro-batch right-padded to its longest row, with a padding mask (the reference path)."""
     gradient_checkpointing: bool = False
     """Recompute decoder-layer activations in the backward pass: less activation memory, more
     compute."""
@@ -129,6 +136,12 @@ class ModelConfig:
             self.num_heads % self.num_kv_heads == 0,
             "num_kv_heads",
             f"expected a divisor of num_heads = {self.num_heads}, got {self.num_kv_heads}",
+        )
+        require(
+            not (self.packing and self.attn_implementation == "eager"),
+            "packing",
+            "packed micro-batches run SDPA per sequence; with attn_implementation = 'eager' set "
+            "packing = false",
         )
 
 

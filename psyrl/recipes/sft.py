@@ -142,6 +142,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: bool) -> None:
                     normalizer,
                     dist.device,
                     amp,
+                    packed=cfg.model.packing,
                 ):
                     loss.backward()
                     # read once per step: .item() per micro-batch would sync a GPU each time

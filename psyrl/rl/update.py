@@ -3,9 +3,10 @@ log-probs of the reference and of the sampling-time policy), and one optimiser s
 over micro-batches with the global divisor.
 
 Micro-batches are `optim.micro_batch` sequences (the update) or `optim.logprob_micro_batch`
-(log-probs) in order, or, with `optim.micro_batch_tokens`, packed by a token budget: a rank's
-sequences sorted by length and grouped while rows x longest row stays within the budget, so a batch
-of short responses is not padded to the longest one. Under FSDP every rank must run as many forwards
+(log-probs) in order, or, with `optim.micro_batch_tokens`, grouped by a token budget: a rank's
+sequences sorted by length and grouped while the micro-batch's tokens stay within the budget. With
+`model.packing` (the default) a micro-batch is one padding-free row and its tokens are the
+sequences' own; padded, they are rows x longest row. Under FSDP every rank must run as many forwards
 as the others (each one all-gathers the shards): a rank with fewer micro-batches runs filler
 forwards whose loss is multiplied by 0.
 """
@@ -20,7 +21,7 @@ from psyrl.core.config import Config
 from psyrl.rl.rollout import RolloutBatch
 from psyrl.rl.tgrpo import tgrpo_loss
 from psyrl.runtime.distributed import Dist, all_reduce
-from psyrl.runtime.model import collate
+from psyrl.runtime.model import collate, pack
 from psyrl.runtime.optim import clipped_step
 
 TOKEN_METRICS = (
@@ -34,10 +35,13 @@ TOKEN_METRICS = (
 SEQUENCE_METRICS = ("pg_loss", "kl")
 
 
-def micro_batches(lengths: list[int], size: int, budget: int) -> list[list[int]]:
+def micro_batches(
+    lengths: list[int], size: int, budget: int, packed: bool = False
+) -> list[list[int]]:
     """Indices of each micro-batch. budget 0: `size` sequences at a time, in order. budget > 0: the
-    sequences by decreasing length, each micro-batch growing while (rows + 1) x its first (longest)
-    row <= budget; a sequence longer than the budget goes alone."""
+    sequences by decreasing length, each micro-batch growing while its tokens stay <= budget: the
+    sum of its lengths when `packed`, else (rows + 1) x its first (longest) row, the padded
+    width; a sequence longer than the budget goes alone."""
     if budget <= 0:
         return [
             list(range(start, min(start + size, len(lengths))))
@@ -46,11 +50,19 @@ def micro_batches(lengths: list[int], size: int, budget: int) -> list[list[int]]
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     batches: list[list[int]] = []
     for i in order:
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= budget:
+        if (
+            batches
+            and batch_tokens([lengths[j] for j in batches[-1]] + [lengths[i]], packed) <= budget
+        ):
             batches[-1].append(i)
         else:
             batches.append([i])
     return batches
+
+
+def batch_tokens(lengths: list[int], packed: bool) -> int:
+    """The tokens a micro-batch of these sequences runs: their sum packed, rows x longest padded."""
+    return sum(lengths) if packed else len(lengths) * max(lengths)
 
 
 def agreed_count(count: int, dist: Dist) -> int:
@@ -61,10 +73,17 @@ def agreed_count(count: int, dist: Dist) -> int:
     )
 
 
-def collated(batch: RolloutBatch, pad_id: int, device: torch.device):
-    """input_ids, attention_mask [b, T] and response mask [b, T-1] of the batch's sequences, on
-    `device`."""
-    return (t.to(device) for t in collate(batch.token_ids, batch.prompt_lengths, pad_id))
+def model_inputs(batch: RolloutBatch, pad_id: int, device: torch.device, packed: bool):
+    """The policy's keyword inputs for the batch's sequences, on `device`, and the response mask
+    [b, T-1] its log-probs are laid out on: one padding-free `Packed` row, or right-padded
+    input_ids and attention_mask [b, T] with the response mask as the positions to score."""
+    if packed:
+        row = pack(batch.token_ids, batch.prompt_lengths).to(device)
+        return {"input_ids": row}, row.layout
+    input_ids, attention_mask, mask = (
+        t.to(device) for t in collate(batch.token_ids, batch.prompt_lengths, pad_id)
+    )
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "positions": mask}, mask
 
 
 def shortest(batch: RolloutBatch) -> list[int]:
@@ -83,15 +102,16 @@ def sequence_logprobs(
         [len(ids) for ids in batch.token_ids],
         cfg.optim.logprob_micro_batch,
         cfg.optim.logprob_micro_batch_tokens,
+        cfg.model.packing,
     )
     with torch.no_grad():
         for k in range(agreed_count(len(batches), dist)):
             chunk = batches[k] if k < len(batches) else []
-            input_ids, attention_mask, mask = collated(
-                batch.select(chunk or shortest(batch)), pad_id, dist.device
+            inputs, mask = model_inputs(
+                batch.select(chunk or shortest(batch)), pad_id, dist.device, cfg.model.packing
             )
             with amp:
-                logp = model(input_ids, attention_mask, cfg.rollout.temperature, mask)  # [b, T-1]
+                logp = model(**inputs, temperature=cfg.rollout.temperature)  # [b, T-1]
             for i, row, m in zip(chunk, logp, mask):
                 out[i] = row[m].cpu()
     return out
@@ -144,7 +164,10 @@ def update(
     normalizer = cfg.optim.global_batch * cfg.rollout.samples  # the mini-batch's sequences
     sums = defaultdict(float)
     batches = micro_batches(
-        [len(ids) for ids in batch.token_ids], cfg.optim.micro_batch, cfg.optim.micro_batch_tokens
+        [len(ids) for ids in batch.token_ids],
+        cfg.optim.micro_batch,
+        cfg.optim.micro_batch_tokens,
+        cfg.model.packing,
     )
     count = agreed_count(len(batches), dist)
     for k in range(count):
@@ -153,9 +176,9 @@ def update(
         chunk = batch.select(batches[k] if weight else shortest(batch))
         if dist.sharded and cfg.fsdp.defer_grad_sync:
             policy.set_requires_gradient_sync(k == count - 1)
-        input_ids, attention_mask, mask = collated(chunk, pad_id, dist.device)
+        inputs, mask = model_inputs(chunk, pad_id, dist.device, cfg.model.packing)
         with amp:
-            logp = policy(input_ids, attention_mask, temperature, mask)  # [b, T-1]
+            logp = policy(**inputs, temperature=temperature)  # [b, T-1]
         logp_old = as_padded(chunk.logp_old, mask) if chunk.logp_old is not None else logp.detach()
         logp_ref = as_padded(chunk.logp_ref, mask) if cfg.loss.kl_coef > 0 else None
         adv = torch.tensor(chunk.advantages, dtype=torch.float32, device=dist.device)  # [b]
@@ -170,6 +193,9 @@ def update(
             sums[key] += metrics[key].double() * sequences
         sums["tokens"] += tokens
         sums["sequences"] += sequences
+        lengths = [len(ids) for ids in chunk.token_ids]
+        sums["input_tokens"] += sum(lengths)
+        sums["padded_tokens"] += batch_tokens(lengths, packed=False)
         sampler_logp = as_padded([torch.tensor(lp) for lp in chunk.sampler_logprobs], mask)
         # the sampler/trainer gap
         sums["gap"] += ((sampler_logp - logp_old.float()).abs() * mask).sum().double()
@@ -194,4 +220,6 @@ def reduce_sums(sums: list[dict], dist: Dist) -> dict:
     out.update({f"actor/{k}": s[k] / max(s["sequences"], 1) for k in SEQUENCE_METRICS})
     out["actor/clip_frac"] = out["actor/clip_frac_high"] + out["actor/clip_frac_low"]
     out["rollout/logprob_gap"] = s["gap"] / max(s["tokens"], 1)
+    # of the update micro-batches right-padded: the share that is padding (packing skips it)
+    out["actor/padding_fraction"] = 1 - s["input_tokens"] / max(s["padded_tokens"], 1)
     return out

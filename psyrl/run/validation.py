@@ -129,6 +129,7 @@ def validate(
                 policy_amp,
                 batches,
                 examples[0],
+                cfg.model.packing,
             )
             metrics["valid/loss"] = all_reduce(torch.stack(list(losses)).sum(), dist).item()
     policy.train(was_training)

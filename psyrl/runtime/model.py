@@ -13,24 +13,30 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.varlen import varlen_attn
 from transformers import (
+    AttentionInterface,
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from psyrl.core.config import ModelConfig
 
 SHIPPED_TOKENIZERS = ("tiny", "qwen2.5")
 LOGPROB_CHUNK = 256  # rows per chunk: [256, 151936] fp32 logits are 156 MB
+PACKED_ATTENTION = "psyrl_packed_sdpa"  # transformers' SDPA, and per-sequence attention when packed
 
 
 def shipped_tokenizer_dir(name: str) -> Path:
@@ -150,6 +156,18 @@ def model_config(cfg: ModelConfig, tokenizer):
     return tiny_config(cfg, tokenizer)
 
 
+def attention_implementation(cfg: ModelConfig) -> str:
+    """The name transformers dispatches attention by: `packed_attention` when `model.packing`."""
+    if not cfg.packing:
+        return cfg.attn_implementation
+    # transformers looks attention and mask functions up by name in its registries (class-level
+    # mappings, transformers/modeling_utils.py AttentionInterface, masking_utils.py
+    # AttentionMaskInterface): registering the same pair again is a no-op
+    AttentionInterface.register(PACKED_ATTENTION, packed_attention)
+    AttentionMaskInterface.register(PACKED_ATTENTION, sdpa_mask)
+    return PACKED_ATTENTION
+
+
 def load_model(
     cfg: ModelConfig,
     tokenizer,
@@ -166,13 +184,13 @@ def load_model(
             model = AutoModelForCausalLM.from_config(
                 model_config(cfg, tokenizer),
                 dtype=torch.float32,
-                attn_implementation=cfg.attn_implementation,
+                attn_implementation=attention_implementation(cfg),
             )
     elif cfg.path:
         model = AutoModelForCausalLM.from_pretrained(
             str(_model_dir(cfg.path)),
             dtype=torch.float32,
-            attn_implementation=cfg.attn_implementation,
+            attn_implementation=attention_implementation(cfg),
         )
     else:
         # seeded init that leaves the caller's RNG untouched
@@ -181,7 +199,7 @@ def load_model(
             model = Qwen2ForCausalLM._from_config(
                 tiny_config(cfg, tokenizer),
                 dtype=torch.float32,
-                attn_implementation=cfg.attn_implementation,
+                attn_implementation=attention_implementation(cfg),
             )
     if model.get_output_embeddings().weight.shape[0] < len(tokenizer):
         raise ValueError(
@@ -202,47 +220,195 @@ def autocast(cfg: ModelConfig, device: torch.device):
     return contextlib.nullcontext()
 
 
-class ChunkLogprobs(torch.autograd.Function):
-    """log softmax(hidden @ W^T + b) / T at each row's target, for one chunk of rows. Saves only its
-    inputs and the log-normaliser: backward recomputes the chunk's logits once and turns them into
-    the gradient in place (softmax, times -g, plus g at the target), so a chunk costs one [rows, V]
-    buffer and about six passes over it, where plain autograd with recomputation made about fifteen
-    (profiled: bench/step_vs_trl.py)."""
+class HeadLogprobs(torch.autograd.Function):
+    """log softmax(hidden @ W^T + b) / T at each row's target, `chunk` rows at a time. Saves only
+    its inputs and the log-normalisers: backward recomputes each chunk's logits once and turns them
+    into the gradient in place (softmax, times -g, plus g at the target), so a chunk costs one
+    [rows, V] buffer and about six passes over it, where plain autograd with recomputation made
+    about fifteen (profiled: bench/step_vs_trl.py). The LM head's (and a tied embedding's) weight
+    gradient is summed over the chunks in float32 and rounded to the weight's dtype once: summed by
+    autograd in bf16 (FSDP2's bf16 parameters), it lost a bf16 rounding per chunk."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature: float):
-        logits = F.linear(hidden, weight, bias)  # [rows, V], bf16 under autocast
-        ctx.dtype = logits.dtype  # backward recomputes and multiplies in the forward's precision
-        logits = logits.float()
-        if temperature != 1.0:
-            logits.div_(temperature)
-        lse = torch.logsumexp(logits, dim=-1)  # [rows]
+    def forward(ctx, hidden, weight, bias, targets, temperature: float, chunk: int):
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)  # [N]
+        lse = torch.empty_like(out)  # [N]
+        dtype = None
+        for start in range(0, hidden.shape[0], chunk):
+            rows = slice(start, start + chunk)
+            logits = F.linear(hidden[rows], weight, bias)  # [rows, V], bf16 under autocast
+            dtype = logits.dtype
+            logits = logits.float()
+            if temperature != 1.0:
+                logits.div_(temperature)
+            lse[rows] = torch.logsumexp(logits, dim=-1)
+            out[rows] = logits.gather(-1, targets[rows, None]).squeeze(-1) - lse[rows]
+        ctx.dtype = dtype or weight.dtype  # backward recomputes in the forward's precision
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
-        ctx.temperature = temperature
-        return logits.gather(-1, targets[:, None]).squeeze(-1) - lse
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return out
 
     @staticmethod
     def backward(ctx, g):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
-        T, dtype = ctx.temperature, ctx.dtype
+        temperature, dtype = ctx.temperature, ctx.dtype
         w = weight.to(dtype)
-        logits = F.linear(hidden.to(dtype), w, None if bias is None else bias.to(dtype)).float()
-        if T != 1.0:
-            logits.div_(T)
-        # d out / d z = onehot - softmax, times g
-        grad = logits.sub_(lse[:, None]).exp_().mul_(-g[:, None])
-        grad.scatter_add_(-1, targets[:, None], g[:, None].float())
-        if T != 1.0:
-            grad.div_(T)
-        grad = grad.to(dtype)
-        grad_hidden = (grad @ w).to(hidden.dtype) if ctx.needs_input_grad[0] else None
+        b = None if bias is None else bias.to(dtype)
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = (
-            (grad.t() @ hidden.to(dtype)).to(weight.dtype) if ctx.needs_input_grad[1] else None
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            if need_weight
+            else None
         )
-        grad_bias = (
-            grad.sum(0).to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
+        need_bias = need_bias and bias is not None
+        grad_bias = torch.zeros(bias.shape, device=bias.device) if need_bias else None
+        for start in range(0, hidden.shape[0], ctx.chunk):
+            rows = slice(start, start + ctx.chunk)
+            h = hidden[rows].to(dtype)
+            logits = F.linear(h, w, b).float()  # [rows, V]
+            if temperature != 1.0:
+                logits.div_(temperature)
+            # d out / d z = onehot - softmax, times g
+            grad = logits.sub_(lse[rows, None]).exp_().mul_(-g[rows, None])
+            grad.scatter_add_(-1, targets[rows, None], g[rows, None].float())
+            if temperature != 1.0:
+                grad.div_(temperature)
+            grad = grad.to(dtype)
+            if need_hidden:
+                grad_hidden[rows] = grad @ w
+            if need_weight:
+                grad_weight += grad.t() @ h  # each chunk's product added in float32
+            if need_bias:
+                grad_bias += grad.sum(0).float()
+        return (
+            grad_hidden,
+            grad_weight.to(weight.dtype) if need_weight else None,
+            grad_bias.to(bias.dtype) if need_bias else None,
+            None,
+            None,
+            None,
         )
-        return grad_hidden, grad_weight, grad_bias, None, None
+
+
+def packed_attention(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+) -> tuple[torch.Tensor, None]:
+    """Attention for `PACKED_ATTENTION`. A packed row (kwargs `cu_seq_lens_q`: [b+1] int32, where
+    each sequence starts) attends causally within each sequence only: query [1, heads, N, d], key
+    and value [1, kv_heads, N, d] -> [1, N, heads, d]. Anything else (a padded batch, generation)
+    is transformers' own SDPA with the padding mask, unchanged."""
+    starts = kwargs.pop("cu_seq_lens_q", None)
+    if starts is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
+        # FlashAttention-2 varlen (torch/nn/attention/varlen.py varlen_attn: [tokens, heads, d];
+        # window (-1, 0) is causal; GQA without repeating key/value)
+        longest = kwargs["max_length_q"]
+        out = varlen_attn(
+            query[0].transpose(0, 1),
+            key[0].transpose(0, 1),
+            value[0].transpose(0, 1),
+            starts,
+            starts,
+            longest,
+            longest,
+            scale=scaling,
+            window_size=(-1, 0),
+            enable_gqa=query.shape[1] != key.shape[1],
+        )
+        return out.unsqueeze(0), None
+    # CPU (and float32 on CUDA, which FlashAttention lacks): causal SDPA per sequence, no mask
+    # (measured faster here than one block-diagonal mask over the row: bench/packing.py)
+    bounds = starts.tolist()
+    pieces = [
+        sdpa_attention_forward(
+            module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, scaling=scaling
+        )[0]
+        for a, b in zip(bounds, bounds[1:])
+    ]
+    return torch.cat(pieces, dim=1), None
+
+
+@dataclass
+class Packed:
+    """The sequences of a micro-batch end to end in one row, without padding (`pack`). Input to
+    `token_logprobs`, whose result it lays out per sequence again."""
+
+    input_ids: torch.Tensor
+    """[1, N] long: the b sequences concatenated, N = their total length."""
+    position_ids: torch.Tensor
+    """[1, N] long: 0, 1, ... restarting at each sequence (rotary positions as if alone)."""
+    starts: torch.Tensor
+    """[b+1] int32: where each sequence starts in the row, then N (FlashAttention's cu_seqlens)."""
+    longest: int
+    """Length of the longest sequence."""
+    targets: torch.Tensor
+    """[1, N-1] bool: the positions scored, in the row (position t predicts token t+1)."""
+    layout: torch.Tensor
+    """[b, T-1] bool: the same targets in the padded per-sequence layout (T = longest) that
+    `token_logprobs` returns, equal to `collate`'s response mask."""
+
+    def to(self, device) -> Packed:
+        return Packed(
+            self.input_ids.to(device),
+            self.position_ids.to(device),
+            self.starts.to(device),
+            self.longest,
+            self.targets.to(device),
+            self.layout.to(device),
+        )
+
+
+def pack(token_ids: Sequence[Sequence[int]], prompt_lengths: Sequence[int]) -> Packed:
+    """`Packed` of sequences whose first prompt_lengths[i] tokens are the prompt: the targets are
+    the response tokens, as in `collate`'s response mask. A position whose next token starts the
+    following sequence is never a target."""
+    lengths = [len(ids) for ids in token_ids]
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    total, longest = starts[-1], max(lengths)
+    targets = torch.zeros((1, total - 1), dtype=torch.bool)  # [1, N-1]
+    layout = torch.zeros((len(lengths), longest - 1), dtype=torch.bool)  # [b, T-1]
+    for row, (start, n, prompt_len) in enumerate(zip(starts, lengths, prompt_lengths)):
+        targets[0, start + prompt_len - 1 : start + n - 1] = True
+        layout[row, prompt_len - 1 : n - 1] = True
+    return Packed(
+        input_ids=torch.tensor([[t for ids in token_ids for t in ids]], dtype=torch.long),
+        position_ids=torch.cat([torch.arange(n) for n in lengths])[None],
+        starts=torch.tensor(starts, dtype=torch.int32),
+        longest=longest,
+        targets=targets,
+        layout=layout,
+    )
+
+
+def decode_packed(decoder, packed: Packed) -> torch.Tensor:
+    """The decoder's last hidden states [1, N, H] of a packed row: position ids restart per
+    sequence, and the sequence starts reach `packed_attention` as transformers' FlashAttention
+    keyword arguments (passed through every layer to the attention function). The attention mask is
+    given as its per-layer-type mapping of None, which transformers takes as already prepared
+    (qwen2/modeling_qwen2.py Qwen2Model.forward), so no [N, N] mask is ever built."""
+    if decoder.config._attn_implementation != PACKED_ATTENTION:
+        raise ValueError(
+            f"a packed batch needs the model built with model.packing = true (attention "
+            f"{decoder.config._attn_implementation!r} would attend across sequences)"
+        )
+    no_mask = {kind: None for kind in set(decoder.config.layer_types)}
+    out = decoder(
+        input_ids=packed.input_ids,
+        position_ids=packed.position_ids,
+        attention_mask=no_mask,
+        use_cache=False,
+        cu_seq_lens_q=packed.starts,
+        cu_seq_lens_k=packed.starts,
+        max_length_q=packed.longest,
+        max_length_k=packed.longest,
+    )
+    return out.last_hidden_state
 
 
 def token_logprobs(
@@ -257,33 +423,31 @@ def token_logprobs(
     :t+1]).
 
     input_ids, attention_mask: [B, T]; positions: [B, T-1] bool, the targets to score (default:
-    every non-padding target); returns float32 [B, T-1], 0 where positions is False. Calls the
-    decoder and the LM head directly, not `model.forward`: under FSDP2 call it through `Policy`,
-    whose forward gathers the embedding, final norm and LM head and reduces their gradients.
+    every non-padding target); returns float32 [B, T-1], 0 where positions is False. `input_ids` may
+    instead be a `Packed` micro-batch (attention_mask and positions None): the same [b, T-1] result,
+    computed without padding. Calls the decoder and the LM head directly, not `model.forward`: under
+    FSDP2 call it through `Policy`, whose forward gathers the embedding, final norm and LM head and
+    reduces their gradients.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for log-probabilities, got {temperature}")
-    if positions is None:
-        positions = attention_mask[:, 1:].bool()  # [B, T-1]
     decoder = model.get_decoder()
-    out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    hidden = out.last_hidden_state  # [B, T, H]
+    if isinstance(input_ids, Packed):
+        packed = input_ids
+        hidden = decode_packed(decoder, packed)  # [1, N, H]
+        input_ids, positions, layout = packed.input_ids, packed.targets, packed.layout
+    else:
+        if positions is None:
+            positions = attention_mask[:, 1:].bool()  # [B, T-1]
+        out = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        hidden, layout = out.last_hidden_state, positions  # [B, T, H]
     rows = hidden[:, :-1][positions]  # [N, H]
     targets = input_ids[:, 1:][positions]  # [N]
     head = model.get_output_embeddings()
-    pieces = [
-        ChunkLogprobs.apply(
-            rows[start : start + chunk],
-            head.weight,
-            head.bias,
-            targets[start : start + chunk],
-            temperature,
-        )
-        for start in range(0, rows.shape[0], chunk)
-    ]
-    values = torch.cat(pieces) if pieces else rows.new_zeros(0, dtype=torch.float32)  # [N]
-    return torch.zeros(positions.shape, dtype=torch.float32, device=values.device).masked_scatter(
-        positions, values
+    values = HeadLogprobs.apply(rows, head.weight, head.bias, targets, temperature, chunk)  # [N]
+    # row-major order of the targets is the same in the packed row and the per-sequence layout
+    return torch.zeros(layout.shape, dtype=torch.float32, device=values.device).masked_scatter(
+        layout, values
     )
 
 
@@ -315,7 +479,8 @@ class Policy(nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, input_ids, attention_mask, temperature: float = 1.0, positions=None):
+    def forward(self, input_ids, attention_mask=None, temperature: float = 1.0, positions=None):
+        """`token_logprobs` of a padded batch, or of a `Packed` one (then input_ids is it)."""
         return token_logprobs(self.lm, input_ids, attention_mask, temperature, positions)
 
 

@@ -16,7 +16,7 @@ import torch
 from psyrl.core import prompts
 from psyrl.core.config import PromptConfig
 from psyrl.core.records import StimuliRecord, sft_target
-from psyrl.runtime.model import collate
+from psyrl.runtime.model import collate, pack
 
 
 @dataclass(frozen=True)
@@ -76,21 +76,32 @@ def micro_batch_losses(
     amp,
     batches: int = 0,
     filler: SFTExample | None = None,
+    packed: bool = False,
 ):
     """Each micro-batch's share of the step's SFT loss, in order; their sum is the loss of all
     `examples`. Training calls backward on each, validation sums them under no_grad. `policy` is a
     `psyrl.runtime.model.Policy`. batches > the micro-batches `examples` fill: the rest run `filler`
     with weight 0, so that every FSDP rank takes part in the same number of forward passes (their
-    all-gathers) even when its share is smaller."""
+    all-gathers) even when its share is smaller. `packed`: each micro-batch one padding-free row
+    (`psyrl.runtime.model.pack`); which examples form a micro-batch is the same either way."""
     starts = range(0, len(examples), size)
     for k in range(max(len(starts), batches)):
         chunk, weight = (
             (examples[starts[k] : starts[k] + size], 1.0) if k < len(starts) else ([filler], 0.0)
         )
-        input_ids, attention_mask, loss_mask = (
-            t.to(device)
-            for t in collate([e.input_ids for e in chunk], [e.prompt_len for e in chunk], pad_id)
-        )
+        token_ids, prompt_lengths = [e.input_ids for e in chunk], [e.prompt_len for e in chunk]
+        if packed:
+            row = pack(token_ids, prompt_lengths).to(device)
+            inputs, loss_mask = {"input_ids": row}, row.layout
+        else:
+            input_ids, attention_mask, loss_mask = (
+                t.to(device) for t in collate(token_ids, prompt_lengths, pad_id)
+            )
+            inputs = {
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "positions": loss_mask,
+            }
         with amp:
-            logp = policy(input_ids, attention_mask, 1.0, loss_mask)  # [b, T-1]
+            logp = policy(**inputs)  # [b, T-1]
         yield sft_loss(logp, loss_mask, normalizer) * weight

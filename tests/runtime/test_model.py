@@ -155,3 +155,55 @@ def test_load_weights_fills_every_parameter_or_names_the_missing_one(model, qwen
         )
     with pytest.raises(ValueError, match=r"no tensor for model.norm.weight \(1 parameters\)"):
         load_weights(copy, ((n, t) for n, t in state.items() if n != "model.norm.weight"))
+
+
+def _head_weight_gradient(hidden, weight, targets, g, chunk, per_chunk=False):
+    """d/dW of sum(g * log p(target)) through HeadLogprobs: in one call, or (per_chunk) one call
+    per chunk whose gradients autograd sums in the weight's dtype (the summation before)."""
+    from psyrl.runtime.model import HeadLogprobs
+
+    w = weight.clone().requires_grad_()
+    if per_chunk:
+        out = torch.cat(
+            [
+                HeadLogprobs.apply(
+                    hidden[s : s + chunk], w, None, targets[s : s + chunk], 1.0, chunk
+                )
+                for s in range(0, hidden.shape[0], chunk)
+            ]
+        )
+    else:
+        out = HeadLogprobs.apply(hidden, w, None, targets, 1.0, chunk)
+    (out * g).sum().backward()
+    return w.grad
+
+
+def test_lm_head_gradient_is_summed_in_float32_over_chunks():
+    """bf16 weights and rows (FSDP2's mixed precision), 128 chunks of 8 rows, against the gradient
+    computed in float64 from the same bf16 values: (onehot - softmax) * g, times the rows."""
+    g = torch.Generator().manual_seed(0)
+    n, h, v = 1024, 64, 512
+    hidden = torch.randn(n, h, generator=g).bfloat16()
+    weight = (torch.randn(v, h, generator=g) * 0.1).bfloat16()
+    targets = torch.randint(0, v, (n,), generator=g)
+    upstream = torch.randn(n, generator=g)
+    probs = (hidden.double() @ weight.double().t()).softmax(-1)
+    d_logits = -probs * upstream[:, None].double()
+    d_logits[torch.arange(n), targets] += upstream.double()
+    exact = d_logits.t() @ hidden.double()  # [V, H], float64
+
+    def error(grad):
+        return ((grad.double() - exact).norm() / exact.norm()).item()
+
+    summed_in_float32 = _head_weight_gradient(hidden, weight, targets, upstream, chunk=8)
+    summed_in_bf16 = _head_weight_gradient(hidden, weight, targets, upstream, 8, per_chunk=True)
+    assert summed_in_float32.dtype == torch.bfloat16
+    # bf16 rounds to 2^-9 relative: the products' own roundings, then one rounding of the sum
+    assert error(summed_in_float32) < 4e-3
+    assert error(summed_in_bf16) > 2 * error(summed_in_float32)  # 128 bf16 additions, measured
+    # float32 weights: the float64 gradient to float32 precision, however it is chunked
+    exact32 = _head_weight_gradient(hidden.float(), weight.float(), targets, upstream, chunk=1024)
+    for chunk in (8, 100):
+        got = _head_weight_gradient(hidden.float(), weight.float(), targets, upstream, chunk)
+        torch.testing.assert_close(got, exact32, rtol=1e-5, atol=1e-5)
+    assert error(exact32) < 1e-6
