@@ -27,6 +27,7 @@ tests run).
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -158,9 +159,14 @@ def engine_part(args: dict) -> dict:
     return result
 
 
-def tgrpo_part(args: dict, out: Path) -> tuple[list[dict], float, str]:
+def tgrpo_part(
+    args: dict, out: Path, extra: tuple[str, ...] = (), tp: int | None = None
+) -> tuple[list[dict], float, str]:
+    """Three T-GRPO steps under torchrun; `extra`: more --set overrides (a variant), `tp`: the
+    sampler's tensor parallel size (default: A.3's 2 where the GPUs allow it)."""
     gpus = args["gpus"]
-    tp = 2 if gpus >= 2 and gpus % 2 == 0 else 1
+    if tp is None:
+        tp = 2 if gpus >= 2 and gpus % 2 == 0 else 1
     sets = [
         f"run.output_dir={json.dumps(str(out))}",
         "run.name=tgrpo",
@@ -191,6 +197,7 @@ def tgrpo_part(args: dict, out: Path) -> tuple[list[dict], float, str]:
         "log.progress=false",
         'data.valid_file=""',
         f"run.device={args['device']}",
+        *extra,
     ]
     if gpus > 1:
         launcher = [
@@ -262,6 +269,13 @@ def tgrpo_part(args: dict, out: Path) -> tuple[list[dict], float, str]:
 @click.option(
     "--out", default="runs/gpu-check", show_default=True, help="Where the T-GRPO run goes."
 )
+@click.option(
+    "--compare/--no-compare",
+    default=None,
+    help="After part 3, run it again for each choice issue 29 leaves to a measurement: tensor "
+    "parallel 1 instead of A.3's 2, padded micro-batches instead of packed, and an update token "
+    "budget of 32,768 (default: on a GPU).",
+)
 @click.option("--part", type=click.Choice(["all", "engine"]), default="all", hidden=True)
 def main(
     gpus,
@@ -277,6 +291,7 @@ def main(
     dtype,
     device,
     out,
+    compare,
     part,
 ):
     """Check psyrl's vLLM sampler on this node: log-probs against the trainer, the weight sync,
@@ -367,6 +382,23 @@ def main(
             f"{row['time/update']:.2f} s, sync {row['time/sync']:.2f} s, peak "
             f"{row['perf/peak_mem_gib']:.2f} GiB"
         )
+    if compare if compare is not None else device == "cuda":
+        variants = [
+            ("as above", (), None),
+            ("padded (model.packing = false)", ("model.packing=false",), None),
+            ("update budget 32,768 tokens", ("optim.micro_batch_tokens=32768",), None),
+        ]
+        if args["gpus"] >= 2:
+            variants.append(("tensor parallel 1", (), 1))
+        print("      choices, median of steps 2-3 (step, sample, logprobs, update, sync):")
+        for name, extra, tp in variants:
+            rows_v = rows if name == "as above" else tgrpo_part(args, Path(out) / "v", extra, tp)[0]
+            later = rows_v[1:] or rows_v
+            parts = ("step", "sample", "logprobs", "update", "sync")
+            times = ", ".join(
+                f"{statistics.median(r[f'time/{k}'] for r in later):.2f} s" for k in parts
+            )
+            print(f"      {name}: {times}")
     print(
         f"[4/4] throughput: sampling {r['sample_tokens'] / r['sample_s']:,.0f} tokens/s ({prompts} "
         f"x {samples} samples, {r['sample_tokens']:,} tokens in {r['sample_s']:.2f} s, with "
