@@ -1,15 +1,18 @@
 """Worker for tests/test_gpu_path.py, run under torchrun on 2 gloo ranks: the bucketed weight sync
 against the one-at-a-time float32 gather followed by a cast (tied and untied LM heads, several
 bucket sizes), the rank-0 gather of an export against the full gather, and the phase offload's round
-trip of shards and AdamW state. Writes <out>/rank-R.json with the comparisons' outcomes."""
+trip of shards and AdamW state through its one host block. Writes <out>/rank-R.json with the
+comparisons' outcomes."""
 
 import json
+import math
 import sys
 from pathlib import Path
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from psyrl.runtime import distributed
 from psyrl.runtime.distributed import (
     PhaseOffload,
     cleanup,
@@ -88,7 +91,63 @@ def check(dist, out: Path) -> None:
     )
     with torch.no_grad():  # a forward after the round trip all-gathers the re-registered shards
         result["offload forward"] = bool(torch.isfinite(policy(ids, torch.ones_like(ids))).all())
+    result.update(host_block(dist, policy, optimizer, offload, ids))
     (out / f"rank-{dist.rank}.json").write_text(json.dumps(result))
+
+
+def host_block(dist, policy, optimizer, offload, ids) -> dict[str, bool]:
+    """The host side is one block of exactly the padded shards' and AdamW state's bytes, made once;
+    on the host every shard (uneven ones too: FSDP2 does not re-pad them elsewhere) and every
+    moment is a view into it; training with moves between steps equals training without them."""
+    result = {}
+    params = list(policy.parameters())
+    # FSDP2 pads dim 0 to a multiple of the world size; AdamW's state is the unpadded local shard
+    padded = sum(
+        math.ceil(p.shape[0] / dist.world) * math.prod(p.shape[1:]) * p.element_size()
+        for p in params
+    )
+    local = sum(p.to_local().numel() * p.element_size() for p in params)
+    uneven = any(p.shape[0] % dist.world for p in params)
+    result["host bytes"] = uneven and offload.host_bytes == padded + 2 * local
+    offload.to_host()
+    buffer = offload.block.buffer
+    ptr = buffer.untyped_storage().data_ptr()
+    held = [p.to_local() for p in params] + [
+        optimizer.state[p][k].to_local() for p in params for k in ("exp_avg", "exp_avg_sq")
+    ]
+    fsdp_data = [f._sharded_param_data for f in distributed._fsdp_params(policy).values()]
+    result["host views"] = all(t.untyped_storage().data_ptr() == ptr for t in held + fsdp_data)
+    result["host buffer size"] = buffer.numel() == offload.host_bytes
+    offload.to_device()
+    offload.to_host()
+    result["host allocated once"] = (
+        offload.block.buffer is buffer and offload.block.allocations == 1
+    )
+    offload.to_device()
+
+    # two steps each side: moves between them change no number
+    def step(model, opt):
+        model(ids, torch.ones_like(ids)).float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    twin = load_sharded(lambda empty: build(True, empty), dist)
+    twin_opt = torch.optim.AdamW(twin.parameters(), lr=1e-2)
+    twin(ids, torch.ones_like(ids)).sum().backward()  # where `policy` is: the step above taken
+    twin_opt.step()
+    for opt in (optimizer, twin_opt):
+        opt.zero_grad(set_to_none=True)
+    twin_offload = PhaseOffload(twin, twin_opt, dist.device, enabled=False)
+    for model, opt, moves in ((policy, optimizer, offload), (twin, twin_opt, twin_offload)):
+        for _ in range(2):
+            moves.to_host()
+            moves.to_device()
+            step(model, opt)
+    result["host training equal"] = all(
+        torch.equal(a.to_local(), b.to_local())
+        for a, b in zip(policy.parameters(), twin.parameters())
+    )
+    return result
 
 
 def main(out: Path) -> None:
