@@ -172,14 +172,17 @@ def shard(
     dtype: str = "float32",
     offload: bool = False,
     reshard_after_forward: bool = True,
+    pin: bool = True,
 ) -> nn.Module:
     """FSDP2: `fully_shard` each decoder layer, then the root (embedding, final norm, LM head). bf16
     keeps float32 master weights and reduces gradients in float32. CPU offload pins memory only when
-    a GPU exists (pinning without one raises)."""
+    a GPU exists (pinning without one raises) and `pin` (False: the caller pins the shards itself,
+    `load_sharded(host_block=True)`)."""
     mp = MixedPrecisionPolicy()
     if dtype != "float32":
         mp = MixedPrecisionPolicy(param_dtype=DTYPES[dtype], reduce_dtype=torch.float32)
-    off = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy()
+    pinned = pin and torch.cuda.is_available()
+    off = CPUOffloadPolicy(pin_memory=pinned) if offload else OffloadPolicy()
     kwargs = {
         "mesh": dist.mesh,
         "mp_policy": mp,
@@ -210,11 +213,20 @@ def load_sharded(
     offload: bool = False,
     reshard_after_forward: bool = True,
     storage_dtype: str = "float32",
+    host_block: bool = False,
 ) -> nn.Module:
     """A sharded `Policy` whose weights are read on rank 0 only and broadcast: `build(empty)`
     returns the Policy, with real weights when empty is False (rank 0) or on the meta device (other
     ranks). `storage_dtype`: the dtype the shards are kept in (float32 master weights for a policy
-    that trains; the compute dtype for a frozen reference, as verl and EasyR1 load theirs)."""
+    that trains; the compute dtype for a frozen reference, as verl and EasyR1 load theirs).
+
+    `host_block` (a frozen model under `offload`): its CPU shards in one exact-size `HostBlock`,
+    page-locked on CUDA, kept as `policy.host_block`. FSDP2's own pinning copies each shard with
+    `Tensor.pin_memory()` (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_param.py:312-315), each
+    block rounded up to a power of two by the pinned allocator (see `host_buffer`); here FSDP2 is
+    told not to pin, and its all-gather copies each shard to the device from the block
+    (`.to(device, non_blocking=True)`, _fsdp_param.py:897-900). Not for a model that trains:
+    FSDP2 would then stage its gradients in pageable memory."""
     error = None
     try:
         policy = build(not dist.is_main)
@@ -230,13 +242,17 @@ def load_sharded(
     buffers = (
         {name: b.detach().clone() for name, b in policy.named_buffers()} if dist.is_main else {}
     )
-    shard(policy, dist, dtype, offload, reshard_after_forward)
+    shard(policy, dist, dtype, offload, reshard_after_forward, pin=not host_block)
     if not dist.is_main:
         policy.to_empty(device="cpu" if offload else dist.device)
     set_model_state_dict(
         policy, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     )
     _broadcast_buffers(policy, buffers, dist)
+    if offload and host_block:
+        # the block outlives the model's use of it: it is unregistered when it is collected
+        policy.host_block = HostBlock(policy, None, pin=dist.device.type == "cuda")
+        policy.host_block.move(torch.device("cpu"), to_host=True)
     return policy
 
 

@@ -33,7 +33,8 @@ def build_policy(cfg: Config, tokenizer, dist: Dist) -> Policy:
 def build_reference(cfg: Config, tokenizer, dist: Dist) -> Policy:
     """pi_ref (eq. 1's KL term): the starting checkpoint, frozen, held in the compute dtype
     (model.dtype; verl and EasyR1 load theirs in bf16), under torchrun sharded with FSDP2 CPU
-    offload when fsdp.ref_offload (A.3)."""
+    offload when fsdp.ref_offload (A.3), its shards then in one exact-size host block
+    (`load_sharded(host_block=True)`)."""
     if not dist.sharded:
         model = load_model(cfg.model, tokenizer, seed=cfg.run.seed, device=dist.device)
         cast_parameters(model, cfg.model.dtype)
@@ -49,6 +50,7 @@ def build_reference(cfg: Config, tokenizer, dist: Dist) -> Policy:
             cfg.fsdp.ref_offload,
             cfg.fsdp.reshard_after_forward,
             storage_dtype=cfg.model.dtype,
+            host_block=True,
         )
     return reference.eval().requires_grad_(False)
 

@@ -92,6 +92,7 @@ def check(dist, out: Path) -> None:
     with torch.no_grad():  # a forward after the round trip all-gathers the re-registered shards
         result["offload forward"] = bool(torch.isfinite(policy(ids, torch.ones_like(ids))).all())
     result.update(host_block(dist, policy, optimizer, offload, ids))
+    result.update(reference_block(dist, ids))
     (out / f"rank-{dist.rank}.json").write_text(json.dumps(result))
 
 
@@ -148,6 +149,32 @@ def host_block(dist, policy, optimizer, offload, ids) -> dict[str, bool]:
         for a, b in zip(policy.parameters(), twin.parameters())
     )
     return result
+
+
+def reference_block(dist, ids) -> dict[str, bool]:
+    """A frozen model under FSDP2 CPU offload with `host_block`: its shards live in one block of the
+    padded shards' bytes (FSDP2's own pinning would copy each shard to a block of its own), and its
+    forward equals that of the same model kept on the device."""
+    plain = load_sharded(lambda empty: build(False, empty), dist)
+    held = load_sharded(lambda empty: build(False, empty), dist, offload=True, host_block=True)
+    block = held.host_block
+    ptr = block.buffer.untyped_storage().data_ptr()
+    padded = sum(
+        math.ceil(p.shape[0] / dist.world) * math.prod(p.shape[1:]) * p.element_size()
+        for p in held.parameters()
+    )
+    fsdp_data = [f._sharded_param_data for f in distributed._fsdp_params(held).values()]
+    with torch.no_grad():
+        same = torch.equal(held(ids, torch.ones_like(ids)), plain(ids, torch.ones_like(ids)))
+    return {
+        "reference block bytes": block.nbytes == padded and block.state_bytes == 0,
+        "reference views": all(
+            t.untyped_storage().data_ptr() == ptr
+            for t in [p.to_local() for p in held.parameters()] + fsdp_data
+        ),
+        "reference forward": same,
+        "reference allocated once": block.allocations == 1,
+    }
 
 
 def main(out: Path) -> None:
