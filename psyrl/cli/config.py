@@ -109,13 +109,56 @@ def reference(write_readme):
     help="Which entry script runs the config: auto = sft when the config's path has a folder named "
     "`sft` (configs/sft/...), else tgrpo. SFT has no rollout, experience or weight sync.",
 )
-def plan_command(path, overrides, gpus, gpu_memory_gib, host_memory_gib, trainer):
+@click.option(
+    "--device",
+    "device_name",
+    type=click.Choice(["a6000", "a100-40", "a100-80", "h100", "h200", "l20", "cpu"]),
+    default="a6000",
+    show_default=True,
+    help="The GPU whose spec-sheet figures (dense bf16 FLOP/s, memory bandwidth, PCIe host link, "
+    "GPU-to-GPU link; the sources are printed) predict the time of each phase; cpu measures this "
+    "machine (float32 matmul, copy bandwidth, eager overhead) for a few seconds and takes "
+    "those. The utilisation assumed of each figure is printed with the plan. Does not change "
+    "--gpu-memory-gib.",
+)
+@click.option(
+    "--response-tokens",
+    type=click.FloatRange(min=1),
+    default=None,
+    help="Mean tokens of a response, for the time model [default: half of "
+    "rollout.max_new_tokens]. Prompt lengths come from data.train_file when it exists (rendered "
+    "with the model's tokenizer), else rollout.max_prompt_tokens.",
+)
+@click.option(
+    "--prompt-tokens",
+    type=click.FloatRange(min=1),
+    default=None,
+    help="Mean tokens of a prompt, for the time model, in place of data.train_file's (e.g. when "
+    "the data is not on this machine).",
+)
+def plan_command(
+    path,
+    overrides,
+    gpus,
+    gpu_memory_gib,
+    host_memory_gib,
+    trainer,
+    device_name,
+    response_tokens,
+    prompt_tokens,
+):
     """The memory a run needs, before it starts: one table of GiB per GPU by part (FSDP2 shards,
     AdamW, gathered layers, gradient buffers, activations, log-probs, reference, sampler, transfers,
     CUDA context) for each phase of a step (rollout, experience log-probs, update, weight sync,
     validation, checkpoint), whether it fits, host RAM per node, and for a phase that does not fit
     the setting that makes it fit (planned again with it, not guessed). Also the suggested
-    sampler.gpu_memory_utilization and what fsdp.defer_grad_sync costs.
+    sampler.gpu_memory_utilization (the smallest that holds sampler.max_num_seqs full-length
+    sequences) and what fsdp.defer_grad_sync costs.
+
+    T-GRPO: the predicted seconds of each phase per step on --device (rollout, experience, update,
+    offload moves, weight sync; validation and checkpoint each), the step and the run's total, and
+    the alternatives sampler.tensor_parallel 1 vs 2 and optim.micro_batch_tokens as set vs 32768,
+    with their memory and time. The reward (score) is not modelled.
 
     The architecture comes from model.path's config.json, else psyrl's copy for a path naming
     Qwen2.5-0.5B/1.5B/3B-Instruct, else (empty path) the tiny model of [model]. Every sequence is
@@ -123,6 +166,7 @@ def plan_command(path, overrides, gpus, gpu_memory_gib, host_memory_gib, trainer
     on an error."""
     from psyrl.plan.architecture import load_architecture
     from psyrl.plan.planner import plan
+    from psyrl.plan.speed import device, workload
     from psyrl.plan.table import format_plan
 
     if trainer == "auto":
@@ -130,8 +174,31 @@ def plan_command(path, overrides, gpus, gpu_memory_gib, host_memory_gib, trainer
     with reported("psyrl plan", also=(ValueError, OSError)):
         cfg = load_config(path, overrides)
         architecture, source = load_architecture(cfg.model)
-        result = plan(cfg, architecture, gpus, gpu_memory_gib, host_memory_gib, trainer=trainer)
+        dev, wl = None, None
+        if trainer == "tgrpo":
+            dev = device(device_name)
+            wl = workload(cfg, response_tokens, _plan_tokenizer(cfg, source), prompt_tokens)
+        result = plan(
+            cfg, architecture, gpus, gpu_memory_gib, host_memory_gib, trainer, dev=dev, wl=wl
+        )
     click.echo(f"psyrl plan: {path} ({trainer}); architecture from {source}")
     click.echo(format_plan(result))
     if not result.fits:
         sys.exit(3)
+
+
+def _plan_tokenizer(cfg, source: str):
+    """The tokenizer that renders the training prompts for the time model: the run's own, else
+    psyrl's shipped Qwen2.5 tokenizer when the architecture is a shipped Qwen2.5 copy (the model is
+    not downloaded yet), else None (the prompts are taken at rollout.max_prompt_tokens)."""
+    from psyrl.runtime.model import load_tokenizer
+
+    try:
+        return load_tokenizer(cfg.model)
+    except (OSError, ValueError):
+        pass
+    if source.startswith("psyrl's copy of qwen2.5"):
+        from dataclasses import replace
+
+        return load_tokenizer(replace(cfg.model, tokenizer="qwen2.5"))
+    return None

@@ -14,7 +14,11 @@ from psyrl.plan.architecture import Shapes
 GIB = 2**30
 MIB = 2**20
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-CUDA_CONTEXT_GIB = 0.6  # assumption: CUDA context, cuBLAS workspace and NCCL buffers of one process
+CUDA_CONTEXT_GIB = 0.5  # assumption: CUDA context and cuBLAS workspace of one process
+# estimate: the buffers of one NCCL communicator of several ranks (channels x peers x
+# NCCL_BUFFSIZE for the Simple, LL and LL128 protocols, plus NCCL's own structures); a one-rank
+# communicator has no peers and is not counted
+NCCL_COMM_GIB = 0.2
 HOST_BASELINE_GIB = 3.0  # assumption: Python, torch and the CUDA libraries of one rank in host RAM
 # estimate: vLLM's CUDA graphs (0.5-1 GiB is usual; the upper end taken); kept while asleep
 VLLM_GRAPHS_GIB = 1.0
@@ -137,9 +141,39 @@ def _setup(cfg: Config, sh: Shapes, gpus: int, trainer: str) -> _Run:
         gathered,
         reference,
         kl,
-        CUDA_CONTEXT_GIB * GIB,
+        cuda_context_bytes(cfg, gpus, trainer),
         trainer == "tgrpo" or bool(cfg.data.valid_file),
     )
+
+
+def nccl_communicators(cfg: Config, gpus: int, trainer: str) -> dict[str, int]:
+    """The NCCL communicators of several ranks one process holds, by owner. All are created eagerly:
+    psyrl binds its default group to the device (psyrl/runtime/distributed.py init_process_group(
+    device_id=...)), so every later NCCL group is connected when it is made. vLLM 0.32 under
+    external_launcher (wheel vllm-0.32.0, vllm/distributed/parallel_state.py): the world group
+    (init_world_group, :1502-1510, a torch NCCL group over every rank made at :501), then tp
+    (:2152), dcp (:2226), pcp (:2249), pp (:2267) and dp (:2285) groups (ep only for MoE models,
+    :2296), each a torch NCCL group over its ranks (:501) and, for a group of several ranks with a
+    device communicator, a second one of its own, vLLM's PyNcclCommunicator
+    (device_communicators/cuda_communicator.py:106-110; the world group has none, :1506). In
+    psyrl's layout only the world and, with TP > 1, the tp groups have several ranks (dcp, pcp, pp
+    and dp hold one)."""
+    out = {}
+    if gpus > 1:
+        out["psyrl's default group (FSDP2)"] = 1
+    engine = cfg.sampler.engine == "vllm" and (trainer == "tgrpo" or bool(cfg.data.valid_file))
+    if engine and gpus > 1:
+        out["vLLM world group"] = 1
+    if engine and cfg.sampler.tensor_parallel > 1:
+        out["vLLM tp group (torch + PyNccl)"] = 2
+    return out
+
+
+def cuda_context_bytes(cfg: Config, gpus: int, trainer: str) -> float:
+    """CUDA context and cuBLAS workspace, and NCCL_COMM_GIB for each communicator of several
+    ranks."""
+    communicators = sum(nccl_communicators(cfg, gpus, trainer).values())
+    return (CUDA_CONTEXT_GIB + NCCL_COMM_GIB * communicators) * GIB
 
 
 def _resident(run: _Run, on_device: bool, grads: bool) -> dict[str, float]:
@@ -419,6 +453,32 @@ def step_phases(cfg: Config, sh: Shapes, gpus: int, capacity: float, trainer: st
     return phases
 
 
+def local_elements(sh: Shapes, world: int, rank: int) -> int:
+    """Real elements of rank `rank`'s FSDP2 shard: each parameter's dim 0 split in chunks of
+    ceil(dim0 / world) rows, the last ranks holding fewer (or none)."""
+    total = 0
+    for count, shapes in ((sh.layers, sh.layer), (1, sh.root)):
+        for s in shapes:
+            chunk = -(-s[0] // world)
+            rows = max(0, min(chunk, s[0] - rank * chunk))
+            total += count * rows * math.prod(s[1:])
+    return total
+
+
+def offload_bytes(sh: Shapes, world: int, rank: int = 0) -> dict[str, float]:
+    """Host bytes of rank `rank`'s phase offload (fsdp.offload = "phase"): its float32 parameter
+    shard as FSDP2 stores it, dim 0 padded to a multiple of `world` (every rank the same padded
+    size, Shapes.shard), and AdamW's exp_avg and exp_avg_sq, float32, made by zeros_like from the
+    unpadded local shard (`local_elements`); AdamW's `step` scalars stay where they are. The
+    runtime holds exactly these bytes in one pinned buffer per rank (psyrl/runtime/distributed.py
+    PhaseOffload): no allocator rounding."""
+    return {
+        "params": 4.0 * sh.shard(world),
+        "exp_avg": 4.0 * local_elements(sh, world, rank),
+        "exp_avg_sq": 4.0 * local_elements(sh, world, rank),
+    }
+
+
 def host_ram(
     cfg: Config, sh: Shapes, gpus: int, trainer: str
 ) -> tuple[dict[str, float], dict[str, float]]:
@@ -427,14 +487,20 @@ def host_ram(
     stays = {
         f"baseline ({HOST_BASELINE_GIB:g} GiB per rank, assumption)": HOST_BASELINE_GIB * GIB * gpus
     }
-    # float32 shards + AdamW pinned; "always" also gradients
+    # the actor's float32 shards + AdamW state in one exact-size pinned buffer per rank ("always":
+    # FSDP2's CPUOffloadPolicy, gradients too)
     if run.offload in ("phase", "always") and run.world > 1:
-        label = "actor shards + AdamW, pinned" + (
+        label = "actor shards + AdamW, pinned, exact" + (
             " (+ gradients)" if run.offload == "always" else ""
         )
-        stays[label] = (16.0 if run.offload == "always" else 12.0) * sh.shard(run.world) * run.world
-    if run.kl and run.world > 1 and cfg.fsdp.ref_offload:  # CPUOffloadPolicy shards in model.dtype
-        stays[f"reference model ({cfg.model.dtype}, CPU offload)"] = (
+        per_rank = [offload_bytes(sh, run.world, r) for r in range(run.world)]
+        stays[label] = sum(
+            sum(parts.values()) + (4.0 * sh.shard(run.world) if run.offload == "always" else 0.0)
+            for parts in per_rank
+        )
+    # CPUOffloadPolicy keeps each rank's padded shard in model.dtype
+    if run.kl and run.world > 1 and cfg.fsdp.ref_offload:
+        stays[f"reference model ({cfg.model.dtype}, CPU offload, padded shards)"] = (
             run.b * sh.shard(run.world) * run.world
         )
     # sleep level 1: weights to the host

@@ -33,10 +33,33 @@ from dataclasses import dataclass, field
 from psyrl.core.config import Config
 from psyrl.plan.architecture import Shapes, shapes
 from psyrl.plan.phases import GIB, Phase, Pool, host_ram, rollout_phase, step_phases, vllm_pool
+from psyrl.plan.speed import Device, Times, Workload, step_times, update_parts
 
 # left free beside the pool in the rollout: allocator fragmentation, NCCL buffers made late
 SUGGEST_MARGIN_GIB = 2.0
+# KV cache the suggested pool holds beyond max_num_seqs full-length sequences: vLLM's profiled
+# activation peak may exceed psyrl's estimate of it by this much before a sequence waits
+KV_MARGIN_GIB = 1.0
 OFFLOADS = ("none", "phase", "always")
+# the update's token budget set beside the configured one (issue 29 item 6: twice A.3's 16,384
+# halves the FSDP rounds, each an all-gather and a reduce-scatter of the whole model)
+ALT_BUDGET = 32768
+
+
+@dataclass
+class Alternative:
+    """One setting changed: the memory of the phase it moves and the predicted time."""
+
+    setting: str
+    current: bool
+    phase: str
+    gib: float
+    """That phase's peak GiB per GPU."""
+    fits: bool
+    seconds: float
+    """That phase's predicted seconds per step."""
+    step_seconds: float
+    detail: str
 
 
 @dataclass
@@ -65,6 +88,13 @@ class Plan:
     update)."""
     settings: str = ""
     notes: list[str] = field(default_factory=list)
+    times: Times | None = None
+    """Predicted seconds per phase (T-GRPO, with a device), psyrl.plan.speed."""
+    device: Device | None = None
+    workload: Workload | None = None
+    alternatives: list[Alternative] = field(default_factory=list)
+    """Issue 29 item 6: the same run with sampler.tensor_parallel 1 vs 2 and the update's token
+    budget as set vs ALT_BUDGET."""
 
     @property
     def host_total(self) -> float:
@@ -135,12 +165,15 @@ def plan(
     gpu_memory_gib: float,
     host_memory_gib: float | None = None,
     trainer: str = "tgrpo",
+    dev: Device | None = None,
+    wl: Workload | None = None,
 ) -> Plan:
     """The memory plan of `cfg` on `gpus` GPUs of `gpu_memory_gib` each (one node): per phase, GiB
     per GPU by part and whether it fits, with a computed fix for each phase that does not; host RAM
     per node; the suggested sampler.gpu_memory_utilization; the cost of fsdp.defer_grad_sync.
     `architecture`: a transformers Qwen2 config. `trainer`: "tgrpo" or "sft" (SFT has no rollout,
-    experience or weight sync)."""
+    experience or weight sync). With a device and a workload (psyrl.plan.speed), a T-GRPO plan also
+    predicts seconds per phase and the run's total, and sets the alternatives beside it."""
     if trainer not in ("tgrpo", "sft"):
         raise ValueError(f"trainer must be 'tgrpo' or 'sft', got {trainer!r}")
     sh = shapes(architecture)
@@ -154,33 +187,110 @@ def plan(
         result.host_fix = _find_fix(
             cfg, sh, gpus, gpu_memory_gib, host_memory_gib, trainer, "host", result
         )
+    if dev is not None and wl is not None and trainer == "tgrpo":
+        result.times, result.device, result.workload = step_times(cfg, sh, gpus, dev, wl), dev, wl
+        result.alternatives = _alternatives(cfg, sh, gpus, gpu_memory_gib, dev, wl)
     return result
+
+
+def _alternatives(
+    cfg: Config, sh: Shapes, gpus: int, gpu_memory_gib: float, dev: Device, wl: Workload
+) -> list[Alternative]:
+    """The run with sampler.tensor_parallel 1 and 2 (vLLM, GPUs it divides; each at its own
+    suggested gpu_memory_utilization), and with optim.micro_batch_tokens as set and ALT_BUDGET:
+    the moved phase's memory and seconds, and the step's."""
+    out = []
+    capacity = gpu_memory_gib * GIB
+    if cfg.sampler.engine == "vllm":
+        for tp in (1, 2):
+            if gpus % tp or not (sh.kv_heads % tp == 0 or tp % sh.kv_heads == 0):
+                continue
+            trial = _with(cfg, {("sampler", "tensor_parallel"): tp})
+            util, _ = _suggest(trial, sh, gpus, gpu_memory_gib, "tgrpo")
+            if util is not None:
+                trial = _with(trial, {("sampler", "gpu_memory_utilization"): util})
+            rollout = rollout_phase(trial, sh, gpus, capacity, "tgrpo")
+            pool = vllm_pool(trial, sh, gpus, capacity)
+            times = step_times(trial, sh, gpus, dev, wl)
+            out.append(
+                Alternative(
+                    f"sampler.tensor_parallel = {tp}",
+                    tp == cfg.sampler.tensor_parallel,
+                    "rollout",
+                    rollout.total / GIB,
+                    rollout.fits and pool.sequences >= 1,
+                    times.step["rollout"],
+                    times.step_total,
+                    f"gpu_memory_utilization {trial.sampler.gpu_memory_utilization:.2f}, "
+                    f"{min(pool.sequences, pool.max_num_seqs)} sequences at once",
+                )
+            )
+    budgets = [cfg.optim.micro_batch_tokens] + (
+        [ALT_BUDGET] if cfg.optim.micro_batch_tokens != ALT_BUDGET else []
+    )
+    for budget in budgets:
+        trial = _with(cfg, {("optim", "micro_batch_tokens"): budget})
+        update = next(
+            p for p in step_phases(trial, sh, gpus, capacity, "tgrpo") if p.name == "update"
+        )
+        times = step_times(trial, sh, gpus, dev, wl)
+        u = update_parts(trial, sh, gpus, dev, wl)
+        shown = (
+            f"{u['micro-batches']:,.0f} micro-batches of "
+            + (f"{budget:,} tokens" if budget else f"{cfg.optim.micro_batch} rows")
+            + f" per rank, FSDP collectives {u['collectives']:,.1f} s "
+            + ("hidden under" if u["collectives"] <= u["compute"] else "above")
+            + f" compute {u['compute']:,.1f} s"
+        )
+        out.append(
+            Alternative(
+                f"optim.micro_batch_tokens = {budget}",
+                budget == cfg.optim.micro_batch_tokens,
+                "update",
+                update.total / GIB,
+                update.fits,
+                times.step["update"],
+                times.step_total,
+                shown,
+            )
+        )
+    return out
 
 
 def _suggest(
     cfg: Config, sh: Shapes, gpus: int, gpu_memory_gib: float, trainer: str
 ) -> tuple[float | None, str]:
-    """The largest sampler.gpu_memory_utilization (a multiple of 0.05) at which the rollout fits
-    with SUGGEST_MARGIN_GIB to spare and the pool holds one sequence; (None, why) when none does."""
+    """The smallest sampler.gpu_memory_utilization (a multiple of 0.01) whose pool holds
+    sampler.max_num_seqs sequences of max_model_len tokens at once with KV_MARGIN_GIB of KV cache to
+    spare, provided the rollout still fits with SUGGEST_MARGIN_GIB free beside it; when no such
+    fraction fits, the largest that does (fewer sequences run at once); (None, why) when none
+    holds even one sequence."""
     capacity = gpu_memory_gib * GIB
-    best = None
-    for k in range(1, 20 + 1):  # k / 20: multiples of 0.05 without float steps
-        util = k / 20
+    fitting = []
+    for k in range(1, 100):  # k / 100: multiples of 0.01 without float steps
+        util = k / 100
         trial = _with(
             cfg, {("sampler", "gpu_memory_utilization"): util, ("sampler", "engine"): "vllm"}
         )
         rollout = rollout_phase(trial, sh, gpus, capacity, trainer)
         pool = vllm_pool(trial, sh, gpus, capacity)
-        if rollout.total + SUGGEST_MARGIN_GIB * GIB <= capacity and pool.sequences >= 1:
-            best = util
-    if best is None:
+        if rollout.total + SUGGEST_MARGIN_GIB * GIB > capacity or pool.sequences < 1:
+            continue
+        fitting.append(util)
+        needed = pool.max_num_seqs * pool.max_model_len * pool.kv_per_token
+        if pool.kv >= needed + KV_MARGIN_GIB * GIB:
+            return util, ""
+    if not fitting:
         return None, (
             f"no sampler.gpu_memory_utilization lets the rollout fit on {gpu_memory_gib:g} GiB "
             f"with one {cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens}-token sequence "
             f"of KV cache and {SUGGEST_MARGIN_GIB:g} GiB to spare: offload more (fsdp.offload) or "
             "raise sampler.tensor_parallel"
         )
-    return best, ""
+    return fitting[-1], (
+        f"the largest that fits: its KV cache holds fewer than sampler.max_num_seqs = "
+        f"{cfg.sampler.max_num_seqs} full-length sequences at once"
+    )
 
 
 def _plan(

@@ -8,18 +8,21 @@ from psyrl.plan.phases import (
     CUDA_CONTEXT_GIB,
     GIB,
     HOST_BASELINE_GIB,
+    NCCL_COMM_GIB,
     PARTS,
     VLLM_GRAPHS_GIB,
     VLLM_STEP_TOKENS,
 )
-from psyrl.plan.planner import SUGGEST_MARGIN_GIB, Plan
+from psyrl.plan.planner import KV_MARGIN_GIB, SUGGEST_MARGIN_GIB, Plan
+from psyrl.plan.speed import Times
 
 # a phase above this fraction of the GPU fits, but is marked "tight" (allocator fragmentation)
 TIGHT = 0.95
 
 ASSUMPTIONS = (
     "every sequence at its maximum length and every micro-batch padded (sdpa gets a mask); CUDA "
-    f"context and NCCL {CUDA_CONTEXT_GIB:g} GiB per process; {HOST_BASELINE_GIB:g} GiB of host RAM "
+    f"context and cuBLAS {CUDA_CONTEXT_GIB:g} GiB per process plus {NCCL_COMM_GIB:g} GiB per NCCL "
+    f"communicator of several ranks (estimate); {HOST_BASELINE_GIB:g} GiB of host RAM "
     f"per rank; vLLM's CUDA graphs {VLLM_GRAPHS_GIB:g} GiB (kept while it sleeps) and activation "
     f"peak are estimates, its step {VLLM_STEP_TOKENS[False]} tokens ({VLLM_STEP_TOKENS[True]} on a "
     "GPU from 70 GiB); the CUDA caching allocator's fragmentation is not counted (a phase above "
@@ -33,11 +36,15 @@ def format_plan(p: Plan) -> str:
     RAM per node, each phase's verdict with its fix, the suggested gpu_memory_utilization and the
     cost of fsdp.defer_grad_sync."""
     g = lambda x: f"{x / GIB:.2f}"
-    head = ["GiB per GPU", *PARTS, "total", "fits?", "peak at"]
+    head = ["GiB per GPU", *PARTS, "total", "fits?"]
+    head += ["seconds" if p.times else "", "peak at"]
     rows = []
     for ph in p.phases:
         fits = "NO" if not ph.fits else "tight" if ph.total > TIGHT * ph.capacity else "yes"
-        rows.append([ph.name, *(g(ph.parts[k]) for k in PARTS), g(ph.total), fits, ph.peak_at])
+        seconds = _phase_seconds(p.times, ph.name) if p.times else ""
+        rows.append(
+            [ph.name, *(g(ph.parts[k]) for k in PARTS), g(ph.total), fits, seconds, ph.peak_at]
+        )
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     line = lambda r: "  ".join(
         c.ljust(w) if i in (0, len(r) - 1) else c.rjust(w)
@@ -67,11 +74,17 @@ def format_plan(p: Plan) -> str:
                 else ")"
             )
         )
-    if p.suggested_utilization is not None:
+    if p.suggested_utilization is not None and p.suggestion_note:
         out.append(
-            f"suggested sampler.gpu_memory_utilization: {p.suggested_utilization:.2f} (the rollout "
-            f"fits with {SUGGEST_MARGIN_GIB:g} GiB to spare and the KV cache holds a max_model_len "
-            "sequence)"
+            f"suggested sampler.gpu_memory_utilization: {p.suggested_utilization:.2f} "
+            f"({p.suggestion_note})"
+        )
+    elif p.suggested_utilization is not None:
+        out.append(
+            f"suggested sampler.gpu_memory_utilization: {p.suggested_utilization:.2f}, the "
+            f"smallest whose KV cache holds sampler.max_num_seqs = {p.pool.max_num_seqs} "
+            f"sequences of {p.pool.max_model_len} tokens with {KV_MARGIN_GIB:g} GiB to spare (the "
+            f"rollout fits with {SUGGEST_MARGIN_GIB:g} GiB free beside it)"
         )
     elif p.suggestion_note:
         out.append(f"suggested sampler.gpu_memory_utilization: none: {p.suggestion_note}")
@@ -110,5 +123,56 @@ def format_plan(p: Plan) -> str:
         )
     if not p.kv_fits:
         out.append(next(line for line in p.problems if line.startswith("rollout: the vLLM pool")))
+    if p.times:
+        out += ["", *format_times(p)]
+    elif p.trainer == "sft":
+        out += ["", "time: psyrl plan's time model covers T-GRPO steps, not SFT"]
     out += ["", p.verdict(), "", "assumptions: " + ASSUMPTIONS]
     return "\n".join(out)
+
+
+def _phase_seconds(t: Times, name: str) -> str:
+    if name in t.step:
+        return f"{t.step[name]:,.1f}/step"
+    if name == "validation":
+        return f"{t.validation:,.1f} each"
+    if name == "checkpoint":
+        return f"{t.checkpoint:,.1f} each"
+    return ""
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.2f} s"
+
+
+def format_times(p: Plan) -> list[str]:
+    """The predicted step and run, the alternatives, and what the prediction rests on."""
+    t, wl, dev = p.times, p.workload, p.device
+    out = [
+        f"predicted step on {p.gpus} x {dev.name} ({_duration(t.step_total)}): "
+        + ", ".join(f"{k} {v:,.1f} s" for k, v in t.step.items())
+        + " (offload: the moves there and back, not in the table)",
+        f"predicted run: {t.steps} steps x {t.step_total:,.1f} s + {t.validations} validations x "
+        f"{t.validation:,.1f} s + {t.checkpoints} checkpoints x {t.checkpoint:,.1f} s = "
+        f"{_duration(t.run_total)}",
+        f"tokens: prompts {wl.prompt_mean:,.0f} on average ({wl.source}), responses "
+        f"{wl.response_mean:,.0f} on average (--response-tokens)",
+    ]
+    if p.alternatives:
+        out += ["", "alternatives (issue 29 item 6; the config's own choice marked *):"]
+        width = max(len(a.setting) for a in p.alternatives)
+        for a in p.alternatives:
+            out.append(
+                f"  {'*' if a.current else ' '} {a.setting.ljust(width)}  {a.phase} "
+                f"{a.gib:5.1f} GiB{'' if a.fits else ' (does NOT fit)'}, {a.seconds:,.1f} s; step "
+                f"{a.step_seconds:,.1f} s ({a.detail})"
+            )
+    out += [
+        "",
+        "time assumptions: " + dev.assumptions() + ". " + " ".join(t.notes) + ".",
+    ]
+    return out

@@ -36,28 +36,35 @@ def test_fix_is_computed_and_works():
 
 
 def test_suggested_gpu_memory_utilization_by_hand():
+    """The smallest fraction (multiples of 0.01) whose KV cache holds max_num_seqs full-length
+    sequences and KV_MARGIN_GIB more; the largest that fits when none holds them; none when not
+    even one sequence fits."""
     assert shapes(SMALL).params == SMALL_PARAMS
     cfg = load_config(None, [*SETTINGS, 'fsdp.offload="none"'])
-    # none: the trainer keeps float32 shards (4 B) + AdamW (8 B) on the GPU during the rollout:
-    # 12 x 94,386,688 = 1,132,640,256 B = 1.0549 GiB; + CUDA context 0.6 + margin 2 = 3.6549 GiB
-    # beside the pool on 9 GiB: util x 9 <= 9 - 3.6549 = 5.3451 -> util <= 0.5939 -> 0.55 (0.60 x 9
-    # = 5.4 is too much)
-    assert plan(cfg, SMALL, 2, 9).suggested_utilization == 0.55
-    # phase: nothing of the trainer's on the GPU: util x 9 <= 9 - 0.6 - 2 = 6.4 -> util <= 0.7111
-    # -> 0.70
+    # the pool must hold weights 2 B x P = 377,546,752 B + activation 8192 tokens x 2 B x (2 x 1024
+    # + 3 x 4096) + 16 seqs x 65536 x 16 B = 251,658,240 B (no graphs: enforce_eager) + 16
+    # sequences x 2048 tokens x (2 x 8 layers x 4 KV heads x 64 x 2 B = 8,192 B) = 268,435,456 B +
+    # the 1 GiB margin 1,073,741,824 B = 1,971,382,272 B of 9 GiB = 9,663,676,416 B: 0.204 -> 0.21
+    # (0.20 leaves 1,932,735,283 - 629,204,992 = 1,303,530,291 B of KV, less than 1,342,177,280)
+    assert plan(cfg, SMALL, 2, 9).suggested_utilization == 0.21
+    # the rollout beside it fits: 0.21 x 9 = 1.89 GiB + shards and AdamW 12 x 94,386,688 B = 1.0549
+    # GiB + CUDA 0.5 + 2 communicators (psyrl's group, vLLM's world group) x 0.2 = 3.84 GiB, with 2
+    # GiB to spare of 9; phase offload: the same fraction
     phase = load_config(None, [*SETTINGS, 'fsdp.offload="phase"'])
-    assert plan(phase, SMALL, 2, 9).suggested_utilization == 0.70
-    # the KV cache of one sequence: at 0.70 the pool is 6.3 GiB; weights 2 B x P = 377,546,752 B;
-    # activation 8192 tokens x 2 B x (2 x 1024 + 3 x 4096) + 16 seqs x 65536 x 16 B = 234,881,024
-    # + 16,777,216 B; no graphs:
-    # KV = 6,764,573,491 - 377,546,752 - 251,658,240 = 6,135,368,499 B; a sequence is 2048 tokens x
-    #   (2 x 8 layers x 4 KV heads x 64 x 2 B = 8,192 B) = 16 MiB -> 365 sequences
+    assert plan(phase, SMALL, 2, 9).suggested_utilization == 0.21
+    # 1,000 sequences (15.6 GiB of KV) fit in no pool: the largest fraction that fits, phase:
+    # util x 9 <= 9 - 0.9 - 2 = 6.1 GiB -> util <= 0.6778 -> 0.67, with a note
+    many_cfg = load_config(None, [*SETTINGS, 'fsdp.offload="phase"', "sampler.max_num_seqs=1000"])
+    many = plan(many_cfg, SMALL, 2, 9)
+    assert many.suggested_utilization == 0.67 and "fewer than" in many.suggestion_note
+    # the KV cache of one sequence: at 0.70 the pool is 6.3 GiB; KV = 6,764,573,491 - 377,546,752 -
+    # 251,658,240 = 6,135,368,499 B; a sequence is 2048 tokens x 8,192 B = 16 MiB -> 365 sequences
     pool = plan(
         load_config(None, [*SETTINGS, "sampler.gpu_memory_utilization=0.7"]), SMALL, 2, 9
     ).pool
     assert pool.sequences == 6_135_368_499 // (2048 * 8192) == 365
     # a max_model_len of 1,048,576 tokens: one sequence's KV cache is 1,048,576 x 8,192 B = 8 GiB,
-    # more than the pool at the largest utilisation that fits (0.55: 4.95 GiB, less weights and
+    # more than the pool at the largest utilisation that fits (0.56: 5.04 GiB, less weights and
     # activation): none does
     long = load_config(None, [*SETTINGS, 'fsdp.offload="none"', "rollout.max_new_tokens=1047552"])
     none = plan(long, SMALL, 2, 9)
@@ -69,8 +76,8 @@ def test_gpus_fit_when_every_phase_fits():
     """GPUs that hold every phase: gpus_fit, whatever the host RAM (a node of 1 GiB makes the plan
     not fit, and the trainers only warn)."""
     cfg = load_config(None, [*SETTINGS, 'fsdp.offload="none"'])
-    # the rollout is the peak: the pool 0.8 x 48 = 38.4 GiB + shards and AdamW 1.0549 + CUDA 0.6
-    # = 40.05 GiB of 48
+    # the rollout is the peak: the pool 0.8 x 48 = 38.4 GiB + shards and AdamW 1.0549 + CUDA 0.9
+    # = 40.35 GiB of 48
     result = plan(cfg, SMALL, 2, 48)
     assert result.gpus_fit and result.fits
     small_node = plan(cfg, SMALL, 2, 48, host_memory_gib=1)  # 3 GiB per rank alone is 6
@@ -82,7 +89,7 @@ def test_gpus_fit_when_every_phase_fits():
 
 def test_gpus_fit_false_when_a_phase_does_not_fit():
     cfg = load_config(None, [*SETTINGS, 'fsdp.offload="none"'])
-    # the rollout: the pool 0.8 x 4 = 3.2 GiB + shards and AdamW 1.0549 + CUDA 0.6 = 4.85 GiB of 4
+    # the rollout: the pool 0.8 x 4 = 3.2 GiB + shards and AdamW 1.0549 + CUDA 0.9 = 5.15 GiB of 4
     result = plan(cfg, SMALL, 2, 4)
     rollout = next(p for p in result.phases if p.name == "rollout")
     assert not rollout.fits and result.pool.sequences >= 1  # the phase, not the pool

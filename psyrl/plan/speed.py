@@ -1,0 +1,626 @@
+"""`psyrl plan`'s step-time model: predicted seconds per phase of a T-GRPO step (rollout,
+experience, update, offload moves, weight sync) and per validation and checkpoint, from the run
+config, the architecture, the tokens a step processes and a device table.
+
+Each phase is one function that reads like its formula (a roofline, no fitted constant):
+
+  * rollout: prefill compute-bound, 2 N tokens + attention FLOPs; decode memory-bound, one decode
+    step reads the weights and every running sequence's KV cache (vLLM: max of that and its
+    compute, on the GPU; psyrl's torch sampler on a CPU: the compute, the KV cache re-copied by
+    transformers' DynamicCache, and the eager framework's per-operation cost, in sequence);
+  * experience: compute-bound forwards (the reference's, and pi_old's for every mini-batch after the
+    first), 2 N tokens + attention;
+  * update: compute-bound, 6 N tokens forward and backward (8 N with gradient checkpointing, which
+    recomputes the forward) + attention, each micro-batch also all-gathering the bf16 parameters
+    twice and reduce-scattering float32 gradients over the GPU-to-GPU link (FSDP2 overlaps them with
+    the compute: the larger counts), then AdamW reading and writing its shards at memory bandwidth;
+  * offload: the actor's float32 shards and AdamW state over the host link, there and back;
+  * sync: bf16 all-gather of the weights over the GPU-to-GPU link, vLLM waking its weights over the
+    host link and loading them at memory bandwidth;
+  * validation: generation of data.valid_items responses and a loss pass; checkpoint: rank 0
+    gathers the float32 state and writes it (and the export) to disk.
+
+Not modelled: the reward (`score`: pure Python over the responses, microseconds each), the step's
+bookkeeping (metrics, logging), the CUDA caching allocator and start-up. N counts the matrices a
+token meets: the decoder layers and the LM head (not the embedding lookup).
+
+Torch-free at import: only `--device cpu` imports torch, to measure this machine (`measure_cpu`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+
+from psyrl.core.config import Config
+from psyrl.plan.architecture import Shapes
+
+GB = 1e9
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+
+# Top-level torch operations of one decoder layer of transformers' Qwen2 (counted with
+# torch.profiler on transformers 5.19, a decode step of 1 and 3 layers: 84 and 192, so 54 a layer),
+# and those psyrl's torch sampler adds per decode step (psyrl/runtime/sampler.py _generate_rows and
+# draw: softmax, draw, gather, log, isin, cat, ..., about 20) besides one uniform per row, drawn
+# from the row's own generator. They turn `Device.layer_overhead` into a cost per operation.
+OPS_PER_LAYER = 54
+SAMPLER_OPS_PER_STEP = 20
+
+# assumption: vLLM's CPU-side cost of one decode step (scheduler, sampler, CUDA-graph launch), which
+# a large batch hides only partly
+VLLM_STEP_OVERHEAD_S = 0.004
+# assumption: checkpoint files are written at this rate (a local NVMe disk, page cache absorbing
+# part)
+DISK_BYTES_PER_S = 1.0 * GB
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator's figures and the fraction of each a run achieves (printed with the plan)."""
+
+    name: str
+    flops: float
+    """Dense FLOP/s at the training dtype (bf16 tensor cores; `cpu`: measured float32 matmul)."""
+    memory_bw: float
+    """Device memory bandwidth, B/s."""
+    host_link: float
+    """Host link (PCIe) bandwidth, B/s per direction."""
+    peer: float
+    """GPU-to-GPU bandwidth, B/s per direction (NVLink, or PCIe through the switch/host)."""
+    memory_gib: float
+    source: str
+    """Where the figures come from."""
+    mfu: float = 0.40
+    """Fraction of `flops` that training and prefill reach (assumption: 35-50 % is what FSDP
+    trainers report for 1-10B models)."""
+    bw_util: float = 0.70
+    """Fraction of `memory_bw` that a decode step reaches (assumption)."""
+    link_util: float = 0.75
+    """Fraction of `host_link` and `peer` that copies and collectives reach (assumption: PCIe 4.0
+    x16 moves about 24 of its 32 GB/s)."""
+    layer_overhead: float = 0.0
+    """Seconds the eager framework spends on one decoder layer's call besides its arithmetic, and
+    `call_overhead` on the rest of a model call (measured on `cpu`; 0 on a GPU, where kernels
+    launch asynchronously and vLLM replays CUDA graphs)."""
+    call_overhead: float = 0.0
+
+    def assumptions(self) -> str:
+        return (
+            f"{self.name}: {self.flops / 1e12:.3g} TFLOP/s dense, memory {self.memory_bw / GB:.4g} "
+            f"GB/s, host link {self.host_link / GB:.3g} GB/s, GPU-to-GPU {self.peer / GB:.3g} GB/s "
+            f"({self.source}); utilisation assumed: compute {self.mfu:.0%}, memory "
+            f"{self.bw_util:.0%}, links {self.link_util:.0%}"
+            + (
+                f"; eager overhead {self.layer_overhead * 1e3:.2f} ms per decoder layer call and "
+                f"{self.call_overhead * 1e3:.2f} ms per model call"
+                if self.layer_overhead
+                else ""
+            )
+        )
+
+
+# Public spec-sheet values (NVIDIA datasheets, dense bf16 tensor-core figures, i.e. without the
+# 2:4 sparsity doubling). PCIe 4.0 x16: 32 GB/s per direction; PCIe 5.0 x16: 64 GB/s. GPUs without
+# NVLink (A6000 without its bridge, L20) talk over PCIe: `peer` = the host link.
+DEVICES = {
+    "a6000": Device(
+        "a6000",
+        154.8e12,
+        768 * GB,
+        32 * GB,
+        32 * GB,
+        48,
+        "NVIDIA RTX A6000 datasheet: 154.8 TFLOPS bf16/fp16 tensor with fp32 accumulate, 768 GB/s "
+        "GDDR6, PCIe 4.0 x16; peer over PCIe (no NVLink bridge, the paper's node)",
+    ),  # fmt: skip
+    "a100-40": Device(
+        "a100-40",
+        312e12,
+        1555 * GB,
+        32 * GB,
+        300 * GB,
+        40,
+        "NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB): 312 TFLOPS bf16, 1,555 GB/s HBM2, "
+        "NVLink 600 GB/s (300 per direction), PCIe 4.0 x16",
+    ),  # fmt: skip
+    "a100-80": Device(
+        "a100-80",
+        312e12,
+        2039 * GB,
+        32 * GB,
+        300 * GB,
+        80,
+        "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB): 312 TFLOPS bf16, 2,039 GB/s HBM2e, "
+        "NVLink 600 GB/s (300 per direction), PCIe 4.0 x16",
+    ),  # fmt: skip
+    "h100": Device(
+        "h100",
+        989e12,
+        3350 * GB,
+        64 * GB,
+        450 * GB,
+        80,
+        "NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOPS bf16 dense (1,979 with "
+        "sparsity), 3.35 TB/s HBM3, NVLink 900 GB/s (450 per direction), PCIe 5.0 x16",
+    ),  # fmt: skip
+    "h200": Device(
+        "h200",
+        989e12,
+        4800 * GB,
+        64 * GB,
+        450 * GB,
+        141,
+        "NVIDIA H200 Tensor Core GPU datasheet (SXM): 989 TFLOPS bf16 dense, 4.8 TB/s HBM3e, "
+        "141 GB, NVLink 900 GB/s (450 per direction), PCIe 5.0 x16",
+    ),  # fmt: skip
+    "l20": Device(
+        "l20",
+        119.5e12,
+        864 * GB,
+        32 * GB,
+        32 * GB,
+        48,
+        "NVIDIA L20 product brief: 119.5 TFLOPS bf16 tensor (dense), 864 GB/s GDDR6, 48 GB, "
+        "PCIe 4.0 x16, no NVLink: peer over PCIe",
+    ),  # fmt: skip
+}
+DEVICE_NAMES = (*DEVICES, "cpu")
+
+
+def measure_cpu(seconds: float = 3.0) -> Device:
+    """This machine as a device, in about `seconds`: float32 matmul FLOP/s (the median over 256,
+    512 and 1024 squares); memory bandwidth as an eager operation sees it (a 16 MiB copy into a
+    freshly allocated tensor: read + write, page faults included, as every torch operation
+    allocates its output); and the eager framework's overhead, from a 1-token decode step of a
+    64-wide transformers Qwen2 (vocabulary 64, a padding mask and positions, as psyrl's sampler
+    calls it) with 1 and with 5 decoder layers: their difference is four layers' cost, the rest the
+    model call's. Each figure is the median of repeated calls. Host link and GPU-to-GPU: the same
+    bandwidth (a move is a copy within RAM). Uses torch's current thread count."""
+    import torch
+    from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
+
+    budget = seconds / 6
+
+    def timed(fn) -> float:
+        """The median of repeated calls: robust to another process taking the core for a while."""
+        fn()  # warm-up
+        laps, began = [], time.perf_counter()
+        while time.perf_counter() - began < budget or len(laps) < 5:
+            start = time.perf_counter()
+            fn()
+            laps.append(time.perf_counter() - start)
+        return sorted(laps)[len(laps) // 2]
+
+    rates = []
+    for size in (256, 512, 1024):
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        rates.append(2 * size**3 / timed(lambda a=a, b=b: a @ b))
+    src = torch.randn(4 * 2**20)  # 16 MiB of float32
+    bandwidth = 2 * src.numel() * 4 / timed(lambda: torch.empty_like(src).copy_(src))
+
+    def decode_step(layers: int) -> float:
+        torch.manual_seed(0)
+        config = Qwen2Config(
+            hidden_size=64,
+            num_hidden_layers=layers,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            intermediate_size=128,
+            vocab_size=64,
+            tie_word_embeddings=True,
+        )
+        model = Qwen2ForCausalLM(config).eval()
+        # as psyrl's sampler calls it: a padding mask and positions
+        ids, cache = torch.zeros(1, 16, dtype=torch.long), DynamicCache(config=config)
+        mask, positions = torch.ones(1, 17, dtype=torch.long), torch.arange(17)[None]
+        with torch.no_grad():
+            model(ids, mask[:, :16], positions[:, :16], past_key_values=cache, logits_to_keep=1)
+            return timed(
+                lambda: model(
+                    ids[:, :1], mask, positions[:, 16:], past_key_values=cache, logits_to_keep=1
+                )
+            )
+
+    one, five = decode_step(1), decode_step(5)
+    layer = max((five - one) / 4, 0.0)
+    return Device(
+        "cpu",
+        sorted(rates)[1],
+        bandwidth,
+        bandwidth,
+        bandwidth,
+        0.0,
+        f"measured here on {torch.get_num_threads()} thread(s): float32 matmul, median of "
+        "256/512/1024 squares; a 16 MiB copy into a fresh tensor; a 1-token Qwen2 decode step",
+        mfu=1.0,
+        bw_util=1.0,
+        link_util=1.0,
+        layer_overhead=layer,
+        call_overhead=max(one - layer, 0.0),
+    )
+
+
+def device(name: str) -> Device:
+    """A device of the table, or `cpu` measured now."""
+    if name == "cpu":
+        return measure_cpu()
+    if name not in DEVICES:
+        raise ValueError(f"unknown device {name!r}: one of {', '.join(DEVICE_NAMES)}")
+    return DEVICES[name]
+
+
+# ---------------------------------------------------------------- the tokens of a step
+@dataclass(frozen=True)
+class Workload:
+    """The tokens a step processes."""
+
+    prompt_mean: float
+    """Mean prompt tokens."""
+    prompt_lengths: tuple[int, ...]
+    """Every training prompt's tokens (those that fit rollout.max_prompt_tokens), or the maximum
+    alone."""
+    response_mean: float
+    """Mean response tokens (--response-tokens)."""
+    source: str
+
+    def longest_of(self, k: float) -> float:
+        """Expected longest of k prompts drawn from the data (order statistics): a padded batch's
+        width."""
+        lengths = sorted(self.prompt_lengths)
+        n, k = len(lengths), max(k, 1)
+        return sum(L * ((i / n) ** k - ((i - 1) / n) ** k) for i, L in enumerate(lengths, 1))
+
+
+def default_response_tokens(cfg: Config) -> float:
+    """--response-tokens' default: half of rollout.max_new_tokens (an assumption)."""
+    return cfg.rollout.max_new_tokens / 2
+
+
+def workload(
+    cfg: Config,
+    response_tokens: float | None = None,
+    tokenizer=None,
+    prompt_tokens: float | None = None,
+) -> Workload:
+    """The prompt lengths: `prompt_tokens` (--prompt-tokens, a mean) when given; else those of
+    data.train_file rendered as the trainer renders them (prompts longer than
+    rollout.max_prompt_tokens dropped, as the trainer drops them) when the file exists and a
+    tokenizer is given; else rollout.max_prompt_tokens. The mean response: --response-tokens
+    (default: half of rollout.max_new_tokens)."""
+    from pathlib import Path
+
+    response = default_response_tokens(cfg) if response_tokens is None else response_tokens
+    response = min(response, cfg.rollout.max_new_tokens)
+    maximum = cfg.rollout.max_prompt_tokens
+    if prompt_tokens is not None:
+        mean = min(prompt_tokens, maximum)
+        return Workload(mean, (round(mean),), response, "--prompt-tokens")
+    path = Path(cfg.data.train_file) if cfg.data.train_file else None
+    if tokenizer is not None and path is not None and path.is_file():
+        from psyrl.core import prompts
+        from psyrl.core.records import load_stimuliqa
+
+        lengths = [len(prompts.prompt_ids(tokenizer, r, cfg.prompt)) for r in load_stimuliqa(path)]
+        kept = tuple(n for n in lengths if n <= maximum)
+        if kept:
+            return Workload(sum(kept) / len(kept), kept, response, f"{len(kept)} prompts of {path}")
+    return Workload(maximum, (maximum,), response, "rollout.max_prompt_tokens (no data read)")
+
+
+# ---------------------------------------------------------------- the formulas
+def matmul_params(sh: Shapes) -> int:
+    """The weights a token is multiplied by: every decoder layer and the LM head."""
+    return sh.layers * sh.layer_params + sh.vocab * sh.hidden
+
+
+def attention_flops(sh: Shapes, query: float, context: float) -> float:
+    """QK^T and AV of `query` tokens against `context` keys, every layer: 2 x 2 x heads x head_dim
+    multiply-adds per pair."""
+    return 4 * sh.layers * sh.heads * sh.head_dim * query * context
+
+
+def kv_bytes_per_token(sh: Shapes, b: int, tp: int = 1) -> float:
+    """K and V of every layer, one token, per TP rank."""
+    return 2 * sh.layers * max(1, sh.kv_heads // tp) * sh.head_dim * b
+
+
+def forward_seconds(sh: Shapes, dev: Device, tokens: float, attention: float) -> float:
+    """A compute-bound forward: 2 N per token + the attention FLOPs, at mfu."""
+    return (2 * matmul_params(sh) * tokens + attention) / (dev.flops * dev.mfu)
+
+
+def _seq_attention(sh: Shapes, length: float, causal: bool) -> float:
+    """Attention FLOPs of one sequence's forward: the causal half on a GPU (FlashAttention skips
+    the masked half), the full square on a CPU (sdpa's masked math kernel)."""
+    return attention_flops(sh, length, length) * (0.5 if causal else 1.0)
+
+
+@dataclass
+class Times:
+    """Predicted seconds: per step by phase, per validation and per checkpoint, with the run's
+    total."""
+
+    step: dict[str, float]
+    validation: float
+    checkpoint: float
+    steps: int
+    validations: int
+    checkpoints: int
+    notes: list[str]
+
+    @property
+    def step_total(self) -> float:
+        return sum(self.step.values())
+
+    @property
+    def run_total(self) -> float:
+        return (
+            self.steps * self.step_total
+            + self.validations * self.validation
+            + self.checkpoints * self.checkpoint
+        )
+
+
+def rollout_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload) -> float:
+    """Generation of every response of the step on this rank (vLLM: this TP group's engine)."""
+    G = cfg.rollout.samples
+    sequences = cfg.rollout.prompts * G / gpus  # this rank's
+    if cfg.sampler.engine == "vllm":
+        return vllm_generation_seconds(cfg, sh, gpus, dev, wl, sequences)
+    return torch_generation_seconds(cfg, sh, dev, wl, sequences, G)
+
+
+def vllm_generation_seconds(
+    cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload, sequences: float
+) -> float:
+    """A vLLM engine of TP ranks generating `sequences` per rank (the TP group's prompts together,
+    each rank computing its 1/TP of every matrix): prefill compute-bound, once per prompt; each
+    decode step reads the
+    weights and the running sequences' KV cache (memory-bound) or computes (whichever is slower)
+    plus VLLM_STEP_OVERHEAD_S; continuous batching keeps max_num_seqs running, the decode takes the
+    steps of all tokens over the running batch but at least max_new_tokens (the longest response
+    of the step, assumed to reach the limit); TP adds two all-reduces of the hidden state per layer
+    and step over the GPU-to-GPU link. Sleep after it: the weights to the host."""
+    tp = cfg.sampler.tensor_parallel
+    b = DTYPE_BYTES[cfg.model.dtype]
+    group = sequences * tp  # the engine's sequences
+    # a prompt's G samples share its prefill (SamplingParams(n=G), and vLLM's prefix cache is on by
+    # default: vllm/config/cache.py:141 enable_prefix_caching = True)
+    prompts = group / cfg.rollout.samples
+    prefill = (
+        2 * matmul_params(sh) * prompts * wl.prompt_mean
+        + prompts * _seq_attention(sh, wl.prompt_mean, True)
+    ) / tp / (dev.flops * dev.mfu)  # fmt: skip
+    running = min(cfg.sampler.max_num_seqs, group)
+    decode_steps = max(group * wl.response_mean / running, cfg.rollout.max_new_tokens)
+    context = wl.prompt_mean + wl.response_mean / 2  # mean context over a response
+    read = b * matmul_params(sh) / tp + running * context * kv_bytes_per_token(sh, b, tp)
+    compute = (2 * matmul_params(sh) + attention_flops(sh, 1, context)) * running / tp
+    tp_comm = (
+        2 * sh.layers * 2 * (tp - 1) / tp * running * sh.hidden * b / (dev.peer * dev.link_util)
+        if tp > 1
+        else 0.0
+    )
+    step = (
+        max(read / (dev.memory_bw * dev.bw_util), compute / (dev.flops * dev.mfu))
+        + tp_comm
+        + VLLM_STEP_OVERHEAD_S
+    )
+    sleep = (
+        (b * matmul_params(sh) / tp) / (dev.host_link * dev.link_util) if cfg.sampler.sleep else 0
+    )
+    return prefill + decode_steps * step + sleep
+
+
+def torch_generation_seconds(
+    cfg: Config, sh: Shapes, dev: Device, wl: Workload, sequences: float, G: int
+) -> float:
+    """psyrl's torch sampler: calls of sampler.batch rows (whole prompts), each left-padded to its
+    longest prompt, prefilled, then decoded max_new_tokens steps (until the longest response ends:
+    assumed to reach the limit). A decode step's cost, in sequence on a CPU: its matmuls; the
+    KV-cache traffic of every layer, memory-bound: transformers' DynamicCache concatenating the new
+    K and V (reads and writes the cache), and, since the padding mask rules out sdpa's own GQA
+    (transformers integrations/sdpa_attention.py `use_gqa_in_sdpa`), `repeat_kv` expanding K and V
+    to every query head (reads the cache, writes heads/kv_heads times it), which sdpa then reads:
+    (3 + 2 g) x the cache, g = heads / kv_heads; and the eager framework's per-operation cost."""
+    b = DTYPE_BYTES[cfg.model.dtype]
+    per_call = max(1, cfg.sampler.batch // G)
+    calls = math.ceil(sequences / G / per_call)
+    rows = min(per_call * G, sequences)
+    width = wl.longest_of(per_call)
+    steps = cfg.rollout.max_new_tokens
+    g = sh.heads / sh.kv_heads
+    prefill = forward_seconds(sh, dev, rows * width, rows * _seq_attention(sh, width, False))
+    prefill += _eager_seconds(sh, dev)
+    decode = 0.0
+    for t in range(steps):
+        context = width + t
+        compute = 2 * matmul_params(sh) * rows
+        traffic = (3 + 2 * g) * rows * context * kv_bytes_per_token(sh, b)
+        decode += (
+            compute / (dev.flops * dev.mfu)
+            + traffic / (dev.memory_bw * dev.bw_util)
+            + _eager_seconds(sh, dev)
+            + (SAMPLER_OPS_PER_STEP + rows) * dev.layer_overhead / OPS_PER_LAYER
+        )
+    return calls * (prefill + decode)
+
+
+def _eager_seconds(sh: Shapes, dev: Device, passes: float = 1.0) -> float:
+    """The eager framework's overhead of one model call (`passes`: forward, backward, recompute)."""
+    return passes * (sh.layers * dev.layer_overhead + dev.call_overhead)
+
+
+def _micro_batches(rows: float, budget: int, per_batch: int, length: float) -> float:
+    """Micro-batches of `rows` sequences of `length` mean tokens: a token budget packs
+    budget / length rows in one, else `per_batch` rows."""
+    if budget > 0:
+        return max(1.0, math.ceil(rows * length / budget))
+    return max(1.0, math.ceil(rows / per_batch))
+
+
+def _tokens(
+    cfg: Config, sh: Shapes, wl: Workload, rows: float, micro: float
+) -> tuple[float, float]:
+    """(tokens computed, attention FLOPs) of `rows` sequences in `micro` micro-batches: real tokens
+    when model.packing, else each micro-batch padded to its longest prompt + response (assumed the
+    longest possible response)."""
+    length = wl.prompt_mean + wl.response_mean
+    if getattr(cfg.model, "packing", False):
+        return rows * length, rows * _seq_attention(sh, length, False)
+    per = rows / micro
+    width = wl.longest_of(per) + min(cfg.rollout.max_new_tokens, max(wl.response_mean, 1))
+    return rows * width, rows * _seq_attention(sh, width, False)
+
+
+def experience_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload) -> float:
+    """Gradient-free forwards over this rank's sequences: the reference model's (loss.kl_coef > 0)
+    and pi_old's of every mini-batch after the first (the first's is the update's own), in
+    micro-batches of optim.logprob_micro_batch(_tokens); FSDP2 all-gathers the bf16 weights once per
+    micro-batch, overlapped with the compute."""
+    rows = cfg.rollout.prompts * cfg.rollout.samples / gpus
+    updates = max(1, cfg.rollout.prompts // cfg.optim.global_batch)
+    passes = (1.0 if cfg.loss.kl_coef > 0 else 0.0) + (updates - 1) / updates
+    length = wl.prompt_mean + wl.response_mean
+    micro = _micro_batches(
+        rows, cfg.optim.logprob_micro_batch_tokens, cfg.optim.logprob_micro_batch, length
+    )
+    tokens, attention = _tokens(cfg, sh, wl, rows, micro)
+    compute = forward_seconds(sh, dev, tokens, attention * _causal(dev))
+    gather = micro * _all_gather_seconds(sh, gpus, dev, DTYPE_BYTES[cfg.model.dtype])
+    overhead = micro * _eager_seconds(sh, dev)
+    return passes * (max(compute, gather) + overhead)
+
+
+def _causal(dev: Device) -> float:
+    return 1.0 if dev.name == "cpu" else 0.5
+
+
+def _all_gather_seconds(sh: Shapes, gpus: int, dev: Device, b: int) -> float:
+    """One all-gather of every parameter in dtype bytes b over the GPU-to-GPU link (ring: each rank
+    receives (W - 1) / W of it)."""
+    if gpus == 1:
+        return 0.0
+    return b * sh.shard(gpus) * (gpus - 1) / (dev.peer * dev.link_util)
+
+
+def update_parts(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload) -> dict:
+    """The update's terms (`update_seconds`): micro-batches per rank, compute, collectives, eager
+    overhead and AdamW seconds."""
+    rows = cfg.rollout.prompts * cfg.rollout.samples / gpus
+    updates = max(1, cfg.rollout.prompts // cfg.optim.global_batch)
+    length = wl.prompt_mean + wl.response_mean
+    micro = updates * _micro_batches(
+        rows / updates, cfg.optim.micro_batch_tokens, cfg.optim.micro_batch, length
+    )
+    tokens, attention = _tokens(cfg, sh, wl, rows, micro)
+    passes = 4 if cfg.model.gradient_checkpointing else 3  # forward + backward (2) + recompute
+    b = DTYPE_BYTES[cfg.model.dtype]
+    return {
+        "micro-batches": micro,
+        "compute": passes * forward_seconds(sh, dev, tokens, attention * _causal(dev)),
+        "collectives": micro
+        * (2 * _all_gather_seconds(sh, gpus, dev, b) + _all_gather_seconds(sh, gpus, dev, 4)),
+        "overhead": micro * _eager_seconds(sh, dev, passes),
+        "adamw": updates * 28 * sh.shard(gpus) / (dev.memory_bw * dev.bw_util),
+    }
+
+
+def update_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload) -> float:
+    """Forward and backward over this rank's sequences: 6 N per token + 3 x the attention (8 N and
+    4 x with gradient checkpointing, which recomputes each layer's forward); per micro-batch FSDP2
+    all-gathers the weights twice (forward, and backward after the reshard) in bf16 and
+    reduce-scatters float32 gradients, overlapped with the compute (the larger counts: a larger
+    token budget, fewer micro-batches, only shows when the collectives are the larger); then one
+    AdamW step per mini-batch over the float32 shard (reads parameter, gradient and two moments,
+    writes three: 28 B per parameter at memory bandwidth)."""
+    u = update_parts(cfg, sh, gpus, dev, wl)
+    return max(u["compute"], u["collectives"]) + u["overhead"] + u["adamw"]
+
+
+def offload_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device) -> float:
+    """fsdp.offload = "phase": the float32 shard and AdamW's two moments (12 B per parameter of
+    the shard) to the host after the update and back before the experience, over the host link."""
+    if cfg.fsdp.offload != "phase" or gpus == 1 or dev.name == "cpu":
+        return 0.0
+    return 2 * 12 * sh.shard(gpus) / (dev.host_link * dev.link_util)
+
+
+def sync_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device) -> float:
+    """Weight sync: the bf16 weights all-gathered in buckets over the GPU-to-GPU link, the engine's
+    weights woken from the host (vLLM sleep level 1) over the host link, every tensor loaded into
+    the engine (read and written at memory bandwidth)."""
+    b = DTYPE_BYTES[cfg.model.dtype]
+    full = b * sh.params
+    tp = cfg.sampler.tensor_parallel if cfg.sampler.engine == "vllm" else 1
+    wake = (
+        full / tp / (dev.host_link * dev.link_util)
+        if cfg.sampler.engine == "vllm" and cfg.sampler.sleep
+        else 0.0
+    )
+    load = 2 * full / (dev.memory_bw * dev.bw_util)
+    return _all_gather_seconds(sh, gpus, dev, b) + wake + load
+
+
+def validation_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload) -> float:
+    """One validation: a response to each of data.valid_items held-out prompts (0: assumed 1,024,
+    A.3's validation batch) at this rank's share, then the gradient-free loss pass over them."""
+    if not cfg.data.valid_file:
+        return 0.0
+    items = cfg.data.valid_items or 1024
+    one = replace(cfg.rollout, prompts=items, samples=1)
+    trial = _with_rollout(cfg, one)
+    generate = rollout_seconds(trial, sh, gpus, dev, wl)
+    rows = items / gpus
+    length = wl.prompt_mean + wl.response_mean
+    micro = _micro_batches(rows, 0, cfg.optim.logprob_micro_batch, length)
+    tokens, attention = _tokens(cfg, sh, wl, rows, micro)
+    return generate + forward_seconds(sh, dev, tokens, attention * _causal(dev))
+
+
+def _with_rollout(cfg: Config, rollout) -> Config:
+    import copy
+
+    new = copy.copy(cfg)
+    new.rollout = rollout
+    return new
+
+
+def checkpoint_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device) -> float:
+    """One checkpoint: rank 0 gathers the float32 parameters over the GPU-to-GPU link, then writes
+    the state (float32 parameters and AdamW's two moments) and the export in
+    checkpoint.export_dtype at DISK_BYTES_PER_S."""
+    gather = 4 * sh.params * (gpus - 1) / gpus / (dev.peer * dev.link_util) if gpus > 1 else 0.0
+    written = (12 + DTYPE_BYTES[cfg.checkpoint.export_dtype]) * sh.params
+    return gather + written / DISK_BYTES_PER_S
+
+
+def step_times(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload) -> Times:
+    """Every phase's predicted seconds for a T-GRPO step of `cfg` on `gpus` devices, and the run's
+    total (validations every checkpoint.every steps and at the start, checkpoints every
+    checkpoint.every steps)."""
+    step = {
+        "rollout": rollout_seconds(cfg, sh, gpus, dev, wl),
+        "experience": experience_seconds(cfg, sh, gpus, dev, wl),
+        "update": update_seconds(cfg, sh, gpus, dev, wl),
+        "offload": offload_seconds(cfg, sh, gpus, dev),
+        "sync": sync_seconds(cfg, sh, gpus, dev),
+    }
+    steps = cfg.run.steps
+    every = cfg.checkpoint.every
+    checkpoints = steps // every if every else 0
+    validations = (checkpoints + 1) if cfg.data.valid_file else 0
+    notes = [
+        "not modelled: score (the reward, pure Python over the responses), the step's logging, "
+        "start-up and the final export"
+    ]
+    return Times(
+        step,
+        validation_seconds(cfg, sh, gpus, dev, wl),
+        checkpoint_seconds(cfg, sh, gpus, dev),
+        steps,
+        validations,
+        checkpoints,
+        notes,
+    )
