@@ -165,7 +165,8 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: bool) -> None:
                 run.log({"step": 0, "steps": steps, **metrics}, echo=True)
 
             for step in range(run.first, steps + 1):
-                timer = PhaseTimer(dist.device)
+                # vLLM's sleep-mode pools are not the trainer's memory (psyrl.runtime.timing)
+                timer = PhaseTimer(dist.device, getattr(sampler, "pool_bytes", None))
                 # ------------------------------------------- 1. sample G responses for every prompt
                 with timer("sample"):
                     before = cursor
@@ -261,9 +262,20 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: bool) -> None:
                     "data/filtered_prompts": too_long,
                     **timer.row(),
                 }
-                # CUDA: per-phase peaks
-                peak = max(timer.peaks.values()) if timer.peaks else peak_memory_gib(dist.device)
-                row["perf/peak_mem_gib"] = float(all_reduce(torch.tensor(peak), dist, "max"))
+                # the largest rank's memory: on CUDA the device's in use and the trainer allocator's
+                # peak, never one read as the other (psyrl.runtime.timing); on a CPU the peak RSS
+                if timer.cuda:
+                    peaks = {
+                        "perf/device_used_gib": max(timer.device_used.values()),
+                        "perf/trainer_alloc_peak_gib": max(timer.alloc_peaks.values()),
+                    }
+                else:
+                    peaks = {"perf/peak_mem_gib": peak_memory_gib(dist.device)}
+                for key, value in peaks.items():
+                    row[key] = float(all_reduce(torch.tensor(value), dist, "max"))
+                # GiB free before the vLLM engine's latest wakes, the least over ranks (CUDA only)
+                for key, value in getattr(sampler, "memory_row", dict)().items():
+                    row[key] = float(all_reduce(torch.tensor(value), dist, "min"))
                 run.end_step(
                     step,
                     row,

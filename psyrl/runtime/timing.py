@@ -1,5 +1,17 @@
-"""What a step costs: wall seconds per named phase and the peak memory (the accelerator's on CUDA,
-the process's resident set on a CPU), for the `time/` and `perf/` keys of metrics.jsonl."""
+"""What a step costs: wall seconds per named phase and the memory it held, for the `time/` and
+`perf/` keys of metrics.jsonl.
+
+Memory on CUDA is read two ways, never mixed under one key:
+  * `perf/device_used_gib/<phase>`: the device's memory in use, total - free from cudaMemGetInfo:
+    every process and allocator, the CUDA context and NCCL included; a sleeping vLLM pool counts
+    only for the pages it still has mapped.
+  * `perf/trainer_alloc_peak_gib/<phase>`: the peak of this process's torch allocator during the
+    phase, less what vLLM's sleep-mode pools hold. Those pools live in torch's allocator
+    (vllm/device_allocator/cumem.py:83-84 in vLLM 0.32: a `MemPool` under `use_mem_pool`), and
+    sleep only unmaps their physical pages (cumem.py:256-278: the tensors stay allocated), so
+    `max_memory_allocated` alone would count the sleeping engine's weights and KV cache in every
+    phase (about 41 GiB for 3B).
+On a CPU, `peak_memory_gib` is the process's peak resident set."""
 
 from __future__ import annotations
 
@@ -7,46 +19,71 @@ import contextlib
 import resource
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
 
 def peak_memory_gib(device: torch.device) -> float:
-    """Peak accelerator memory on CUDA, else the process's peak resident set size."""
+    """The peak torch allocator memory on CUDA (right where no vLLM engine shares the process, as in
+    SFT), else the process's peak resident set size."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     return kib / (2**30 if sys.platform == "darwin" else 2**20)
 
 
+def device_memory_gib(device: torch.device) -> tuple[float, float] | None:
+    """(used, total) GiB of the device from cudaMemGetInfo, every process and allocator counted;
+    None on a CPU."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    return (total - free) / 2**30, total / 2**30
+
+
 class PhaseTimer:
     """Wall seconds of each named phase of a step, `with timer("sample"): ...` (a name timed twice
-    adds up), and on CUDA the peak memory the trainer's allocator held in each phase (EasyR1's
-    `timer` around each phase of `fit`)."""
+    adds up; EasyR1's `timer` around each phase of `fit`). On CUDA the device is synchronised at
+    both ends of a phase, so that the kernels a phase queued (the optimiser step) are billed to it
+    and not to the next one (the offload), and each phase records the device memory in use (the
+    larger of its start and end: cudaMemGetInfo has no peak) and the trainer's allocator peak;
+    `pool_bytes` gives what the sampler's own pools hold in that allocator (module doc)."""
 
-    def __init__(self, device: torch.device | None = None):
+    def __init__(
+        self, device: torch.device | None = None, pool_bytes: Callable[[], int] | None = None
+    ):
         self.start = time.perf_counter()
         self.seconds: dict[str, float] = {}
-        self.peaks: dict[str, float] = {}
+        self.device_used: dict[str, float] = {}
+        self.alloc_peaks: dict[str, float] = {}
         self.cuda = device is not None and device.type == "cuda"
         self.device = device
+        self.pool_bytes = pool_bytes or (lambda: 0)
 
     @contextlib.contextmanager
     def __call__(self, name: str):
         if self.cuda:
+            torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
+            used = device_memory_gib(self.device)[0]
         began = time.perf_counter()
         yield
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
         self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - began
         if self.cuda:
-            peak = torch.cuda.max_memory_allocated(self.device) / 2**30
-            self.peaks[name] = max(self.peaks.get(name, 0.0), peak)
+            used = max(used, device_memory_gib(self.device)[0])
+            self.device_used[name] = max(self.device_used.get(name, 0.0), used)
+            own = (torch.cuda.max_memory_allocated(self.device) - self.pool_bytes()) / 2**30
+            self.alloc_peaks[name] = max(self.alloc_peaks.get(name, 0.0), own)
 
     def row(self) -> dict[str, float]:
         """`time/<phase>` of each timed phase, `time/step` (the whole step so far), on CUDA
-        `perf/peak_gib/<phase>`."""
+        `perf/device_used_gib/<phase>` and `perf/trainer_alloc_peak_gib/<phase>`."""
         return {
             **{f"time/{k}": v for k, v in self.seconds.items()},
             "time/step": time.perf_counter() - self.start,
-            **{f"perf/peak_gib/{k}": v for k, v in self.peaks.items()},
+            **{f"perf/device_used_gib/{k}": v for k, v in self.device_used.items()},
+            **{f"perf/trainer_alloc_peak_gib/{k}": v for k, v in self.alloc_peaks.items()},
         }

