@@ -455,7 +455,8 @@ class HostBlock:
     torch/optim/adam.py:178-189),
     reserved before the optimiser has made them. Each slot starts at a multiple of its element
     size, so with one dtype (float32 master weights and state) the block holds the exact sum.
-    Module buffers (rotary inv_freq, a few KiB) are not parameters and stay where they are.
+    Module buffers (rotary inv_freq, a few KiB) are not parameters and stay where they are;
+    gradients, which psyrl's loop never holds at a move, are moved outside the block.
 
     The move goes through `nn.Module._apply`, as FSDP2 expects (`FSDPModule._apply` ->
     `FSDPParam.reset_sharded_param`, _fully_shard.py:886-899): a DTensor parameter is swapped in
@@ -519,11 +520,14 @@ class HostBlock:
         if to_host and self.buffer is None:
             self._allocate()
         moved: dict[int, torch.Tensor] = {}
+        # psyrl's loop holds no gradient at a move (zero_grad(set_to_none=True)); one that exists
+        # goes along in memory of its own, outside the block
+        grads = {id(p.grad) for p in self.model.parameters() if p.grad is not None}
 
         def place(t: torch.Tensor) -> torch.Tensor:
             slot = self.slots.get((id(t), ""))
-            if slot is None:  # a module buffer
-                return t
+            if slot is None:  # a gradient, or a module buffer (which stays)
+                return _copy_to(t, device) if id(t) in grads else t
             # `_apply` visits a tied parameter once per module that holds it: one move
             if id(t) not in moved:
                 moved[id(t)] = self._place(t, slot, device, to_host)
@@ -567,6 +571,18 @@ class HostBlock:
         return DTensor.from_local(
             out, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride()
         )
+
+
+def _copy_to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A copy of `t` in a new tensor on `device` (a DTensor keeps its mesh and placements)."""
+    local = _local(t).detach()
+    out = torch.empty(local.shape, dtype=local.dtype, device=device)
+    out.copy_(local, non_blocking=device.type != "cpu")
+    if not isinstance(t, DTensor):
+        return out
+    return DTensor.from_local(
+        out, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride()
+    )
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -93,6 +93,23 @@ def test_round_trip_is_bit_exact_and_keeps_the_parameters():
     assert all(p.grad is None for p in params)
 
 
+def test_a_gradient_moves_too_outside_the_block():
+    policy = tiny(False)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    policy(IDS, torch.ones_like(IDS)).sum().backward()
+    optimizer.step()
+    grads = [p.grad.clone() for p in policy.parameters()]
+    before = [storage(p.grad) for p in policy.parameters()]
+    offload = PhaseOffload(policy, optimizer, torch.device("cpu"), enabled=True)
+    offload.to_host()
+    block = storage(offload.block.buffer)
+    moved = [storage(p.grad) for p in policy.parameters()]
+    # each a new copy (made before the old one is let go), outside the block
+    assert block not in moved and all(b != m for b, m in zip(before, moved))
+    offload.to_device()
+    assert all(torch.equal(p.grad, g) for p, g in zip(policy.parameters(), grads))
+
+
 def test_training_after_moves_equals_training_without():
     runs = {}
     for moved in (False, True):
