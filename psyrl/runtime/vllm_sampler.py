@@ -388,7 +388,7 @@ class VLLMSampler(ClosedAfterUse):
         mode): the tensors stay allocated while the pages are unmapped (vLLM 0.32
         vllm/device_allocator/cumem.py:256-278). Read from torch's own accounting of each pool,
         `MemPool.snapshot()`; the pools are the CuMemAllocator's `allocator_and_pools`
-        (cumem.py:403-408, :444-446)."""
+        (cumem.py:403-411, :444-445)."""
         if not self.sleeps:
             return 0
         from vllm.device_allocator.cumem import CuMemAllocator
