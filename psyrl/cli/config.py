@@ -164,7 +164,7 @@ def plan_command(
     Qwen2.5-0.5B/1.5B/3B-Instruct, else (empty path) the tiny model of [model]. Every sequence is
     taken at its maximum length. Exit status: 0 when everything fits, 3 when something does not, 1
     on an error."""
-    from psyrl.plan.architecture import load_architecture
+    from psyrl.plan.architecture import load_architecture, shapes
     from psyrl.plan.planner import plan
     from psyrl.plan.speed import device, workload
     from psyrl.plan.table import format_plan
@@ -176,7 +176,7 @@ def plan_command(
         architecture, source = load_architecture(cfg.model)
         dev, wl = None, None
         if trainer == "tgrpo":
-            dev = device(device_name)
+            dev = device(device_name, shapes(architecture))
             wl = workload(cfg, response_tokens, _plan_tokenizer(cfg, source), prompt_tokens)
         result = plan(
             cfg, architecture, gpus, gpu_memory_gib, host_memory_gib, trainer, dev=dev, wl=wl

@@ -32,9 +32,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from psyrl.core.config import Config
-from psyrl.plan.architecture import Shapes
+
+if TYPE_CHECKING:  # architecture.py reads config.json through transformers, which imports torch
+    from psyrl.plan.architecture import Shapes
 
 GB = 1e9
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
@@ -168,34 +171,45 @@ DEVICES = {
 DEVICE_NAMES = (*DEVICES, "cpu")
 
 
-def measure_cpu(seconds: float = 3.0) -> Device:
-    """This machine as a device, in about `seconds`: float32 matmul FLOP/s (the median over 256,
-    512 and 1024 squares); memory bandwidth as an eager operation sees it (a 16 MiB copy into a
+def measure_cpu(seconds: float = 3.0, sh: Shapes | None = None) -> Device:
+    """This machine as a device, in about `seconds`: float32 matmul FLOP/s (with `sh`: of the
+    architecture's own matrices, 2,048 tokens through a decoder layer's projections and the LM
+    head, FLOP-weighted, since a CPU's rate depends on the shape; else the median over 256, 512
+    and 1024 squares); memory bandwidth as an eager operation sees it (a 16 MiB copy into a
     freshly allocated tensor: read + write, page faults included, as every torch operation
     allocates its output); and the eager framework's overhead, from a 1-token decode step of a
     64-wide transformers Qwen2 (vocabulary 64, a padding mask and positions, as psyrl's sampler
     calls it) with 1 and with 5 decoder layers: their difference is four layers' cost, the rest the
-    model call's. Each figure is the median of repeated calls. Host link and GPU-to-GPU: the same
-    bandwidth (a move is a copy within RAM). Uses torch's current thread count."""
+    model call's. Each figure is the mean wall time of repeated calls, like the run's own laps, so
+    that another process on the core slows both alike. Host link and GPU-to-GPU: the same bandwidth
+    (a move is a copy within RAM). Uses torch's current thread count."""
     import torch
     from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
     budget = seconds / 6
 
     def timed(fn) -> float:
-        """The median of repeated calls: robust to another process taking the core for a while."""
+        """Mean wall seconds per call over about `budget`."""
         fn()  # warm-up
-        laps, began = [], time.perf_counter()
-        while time.perf_counter() - began < budget or len(laps) < 5:
-            start = time.perf_counter()
+        n, began = 0, time.perf_counter()
+        while time.perf_counter() - began < budget or n < 5:
             fn()
-            laps.append(time.perf_counter() - start)
-        return sorted(laps)[len(laps) // 2]
+            n += 1
+        return (time.perf_counter() - began) / n
 
-    rates = []
-    for size in (256, 512, 1024):
-        a, b = torch.randn(size, size), torch.randn(size, size)
-        rates.append(2 * size**3 / timed(lambda a=a, b=b: a @ b))
+    if sh is None:
+        rates = []
+        for size in (256, 512, 1024):
+            a, b = torch.randn(size, size), torch.randn(size, size)
+            rates.append(2 * size**3 / timed(lambda a=a, b=b: a @ b))
+        flops, what = sorted(rates)[1], "median of 256/512/1024 squares"
+    else:
+        # [tokens, in] @ [in, out] for q/k/v/o, gate/up/down and the head, as the model runs them
+        weights = [s for s in sh.layer if len(s) == 2] + [(sh.vocab, sh.hidden)]
+        pairs = [(torch.randn(2048, s[1]), torch.randn(s[1], s[0])) for s in weights]
+        work = sum(2 * 2048 * s[0] * s[1] for s in weights)
+        flops = work / timed(lambda: [x @ w for x, w in pairs])
+        what = "the architecture's own matrices (2,048 tokens)"
     src = torch.randn(4 * 2**20)  # 16 MiB of float32
     bandwidth = 2 * src.numel() * 4 / timed(lambda: torch.empty_like(src).copy_(src))
 
@@ -226,13 +240,13 @@ def measure_cpu(seconds: float = 3.0) -> Device:
     layer = max((five - one) / 4, 0.0)
     return Device(
         "cpu",
-        sorted(rates)[1],
+        flops,
         bandwidth,
         bandwidth,
         bandwidth,
         0.0,
-        f"measured here on {torch.get_num_threads()} thread(s): float32 matmul, median of "
-        "256/512/1024 squares; a 16 MiB copy into a fresh tensor; a 1-token Qwen2 decode step",
+        f"measured here on {torch.get_num_threads()} thread(s): float32 matmul, {what}; a 16 MiB "
+        "copy into a fresh tensor; a 1-token Qwen2 decode step",
         mfu=1.0,
         bw_util=1.0,
         link_util=1.0,
@@ -241,10 +255,10 @@ def measure_cpu(seconds: float = 3.0) -> Device:
     )
 
 
-def device(name: str) -> Device:
-    """A device of the table, or `cpu` measured now."""
+def device(name: str, sh: Shapes | None = None) -> Device:
+    """A device of the table, or `cpu` measured now (at the shapes of `sh`, when given)."""
     if name == "cpu":
-        return measure_cpu()
+        return measure_cpu(sh=sh)
     if name not in DEVICES:
         raise ValueError(f"unknown device {name!r}: one of {', '.join(DEVICE_NAMES)}")
     return DEVICES[name]

@@ -19,6 +19,12 @@ def test_cli_plans_every_phase():
     assert "suggested sampler.gpu_memory_utilization" in result.output
     assert "fsdp.defer_grad_sync = true: +11.50 GiB" in result.output  # 4 B x 3.0859B parameters
     assert "host RAM per node" in result.output
+    # the time model: seconds beside the memory, the step, the run, the alternatives, the sources
+    assert "/step" in result.output and "predicted step on 4 x a6000" in result.output
+    assert "predicted run: 315 steps" in result.output
+    assert "sampler.tensor_parallel = 1" in result.output
+    assert "optim.micro_batch_tokens = 32768" in result.output
+    assert "RTX A6000 datasheet" in result.output and "not modelled: score" in result.output
 
 
 def test_cli_small_gpus_name_a_fix():
@@ -28,9 +34,7 @@ def test_cli_small_gpus_name_a_fix():
     assert result.exit_code == 3, result.output
     assert " NO " in result.output
     assert "update: needs" in result.output and "set fsdp.offload" in result.output
-    # the rollout first: 4 NCCL communicators (psyrl, vLLM world, vLLM tp x 2) put the CUDA part at
-    # 0.5 + 4 x 0.2 = 1.3 GiB, and no pool beside it holds a sequence
-    assert "memory plan: rollout needs" in result.output
+    assert "memory plan: experience needs" in result.output
 
 
 def test_cli_sft_and_host_memory():
@@ -66,6 +70,11 @@ def test_cli_help():
         "--gpu-memory-gib",
         "--host-memory-gib",
         "--trainer",
+        "--device",
+        "a6000|a100-40|a100-80|h100|h200|l20|cpu",
+        "--response-tokens",
+        "half of rollout.max_new_tokens",
+        "--prompt-tokens",
         "rollout",
         "Exit status",
     ):
