@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from psyrl.plan.architecture import shapes
+from psyrl.plan.phases import offload_bytes
 from psyrl.runtime import distributed
 from psyrl.runtime.distributed import (
     PhaseOffload,
@@ -110,6 +112,9 @@ def host_block(dist, policy, optimizer, offload, ids) -> dict[str, bool]:
     local = sum(p.to_local().numel() * p.element_size() for p in params)
     uneven = any(p.shape[0] % dist.world for p in params)
     result["host bytes"] = uneven and offload.host_bytes == padded + 2 * local
+    # what `psyrl plan` counts for this rank's phase offload
+    planned = offload_bytes(shapes(policy.lm.config), dist.world, dist.rank)
+    result["host bytes = plan"] = offload.host_bytes == sum(planned.values())
     offload.to_host()
     buffer = offload.block.buffer
     ptr = buffer.untyped_storage().data_ptr()
