@@ -379,8 +379,13 @@ def main(
         print(
             f"      step {row['step']}: logprob_gap {row['rollout/logprob_gap']:.2e}, ppo_kl "
             f"{row['actor/ppo_kl']:+.2e}, sample {row['time/sample']:.2f} s, update "
-            f"{row['time/update']:.2f} s, sync {row['time/sync']:.2f} s, peak "
-            f"{row['perf/peak_mem_gib']:.2f} GiB"
+            f"{row['time/update']:.2f} s, sync {row['time/sync']:.2f} s, "
+            + (
+                f"device in use {row['perf/device_used_gib']:.2f} GiB, trainer peak "
+                f"{row['perf/trainer_alloc_peak_gib']:.2f} GiB"
+                if "perf/device_used_gib" in row
+                else f"peak RSS {row['perf/peak_mem_gib']:.2f} GiB"
+            )
         )
     if compare if compare is not None else device == "cuda":
         variants = [

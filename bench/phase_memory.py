@@ -7,9 +7,11 @@ a GPU node:
 The model is a random Qwen2 shaped like Qwen2.5-0.5B-Instruct (896 wide, 24 layers, 14 heads, 2 KV
 heads, MLP 4864, tied head) with the shipped Qwen2.5 tokenizer: nothing is downloaded. Each mode
 runs 2 T-GRPO steps in bf16 with the torch engine (what needs no vLLM) on the demo set, then the
-table compares `metrics.jsonl`'s `perf/peak_gib/<phase>` (the trainer's CUDA allocator, reset at
-each phase) and `time/<phase>` with the plan's phase totals. `fsdp.offload = "always"` needs 2 GPUs
-or more (one process keeps the model in place); on 1 GPU the modes compared are `phase` and `none`.
+table compares `metrics.jsonl`'s `perf/trainer_alloc_peak_gib/<phase>` (the trainer's CUDA
+allocator, reset at each phase, vLLM's pool excluded) and `perf/device_used_gib/<phase>` (the
+device's memory in use) and `time/<phase>` with the plan's phase totals. `fsdp.offload =
+"always"` needs 2 GPUs or more (one process keeps the model in place); on 1 GPU the modes compared
+are `phase` and `none`.
 `--device cpu --small` runs the same plumbing on a CPU (no memory figures).
 """
 
@@ -138,10 +140,12 @@ def main(gpus, modes, out, device, small, tokens):
             f"{row.get('time/offload', 0):.2f} s"
         )
         for phase, lap in PHASES.items():
-            measured = row.get(f"perf/peak_gib/{lap}")
+            peak = row.get(f"perf/trainer_alloc_peak_gib/{lap}")
+            used = row.get(f"perf/device_used_gib/{lap}")
             lines.append(
-                f"  {phase:<10} {row[f'time/{lap}']:7.2f} s   peak "
-                f"{'n/a' if measured is None else f'{measured:6.2f} GiB'}   plan "
+                f"  {phase:<10} {row[f'time/{lap}']:7.2f} s   trainer peak "
+                f"{'n/a' if peak is None else f'{peak:6.2f} GiB'}   device in use "
+                f"{'n/a' if used is None else f'{used:6.2f} GiB'}   plan "
                 f"{predicted[phase]:6.2f} GiB"
             )
     print("\n".join(lines))
