@@ -2,14 +2,16 @@
 experience, update, offload moves, weight sync) and per validation and checkpoint, from the run
 config, the architecture, the tokens a step processes and a device table.
 
-Each phase is one function that reads like its formula (a roofline, no fitted constant):
+Each phase is one function that reads like its formula (a roofline: FLOPs over FLOP/s, bytes over
+bandwidth, at the utilisation the device table assumes; the only figure set from measurement is
+CPU_UTIL, for `--device cpu`):
 
   * rollout: prefill compute-bound, 2 N tokens + attention FLOPs; decode memory-bound, one decode
     step reads the weights and every running sequence's KV cache (vLLM: max of that and its
     compute, on the GPU; psyrl's torch sampler on a CPU: the compute, the KV cache re-copied by
     transformers' DynamicCache, and the eager framework's per-operation cost, in sequence);
   * experience: compute-bound forwards (the reference's, and pi_old's for every mini-batch after the
-    first), 2 N tokens + attention;
+    first), 2 N tokens + attention, the LM head over the response tokens only;
   * update: compute-bound, 6 N tokens forward and backward (8 N with gradient checkpointing, which
     recomputes the forward) + attention, each micro-batch also all-gathering the bf16 parameters
     twice and reduce-scattering float32 gradients over the GPU-to-GPU link (FSDP2 overlaps them with
@@ -53,6 +55,12 @@ SAMPLER_OPS_PER_STEP = 20
 # assumption: vLLM's CPU-side cost of one decode step (scheduler, sampler, CUDA-graph launch), which
 # a large batch hides only partly
 VLLM_STEP_OVERHEAD_S = 0.004
+# the fraction of its own microbenchmarks (matmul at the model's shapes, a fresh-tensor copy) that a
+# CPU's eager training and sampling reach: fresh activations, cache misses, one operation after
+# another. The one figure of the model set from measurement: bench/plan_calibration.py on this
+# repository's 2-core development machine (tiny config, 2026-12-03) found the run at 0.63-0.87 x
+# its roofline per phase at 100 %, so 0.7; it is printed with every `--device cpu` plan
+CPU_UTIL = 0.7
 # assumption: checkpoint files are written at this rate (a local NVMe disk, page cache absorbing
 # part)
 DISK_BYTES_PER_S = 1.0 * GB
@@ -247,8 +255,8 @@ def measure_cpu(seconds: float = 3.0, sh: Shapes | None = None) -> Device:
         0.0,
         f"measured here on {torch.get_num_threads()} thread(s): float32 matmul, {what}; a 16 MiB "
         "copy into a fresh tensor; a 1-token Qwen2 decode step",
-        mfu=1.0,
-        bw_util=1.0,
+        mfu=CPU_UTIL,
+        bw_util=CPU_UTIL,
         link_util=1.0,
         layer_overhead=layer,
         call_overhead=max(one - layer, 0.0),
@@ -342,6 +350,30 @@ def kv_bytes_per_token(sh: Shapes, b: int, tp: int = 1) -> float:
 def forward_seconds(sh: Shapes, dev: Device, tokens: float, attention: float) -> float:
     """A compute-bound forward: 2 N per token + the attention FLOPs, at mfu."""
     return (2 * matmul_params(sh) * tokens + attention) / (dev.flops * dev.mfu)
+
+
+# passes over the [scored tokens, vocabulary] float32 logits of psyrl's chunked LM head
+# (psyrl/runtime/model.py HeadLogprobs): forward writes them and logsumexp reads them (max, sum of
+# exp); backward writes them again, subtracts, exponentiates and scales them in place (a read and a
+# write each) and reads them for the two gradient products
+HEAD_PASSES = {"forward": 3, "backward": 9}
+
+
+def head_traffic_seconds(sh: Shapes, dev: Device, scored: float, backward: bool) -> float:
+    """The LM head's log-softmax over the vocabulary: memory-bound passes over [scored, V] float32
+    (HEAD_PASSES)."""
+    passes = HEAD_PASSES["forward"] + (HEAD_PASSES["backward"] if backward else 0)
+    return passes * scored * sh.vocab * 4 / (dev.memory_bw * dev.bw_util)
+
+
+def logprob_forward_seconds(
+    sh: Shapes, dev: Device, tokens: float, scored: float, attention: float
+) -> float:
+    """A log-prob forward (psyrl/runtime/model.py token_logprobs): the decoder layers over every
+    token, the LM head over the scored targets only (the response tokens), + the attention."""
+    decoder = 2 * sh.layers * sh.layer_params * tokens
+    head = 2 * sh.vocab * sh.hidden * scored
+    return (decoder + head + attention) / (dev.flops * dev.mfu)
 
 
 def _seq_attention(sh: Shapes, length: float, causal: bool) -> float:
@@ -501,7 +533,9 @@ def experience_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Work
         rows, cfg.optim.logprob_micro_batch_tokens, cfg.optim.logprob_micro_batch, length
     )
     tokens, attention = _tokens(cfg, sh, wl, rows, micro)
-    compute = forward_seconds(sh, dev, tokens, attention * _causal(dev))
+    scored = rows * wl.response_mean
+    compute = logprob_forward_seconds(sh, dev, tokens, scored, attention * _causal(dev))
+    compute += head_traffic_seconds(sh, dev, scored, backward=False)
     gather = micro * _all_gather_seconds(sh, gpus, dev, DTYPE_BYTES[cfg.model.dtype])
     overhead = micro * _eager_seconds(sh, dev)
     return passes * (max(compute, gather) + overhead)
@@ -533,7 +567,11 @@ def update_parts(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload) 
     b = DTYPE_BYTES[cfg.model.dtype]
     return {
         "micro-batches": micro,
-        "compute": passes * forward_seconds(sh, dev, tokens, attention * _causal(dev)),
+        "compute": passes
+        * logprob_forward_seconds(
+            sh, dev, tokens, rows * wl.response_mean, attention * _causal(dev)
+        )
+        + head_traffic_seconds(sh, dev, rows * wl.response_mean, backward=True),
         "collectives": micro
         * (2 * _all_gather_seconds(sh, gpus, dev, b) + _all_gather_seconds(sh, gpus, dev, 4)),
         "overhead": micro * _eager_seconds(sh, dev, passes),
@@ -590,7 +628,8 @@ def validation_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Work
     length = wl.prompt_mean + wl.response_mean
     micro = _micro_batches(rows, 0, cfg.optim.logprob_micro_batch, length)
     tokens, attention = _tokens(cfg, sh, wl, rows, micro)
-    return generate + forward_seconds(sh, dev, tokens, attention * _causal(dev))
+    scored = rows * wl.response_mean
+    return generate + logprob_forward_seconds(sh, dev, tokens, scored, attention * _causal(dev))
 
 
 def _with_rollout(cfg: Config, rollout) -> Config:
