@@ -13,7 +13,8 @@ a packed row takes here, and what packing saves in the demo's T-GRPO step.
    Paths: padded (right-padded rows, SDPA with the padding mask: model.packing = false); packed with
    SDPA per sequence (psyrl's CPU path); packed with one block-diagonal mask over the row (SDPA's
    masked kernel over N x N); packed with flex attention and a document mask (eager: torch compiles
-   flex attention only with a C++ toolchain, which psyrl does not require). Median of 5.
+   flex attention only with a C++ toolchain, which psyrl does not require; torch 2.13 has no flex
+   backward on a CPU, so the experience only). Median of 5.
 2. The demo's step (--demo-model): `train_tgrpo.py --config configs/tgrpo/tiny.toml` for 3 steps,
    packed and padded, one process; medians of time/logprobs and time/update over steps 2-3, and
    actor/padding_fraction.
@@ -150,11 +151,14 @@ def attention_paths() -> dict:
         "packed, one block-diagonal mask",
         "packed, flex attention (eager)",
     ]
-    reference = run("padded", grad=False)
+    with torch.no_grad():
+        reference = run("padded", grad=False)
     results = {}
     for path in paths:
         row = {}
         for phase, grad in (("experience", False), ("update", True)):
+            if grad and "flex" in path:  # NotImplementedError: no backward on CPU (torch 2.13)
+                continue
             times = []
             for _ in range(REPEATS):
                 model.zero_grad(set_to_none=True)
@@ -163,6 +167,8 @@ def attention_paths() -> dict:
                     outs = run(path, grad)
                 times.append(time.perf_counter() - start)
             row[phase] = statistics.median(times)
+        with torch.no_grad():
+            outs = run(path, grad=False)
         row["max_abs_diff_vs_padded"] = max(
             (a - b).abs().max().item() for a, b in zip(outs, reference)
         )
