@@ -4,8 +4,6 @@ through psyrl's Policy and its chunked log-probs at which the peak can fall."""
 
 from __future__ import annotations
 
-import math
-
 from psyrl.plan.architecture import Shapes
 from psyrl.runtime.model import LOGPROB_CHUNK
 
@@ -49,24 +47,26 @@ def compute_moments(
     checkpointing: bool,
     backward: bool,
     autocast: bool = False,
+    packed: bool = False,
 ) -> dict[str, dict[str, float]]:
     """Bytes of one micro-batch through psyrl.runtime.model.Policy (the decoder, then
-    token_logprobs' ChunkLogprobs), at each moment that can be its peak: {moment: {"activations":
+    token_logprobs' HeadLogprobs), at each moment that can be its peak: {moment: {"activations":
     ..., "log-probs": ...}}. rows x seq_len tokens (a padded batch), `targets` scored positions,
     compute dtype of b bytes, parameter gradients of grad_bytes. Excludes the weights and the
     decoder layers' own gradients (the caller's "gathered" and "grad sync" parts). `autocast`: one
-    process in bf16 autocast over float32 weights, where ChunkLogprobs' backward casts the head
-    weight to bf16 and its bf16 weight gradient to float32 (two more [V, H] copies)."""
+    process in bf16 autocast over float32 weights, where HeadLogprobs' backward casts the head
+    weight to bf16 (one more [V, H] copy). `packed`: one padding-free row (model.packing), whose
+    attention takes no mask."""
     H, V, L = sh.hidden, sh.vocab, sh.layers
     tokens = rows * seq_len
     chunk = min(LOGPROB_CHUNK, targets)
-    # transformers' sdpa mask [rows, 1, T, T] (bool), built once per forward
-    bool_mask = rows * seq_len**2
+    # transformers' sdpa mask [rows, 1, T, T] (bool), built once per forward; none when packed
+    bool_mask = 0 if packed else rows * seq_len**2
     # torch's sdpa converts it to an additive mask in the compute dtype per call
-    float_mask = b * rows * seq_len**2
-    rows_saved = targets * b * H  # hidden[:, :-1][positions]: the [N, H] rows ChunkLogprobs saves
+    float_mask = 0 if packed else b * rows * seq_len**2
+    rows_saved = targets * b * H  # hidden[:, :-1][positions]: the [N, H] rows HeadLogprobs saves
     hidden = tokens * b * H  # the final norm's output, alive while token_logprobs runs its forward
-    # ChunkLogprobs.forward: [rows, V] float32 logits + logsumexp's exp temporary
+    # HeadLogprobs.forward, per chunk: [rows, V] float32 logits + logsumexp's exp temporary
     chunk_forward = 8 * V * chunk
     if not backward:  # no_grad: nothing is saved; one layer's working set, then the head
         layer = tokens * layer_forward_per_token(sh, b) + float_mask
@@ -91,9 +91,11 @@ def compute_moments(
     head_grad = grad_bytes * V * H
     # recomputed float32 logits->grad, its b copy
     chunk_backward = 4 * V * chunk + (b * V * chunk if b < 4 else 0)
-    chunks = math.ceil(targets / LOGPROB_CHUNK)
-    # ChunkLogprobs.backward: weight.to(bf16), the bf16 grad_weight
-    casts = 2 * 2 * V * H if autocast else 0
+    # HeadLogprobs.backward: the float32 sum of the chunks' weight gradients, one chunk's product in
+    # the compute dtype (at the end: the sum cast to the weight's dtype), weight.to(bf16) under
+    # autocast
+    head_sum = 4 * V * H + max(b, grad_bytes if grad_bytes != 4 else 0) * V * H
+    casts = 2 * V * H if autocast else 0
     # estimate: incoming grads + two MLP-wide grads
     layer_backward = tokens * (2 * b * H + 2 * b * sh.intermediate)
     return {
@@ -101,11 +103,9 @@ def compute_moments(
             "activations": bool_mask + stack + final,
             "log-probs": hidden + rows_saved + chunk_forward,
         },
-        # the first chunk's weight gradient is new; from the second on it is added to the running
-        # sum
         "head backward": {
             "activations": bool_mask + stack + final,
-            "log-probs": rows_saved + chunk_backward + head_grad * (2 if chunks > 1 else 1) + casts,
+            "log-probs": rows_saved + chunk_backward + head_sum + casts,
         },
         "layer backward": {
             "activations": bool_mask + stack + recomputed + layer_backward,

@@ -326,6 +326,7 @@ def _compute_phase(
         cfg.model.gradient_checkpointing,
         backward,
         autocast=run.world == 1 and run.b == 2,
+        packed=cfg.model.packing,
     )
     # the end of the backward: the root unit's gradients reduce-scattered
     if backward and run.world > 1:
