@@ -304,22 +304,7 @@ def packed_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
-        # FlashAttention-2 varlen (torch/nn/attention/varlen.py varlen_attn: [tokens, heads, d];
-        # window (-1, 0) is causal; GQA without repeating key/value)
-        longest = kwargs["max_length_q"]
-        out = varlen_attn(
-            query[0].transpose(0, 1),
-            key[0].transpose(0, 1),
-            value[0].transpose(0, 1),
-            starts,
-            starts,
-            longest,
-            longest,
-            scale=scaling,
-            window_size=(-1, 0),
-            enable_gqa=query.shape[1] != key.shape[1],
-        )
-        return out.unsqueeze(0), None
+        return varlen_causal(query, key, value, starts, kwargs["max_length_q"], scaling), None
     # CPU (and float32 on CUDA, which FlashAttention lacks): causal SDPA per sequence, no mask
     # (measured faster here than one block-diagonal mask over the row: bench/packing.py)
     bounds = starts.tolist()
@@ -330,6 +315,25 @@ def packed_attention(
         for a, b in zip(bounds, bounds[1:])
     ]
     return torch.cat(pieces, dim=1), None
+
+
+def varlen_causal(query, key, value, starts, longest: int, scaling) -> torch.Tensor:
+    """FlashAttention-2 varlen (torch/nn/attention/varlen.py `varlen_attn`, which takes [tokens,
+    heads, d]; window (-1, 0) is causal; grouped-query attention without repeating key and value):
+    query [1, heads, N, d], key and value [1, kv_heads, N, d] -> [1, N, heads, d]."""
+    out = varlen_attn(
+        query[0].transpose(0, 1),
+        key[0].transpose(0, 1),
+        value[0].transpose(0, 1),
+        starts,
+        starts,
+        longest,
+        longest,
+        scale=scaling,
+        window_size=(-1, 0),
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
+    return out.unsqueeze(0)
 
 
 @dataclass

@@ -180,3 +180,15 @@ def test_two_fsdp_ranks_packed_equal_padded(tmp_path):
         load_file(str(tmp_path / "rank-0.safetensors"))["tied_padded"],
         load_file(str(tmp_path / "rank-1.safetensors"))["tied_padded"],
     )
+
+
+def test_the_cuda_path_calls_varlen_attention_with_the_packed_shapes():
+    """No GPU here: torch's varlen op on meta tensors runs its registered shape function, which
+    checks the call psyrl makes (layout, sequence starts, GQA) without computing anything."""
+    from psyrl.runtime.model import varlen_causal
+
+    query = torch.empty(1, 4, 10, 16, device="meta", dtype=torch.bfloat16)  # [1, heads, N, d]
+    key = torch.empty(1, 2, 10, 16, device="meta", dtype=torch.bfloat16)  # 2 KV heads
+    starts = torch.tensor([0, 3, 10], dtype=torch.int32, device="meta")
+    out = varlen_causal(query, key, key, starts, 7, 0.25)
+    assert out.shape == (1, 10, 4, 16) and out.dtype == torch.bfloat16  # [1, N, heads, d]
