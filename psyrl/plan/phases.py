@@ -480,6 +480,18 @@ def offload_bytes(sh: Shapes, world: int, rank: int = 0) -> dict[str, float]:
     }
 
 
+def pinned_per_tensor_bytes(sh: Shapes, world: int, element_bytes: int) -> float:
+    """Host bytes of one rank's padded shards pinned one tensor at a time (FSDP2's CPUOffloadPolicy:
+    `Tensor.pin_memory()` per shard, torch 2.13 _fsdp_param.py:312-315): torch's pinned allocator
+    rounds each block up to a power of two (include/ATen/core/CachingHostAllocator.h:300-309)."""
+    total = 0.0
+    for count, shapes in ((sh.layers, sh.layer), (1, sh.root)):
+        for s in shapes:
+            nbytes = -(-s[0] // world) * math.prod(s[1:]) * element_bytes
+            total += count * (1 << max(nbytes - 1, 0).bit_length())
+    return total
+
+
 def host_ram(
     cfg: Config, sh: Shapes, gpus: int, trainer: str
 ) -> tuple[dict[str, float], dict[str, float]]:
@@ -488,17 +500,16 @@ def host_ram(
     stays = {
         f"baseline ({HOST_BASELINE_GIB:g} GiB per rank, assumption)": HOST_BASELINE_GIB * GIB * gpus
     }
-    # the actor's float32 shards + AdamW state in one exact-size pinned buffer per rank ("always":
-    # FSDP2's CPUOffloadPolicy, gradients too)
-    if run.offload in ("phase", "always") and run.world > 1:
-        label = "actor shards + AdamW, pinned, exact" + (
-            " (+ gradients)" if run.offload == "always" else ""
+    # "phase": the actor's float32 shards + AdamW state in one exact-size pinned buffer per rank
+    if run.offload == "phase" and run.world > 1:
+        stays["actor shards + AdamW, pinned, exact"] = sum(
+            sum(offload_bytes(sh, run.world, r).values()) for r in range(run.world)
         )
-        per_rank = [offload_bytes(sh, run.world, r) for r in range(run.world)]
-        stays[label] = sum(
-            sum(parts.values()) + (4.0 * sh.shard(run.world) if run.offload == "always" else 0.0)
-            for parts in per_rank
-        )
+    # "always": FSDP2 pins every shard and its gradient, each rounded up; AdamW's moments pageable
+    if run.offload == "always" and run.world > 1:
+        moments = sum(8.0 * local_elements(sh, run.world, r) for r in range(run.world))
+        pinned = 2 * run.world * pinned_per_tensor_bytes(sh, run.world, 4)
+        stays["actor shards + gradients (pinned, rounded up per tensor) + AdamW"] = pinned + moments
     # CPUOffloadPolicy keeps each rank's padded shard in model.dtype
     if run.kl and run.world > 1 and cfg.fsdp.ref_offload:
         stays[f"reference model ({cfg.model.dtype}, CPU offload, padded shards)"] = (

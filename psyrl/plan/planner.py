@@ -343,6 +343,7 @@ def _settings(cfg: Config, trainer: str) -> str:
     parts = [
         f"model.dtype {cfg.model.dtype}",
         f"gradient_checkpointing {flag(cfg.model.gradient_checkpointing)}",
+        f"packing {flag(cfg.model.packing)}",
         f"fsdp.offload {cfg.fsdp.offload}",
     ]
     if trainer == "tgrpo":

@@ -20,7 +20,8 @@ from psyrl.plan.speed import Times
 TIGHT = 0.95
 
 ASSUMPTIONS = (
-    "every sequence at its maximum length and every micro-batch padded (sdpa gets a mask); CUDA "
+    "every sequence at its maximum length (a micro-batch one unmasked row with model.packing, else "
+    "padded, sdpa taking a mask); CUDA "
     f"context and cuBLAS {CUDA_CONTEXT_GIB:g} GiB per process plus {NCCL_COMM_GIB:g} GiB per NCCL "
     f"communicator of several ranks (estimate); {HOST_BASELINE_GIB:g} GiB of host RAM "
     f"per rank; vLLM's CUDA graphs {VLLM_GRAPHS_GIB:g} GiB (kept while it sleeps) and activation "

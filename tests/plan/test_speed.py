@@ -154,3 +154,17 @@ def test_model_within_1_5x_of_a_measured_tiny_run():
     for phase in ("rollout", "experience", "update"):
         ratio = r["predicted"][phase] / r["measured"][phase]
         assert 1 / 1.5 <= ratio <= 1.5, (phase, r)
+
+
+def test_pinned_per_tensor_bytes_by_hand():
+    """fsdp.offload = "always": FSDP2 pins each padded shard alone, rounded up to a power of two.
+    SMALL on 3 ranks, float32, per layer: q 342 x 1024 x 4 = 1,400,832 -> 2^21, its bias 1,368 ->
+    2,048; k and v 86 x 1024 x 4 = 352,256 -> 2^19, biases 344 -> 512; o -> 2^21; gate and up
+    1,366 x 1024 x 4 and down 342 x 4096 x 4 (~5.6 MB) -> 2^23 each; two norms -> 2,048 each:
+    30,415,872 a layer, x 8; the embedding 21,846 x 1024 x 4 = 89,481,216 -> 2^27, the final norm
+    2,048."""
+    from psyrl.plan.phases import pinned_per_tensor_bytes
+
+    sh = shapes(SMALL)
+    assert pinned_per_tensor_bytes(sh, 3, 4) == 8 * 30_415_872 + 2**27 + 2_048
+    assert pinned_per_tensor_bytes(sh, 3, 4) > 4 * sh.shard(3)  # the rounding the plan now shows
