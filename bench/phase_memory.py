@@ -1,8 +1,9 @@
-"""Step time and peak GPU memory per phase of `train_tgrpo.py`, next to `psyrl plan`'s prediction
-for the same config on the same GPUs: the check that puts the memory model against a GPU. Run it on
-a GPU node:
+"""Step time and peak GPU memory per phase of `train_tgrpo.py`, packed and padded, next to `psyrl
+plan`'s prediction (memory, and seconds on the matching device table) for the same config on the
+same GPUs: the check that puts the memory and time models against a GPU (issue 29's GPU script).
+Run it on a GPU node:
 
-    python bench/phase_memory.py [--gpus N] [--modes phase,always] [--out runs/phase-memory]
+    python bench/phase_memory.py [--gpus N] [--modes phase,always] [--packing both] [--predict h200]
 
 The model is a random Qwen2 shaped like Qwen2.5-0.5B-Instruct (896 wide, 24 layers, 14 heads, 2 KV
 heads, MLP 4864, tied head) with the shipped Qwen2.5 tokenizer: nothing is downloaded. Each mode
@@ -30,9 +31,11 @@ sys.path.insert(0, str(ROOT))
 
 from psyrl.core.config import load_config  # noqa: E402
 from psyrl.core.runlog import read_metrics  # noqa: E402
-from psyrl.plan.architecture import load_architecture  # noqa: E402
+from psyrl.plan import speed  # noqa: E402
+from psyrl.plan.architecture import load_architecture, shapes  # noqa: E402
 from psyrl.plan.phases import GIB  # noqa: E402
 from psyrl.plan.planner import plan  # noqa: E402
+from psyrl.runtime.model import load_tokenizer  # noqa: E402
 
 SHAPE_05B = [
     "model.tokenizer=qwen2.5",
@@ -55,10 +58,13 @@ SMALL = [
 PHASES = {"rollout": "sample", "experience": "logprobs", "update": "update", "sync": "sync"}
 
 
-def settings(mode: str, out: Path, device: str, shape: list[str], tokens: int) -> list[str]:
+def settings(
+    mode: str, out: Path, device: str, shape: list[str], tokens: int, packing: bool
+) -> list[str]:
     return [
         *shape,
         "model.path=",
+        f"model.packing={str(packing).lower()}",
         "model.dtype=" + ("bfloat16" if device == "cuda" else "float32"),
         "model.gradient_checkpointing=true",
         f"fsdp.offload={mode}",
@@ -81,8 +87,19 @@ def settings(mode: str, out: Path, device: str, shape: list[str], tokens: int) -
         "run.memory_check=false",
         f"run.device={device}",
         f"run.output_dir={json.dumps(str(out))}",
-        f"run.name={mode}",
+        f"run.name={mode}-{'packed' if packing else 'padded'}",
     ]
+
+
+def device_table(name: str) -> str:
+    """psyrl plan's device for this GPU's name (H200 -> h200, ...), else a6000."""
+    lowered = name.lower().replace(" ", "")
+    for key in ("h200", "h100", "a6000", "l20"):
+        if key in lowered:
+            return key
+    if "a100" in lowered:
+        return "a100-80" if "80" in lowered else "a100-40"
+    return "a6000"
 
 
 @click.command()
@@ -102,9 +119,23 @@ def settings(mode: str, out: Path, device: str, shape: list[str], tokens: int) -
     "--small", is_flag=True, help="A 2-layer 64-wide model (plumbing check, e.g. on a CPU)."
 )
 @click.option("--tokens", default=256, show_default=True, help="Response tokens per sample.")
-def main(gpus, modes, out, device, small, tokens):
-    """Step time and peak memory per phase of 2 T-GRPO steps per offload mode, against psyrl
-    plan."""
+@click.option(
+    "--packing",
+    type=click.Choice(["both", "on", "off"]),
+    default="both",
+    show_default=True,
+    help="model.packing of each run: both runs every mode packed, then padded.",
+)
+@click.option(
+    "--predict",
+    type=click.Choice(speed.DEVICE_NAMES),
+    default=None,
+    help="psyrl plan's device table for the predicted seconds (default: from the GPU's name; cpu "
+    "measures this machine).",
+)
+def main(gpus, modes, out, device, small, tokens, packing, predict):
+    """Step time and peak memory per phase of 2 T-GRPO steps per offload mode, packed and padded,
+    against psyrl plan's memory and predicted seconds."""
     gpus = gpus or (torch.cuda.device_count() if device == "cuda" else 1)
     modes = (modes or ("phase,always" if gpus > 1 else "phase,none")).split(",")
     gpu_gib = torch.cuda.get_device_properties(0).total_memory / GIB if device == "cuda" else 48.0
@@ -117,8 +148,15 @@ def main(gpus, modes, out, device, small, tokens):
         f"{torch.__version__}, {'small' if small else '0.5B-shaped'} random Qwen2, {tokens} new "
         "tokens"
     ]
-    for mode in modes:
-        sets = settings(mode, Path(out), device, shape, tokens)
+    if predict is None:
+        predict = device_table(torch.cuda.get_device_name(0)) if device == "cuda" else "cpu"
+    runs = [
+        (m, p)
+        for m in modes
+        for p in {"both": (True, False), "on": (True,), "off": (False,)}[packing]
+    ]
+    for mode, packed in runs:
+        sets = settings(mode, Path(out), device, shape, tokens, packed)
         args = [
             *launcher,
             str(ROOT / "train_tgrpo.py"),
@@ -128,16 +166,23 @@ def main(gpus, modes, out, device, small, tokens):
             *[a for s in sets for a in ("--set", s)],
         ]
         result = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+        name = sets[-1].split("=", 1)[1]
         if result.returncode:
-            lines.append(f"{mode}: failed (exit {result.returncode}): {result.stderr[-2000:]}")
+            lines.append(f"{name}: failed (exit {result.returncode}): {result.stderr[-2000:]}")
             continue
         cfg = load_config(ROOT / "configs/tgrpo/tiny.toml", sets)
         architecture, _ = load_architecture(cfg.model)
         predicted = {p.name: p.total / GIB for p in plan(cfg, architecture, gpus, gpu_gib).phases}
-        row = read_metrics(Path(out) / mode / "metrics.jsonl")[-1]  # step 2: caches warm
+        sh = shapes(architecture)
+        row = read_metrics(Path(out) / name / "metrics.jsonl")[-1]  # step 2: caches warm
+        # the workload the run saw: the demo's prompts, its mean response length
+        wl = speed.workload(cfg, row["response/length"], load_tokenizer(cfg.model))
+        seconds = speed.step_times(cfg, sh, gpus, speed.device(predict, sh), wl).step
         lines.append(
-            f"fsdp.offload = {mode}: step {row['time/step']:.2f} s, offload moves "
-            f"{row.get('time/offload', 0):.2f} s"
+            f"fsdp.offload = {mode}, {'packed' if packed else 'padded'}: step "
+            f"{row['time/step']:.2f} s, offload moves {row.get('time/offload', 0):.2f} s "
+            f"(predicted {seconds['offload']:.2f} s on {predict}), padding "
+            f"{row['actor/padding_fraction']:.1%} of the update's padded micro-batches"
         )
         for phase, lap in PHASES.items():
             peak = row.get(f"perf/trainer_alloc_peak_gib/{lap}")
@@ -146,7 +191,7 @@ def main(gpus, modes, out, device, small, tokens):
                 f"  {phase:<10} {row[f'time/{lap}']:7.2f} s   trainer peak "
                 f"{'n/a' if peak is None else f'{peak:6.2f} GiB'}   device in use "
                 f"{'n/a' if used is None else f'{used:6.2f} GiB'}   plan "
-                f"{predicted[phase]:6.2f} GiB"
+                f"{predicted[phase]:6.2f} GiB, {seconds[phase]:7.2f} s"
             )
     print("\n".join(lines))
 
