@@ -278,6 +278,26 @@ def test_resume_is_bitwise_identical(start, tmp_path):
     assert rows_without_timing(whole) == rows_without_timing(cut)
 
 
+def test_a_padded_run_trains_as_the_packed_one(start, tmp_path):
+    """model.packing = false (the reference path) and the default, from the same start: step 1
+    samples the same responses, so its rewards are equal and its loss and weights agree to float
+    rounding (packing is exact, not bit-identical)."""
+    result = run_in_process(start, tmp_path / "packed", "run.steps=1")
+    assert result.exit_code == 0, result.output
+    result = run_in_process(start, tmp_path / "padded", "run.steps=1", "model.packing=false")
+    assert result.exit_code == 0, result.output
+    packed, padded = (
+        read_metrics(tmp_path / d / "rl" / "metrics.jsonl")[-1] for d in ("packed", "padded")
+    )
+    for key in ("reward/final", "reward/f1", "response/length", "actor/padding_fraction"):
+        assert packed[key] == padded[key], key
+    for key in ("actor/pg_loss", "actor/kl", "actor/entropy", "actor/grad_norm"):
+        assert packed[key] == pytest.approx(padded[key], rel=1e-4, abs=1e-6), key
+    a = load_file(tmp_path / "packed" / "rl" / "hf" / "model.safetensors")
+    b = load_file(tmp_path / "padded" / "rl" / "hf" / "model.safetensors")
+    assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) < 1e-5
+
+
 @pytest.mark.slow
 def test_two_ranks_equal_one_process(start, tmp_path):
     # 2 steps of 8 prompts, 2 updates each; under torchrun each rank samples and trains 2 prompts
