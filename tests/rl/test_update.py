@@ -77,7 +77,7 @@ def test_token_budget_gives_the_gradient_of_fixed_micro_batches():
     )
     assert max((a - b).abs().max().item() for a, b in zip(*grads)) < 1e-6
     assert max(a.abs().max().item() for a in grads[0]) > 1e-4  # a real gradient
-    for key in sums[0]:
+    for key in set(sums[0]) - {"padded_tokens"}:  # the padding of other micro-batches differs
         assert float(sums[0][key]) == pytest.approx(float(sums[1][key]), rel=1e-6, abs=1e-9), key
 
 
