@@ -35,8 +35,8 @@ def peak_memory_gib(device: torch.device) -> float:
 
 def device_memory_gib(device: torch.device) -> tuple[float, float] | None:
     """(used, total) GiB of the device from cudaMemGetInfo, every process and allocator counted;
-    None on a CPU."""
-    if device.type != "cuda":
+    None on a CPU (and for a CUDA device in a build without CUDA, as a test's stand-in has)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
         return None
     free, total = torch.cuda.mem_get_info(device)
     return (total - free) / 2**30, total / 2**30

@@ -44,6 +44,7 @@ class FakeCuda:
 
     def __init__(self, monkeypatch, free: list[int], peak: int):
         self.calls, self.free, self.peak, self.queued = [], list(free), peak, 0.0
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "synchronize", self.synchronize)
         monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", self.log("reset"))
         monkeypatch.setattr(torch.cuda, "mem_get_info", self.mem_get_info)
