@@ -166,7 +166,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: bool) -> None:
 
             for step in range(run.first, steps + 1):
                 # vLLM's sleep-mode pools are not the trainer's memory (psyrl.runtime.timing)
-                timer = PhaseTimer(dist.device, getattr(sampler, "pool_bytes", None))
+                timer = PhaseTimer(dist.device, sampler.pool_bytes)
                 # ------------------------------------------- 1. sample G responses for every prompt
                 with timer("sample"):
                     before = cursor
@@ -274,7 +274,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: bool) -> None:
                 for key, value in peaks.items():
                     row[key] = float(all_reduce(torch.tensor(value), dist, "max"))
                 # GiB free before the vLLM engine's latest wakes, the least over ranks (CUDA only)
-                for key, value in getattr(sampler, "memory_row", dict)().items():
+                for key, value in sampler.memory_row().items():
                     row[key] = float(all_reduce(torch.tensor(value), dist, "min"))
                 run.end_step(
                     step,

@@ -198,6 +198,14 @@ class TorchSampler(ClosedAfterUse):
         arrives."""
         load_weights(self.model, named_tensors)
 
+    def pool_bytes(self) -> int:
+        """Bytes of the device allocator held by a sleeping engine: none (the policy generates)."""
+        return 0
+
+    def memory_row(self) -> dict[str, float]:
+        """Device memory readings before engine wakes: none (VLLMSampler.memory_row has them)."""
+        return {}
+
     def close(self) -> None:
         """Nothing to release (the interface's end-of-run call; the vLLM sampler shuts its engine
         down)."""
