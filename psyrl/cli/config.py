@@ -1,5 +1,6 @@
-"""`psyrl config show|reference` (the resolved config, the generated reference of every key) and
-`psyrl plan` (the memory a run needs, phase by phase, before it starts)."""
+"""`psyrl config show|list|reference` (the resolved config, the presets shipped with psyrl, the
+generated reference of every key) and `psyrl plan` (the memory a run needs, phase by phase, before
+it starts)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import click
 
 from psyrl.cli.errors import reported
 from psyrl.core.config import config_reference, dump_config, load_config
+from psyrl.core.presets import config_presets, experiment_presets, first_comment, resolve_config
 
 README_START, README_END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 
@@ -26,7 +28,7 @@ def config_group():
     "path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="TOML config file (default: all defaults).",
+    help="TOML config: a file or a preset (`psyrl config list`); default: all defaults.",
 )
 @click.option(
     "--set",
@@ -38,7 +40,24 @@ def config_group():
 def show(path, overrides):
     """Validate a config and print it resolved (defaults and overrides applied), as TOML."""
     with reported("psyrl config show"):
-        click.echo(dump_config(load_config(path, overrides)), nl=False)
+        config = None if path is None else resolve_config(path)
+        click.echo(dump_config(load_config(config, overrides)), nl=False)
+
+
+@config_group.command("list")
+def list_presets():
+    """The presets shipped with psyrl, each with the first line of its comment: run configs
+    (`--config NAME` of the trainers, `psyrl config show` and `psyrl plan`) and experiment files
+    (`psyrl experiment NAME`). A file of the same path in the working directory wins over a
+    preset."""
+    for title, presets in (
+        ("run configs (--config NAME)", config_presets()),
+        ("experiments (psyrl experiment NAME)", experiment_presets()),
+    ):
+        click.echo(f"{title}:")
+        width = max(map(len, presets))
+        for name, path in presets.items():
+            click.echo(f"  {name:<{width}}  {first_comment(path)}")
 
 
 @config_group.command("reference")
@@ -72,7 +91,7 @@ def reference(write_readme):
     "path",
     type=click.Path(dir_okay=False),
     required=True,
-    help="TOML run config, e.g. configs/tgrpo/qwen2.5-3b.toml.",
+    help="TOML run config: a file or a preset (`psyrl config list`), e.g. tgrpo/qwen2.5-3b.",
 )
 @click.option(
     "--set",
@@ -169,9 +188,10 @@ def plan_command(
     from psyrl.plan.speed import device, workload
     from psyrl.plan.table import format_plan
 
-    if trainer == "auto":
-        trainer = "sft" if "sft" in Path(path).parts else "tgrpo"
     with reported("psyrl plan", also=(ValueError, OSError)):
+        path = resolve_config(path, None if trainer == "auto" else trainer)
+        if trainer == "auto":
+            trainer = "sft" if "sft" in path.parts else "tgrpo"
         cfg = load_config(path, overrides)
         architecture, source = load_architecture(cfg.model)
         dev, wl = None, None

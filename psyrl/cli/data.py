@@ -1,6 +1,6 @@
-"""`psyrl data check|convert` (validate JSONL files; convert tables, datasets and chats into
-psyrl's formats), `psyrl demo-data` (the synthetic demo set) and `psyrl tiny-tokenizer` (the small
-tokenizer of the CPU runs)."""
+"""`psyrl data check|convert|benchmarks` (validate JSONL files; convert tables, datasets and chats
+into psyrl's formats; copy out the shipped benchmarks), `psyrl demo-data` (the synthetic demo set)
+and `psyrl tiny-tokenizer` (the small tokenizer of the CPU runs)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from psyrl.cli.errors import reported
+from psyrl.core.presets import copy_benchmarks
 from psyrl.core.records import DataError, load_records
 from psyrl.dataset.convert import KINDS, TARGETS, ConvertError, convert, parse_map
 
@@ -123,6 +124,24 @@ def convert_command(source, target, map_texts, out, overwrite, kind, benchmark):
         f"wrote {out}: {len(records)} {target} records from {len(src.rows)} rows of "
         f"{src.path} ({src.kind})"
     )
+
+
+@data_group.command("benchmarks")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Directory to write README.md and <name>/*.jsonl into.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace files of the same name in --out.")
+def benchmarks_command(out: Path, overwrite: bool):
+    """Copy the OOD benchmarks shipped with psyrl (ToMbench, SimpleToM, SocialIQa, CosmosQA,
+    BIG-Bench Hard, EmoBench) and their README (schema, sources, licences) into --out, to read or
+    edit; `psyrl evaluate --benchmark-dir DIR` then evaluates on the copies."""
+    with reported("psyrl data benchmarks", also=(OSError,)):
+        written = copy_benchmarks(out, overwrite)
+    size = sum(p.stat().st_size for p in written) / 1e6
+    click.echo(f"wrote {len(written)} files ({size:.1f} MB) to {out}; see {out / 'README.md'}")
 
 
 @click.command("demo-data")

@@ -14,10 +14,8 @@ import click
 from psyrl.cli.errors import fail, reported
 from psyrl.cli.options import generation_options
 from psyrl.core.generation_options import GenerationOptions, option_problems
+from psyrl.core.presets import benchmarks_dir
 from psyrl.eval.benchmarks import EXTRA_BENCHMARKS, HALVES, PAPER_BENCHMARKS
-
-# the checkout's data/benchmarks (psyrl/cli/ is two folders down)
-BENCHMARK_DIR = Path(__file__).resolve().parents[2] / "data" / "benchmarks"
 
 
 @click.group(
@@ -52,9 +50,10 @@ BENCHMARK_DIR = Path(__file__).resolve().parents[2] / "data" / "benchmarks"
 @click.option(
     "--benchmark-dir",
     type=click.Path(file_okay=False),
-    default=str(BENCHMARK_DIR),
-    show_default="data/benchmarks of the psyrl checkout",
-    help="Where the benchmark names are looked up (<dir>/<name>/*.jsonl).",
+    default=str(benchmarks_dir()),
+    show_default="the benchmarks shipped with psyrl",
+    help="Where the benchmark names are looked up (<dir>/<name>/*.jsonl); `psyrl data benchmarks "
+    "--out DIR` copies the shipped ones out to read or edit.",
 )
 @click.option(
     "--prompt",

@@ -1,6 +1,6 @@
-"""`psyrl experiment FILE`: the paper's experiments as files (psyrl.experiment): their runs in
-dependency order, finished ones skipped, interrupted ones resumed, then the tables with their
-bootstrap intervals."""
+"""`psyrl experiment FILE|NAME`: the paper's experiments as files (psyrl.experiment), or by the name
+of one shipped in the package: their runs in dependency order, finished ones skipped, interrupted
+ones resumed, then the tables with their bootstrap intervals."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import shlex
 import click
 
 from psyrl.cli.errors import fail
+from psyrl.core.presets import PresetError, resolve_experiment
 
 
 @click.command("experiment")
-@click.argument("path", metavar="FILE", type=click.Path(dir_okay=False))
+@click.argument("path", metavar="FILE|NAME", type=click.Path(dir_okay=False))
 @click.option(
     "--only",
     multiple=True,
@@ -91,12 +92,14 @@ def experiment_command(
     gpu_memory_gib,
     tables_only,
 ):
-    """Run an experiment file (experiments/*.toml): its runs in dependency order, finished ones
-    skipped, interrupted ones resumed; then its tables with 95 % bootstrap intervals over seeds and
-    items, in experiments/<name>/results.md and results.json.
+    """Run an experiment file, or a shipped one by name (`table2-tiny`; `psyrl config list` names
+    them): its runs in dependency order, finished ones skipped, interrupted ones resumed; then its
+    tables with 95 % bootstrap intervals over seeds and items, in results.md and results.json of
+    <name>/ beside the file (a shipped file: ./experiments/<name>/).
 
-    Run it from the repository root (the file's paths are relative to it). After a crash, a kill or
-    a preemption (SIGTERM/SIGUSR1: forwarded; exit status 75), run the same command again.
+    The paths inside the file (data, runs) are relative to the working directory; its configs are
+    files or presets (configs/sft/tiny.toml). After a crash, a kill or a preemption
+    (SIGTERM/SIGUSR1: forwarded; exit status 75), run the same command again.
     """
     # the tables' bootstrap needs numpy: imported when the command runs, not for --help
     from psyrl.experiment.runner import collect, plan_memory, run_experiment
@@ -104,7 +107,7 @@ def experiment_command(
     from psyrl.experiment.tables import table_markdown, write_results
 
     try:
-        experiment = load_experiment(path, output_dir)
+        experiment = load_experiment(resolve_experiment(path), output_dir)
         if seeds is not None:
             try:
                 chosen = tuple(int(s) for s in seeds.split(","))
@@ -136,7 +139,7 @@ def experiment_command(
             raise click.BadParameter(str(e), param_hint="--eval-args") from None
         if limit is not None:
             extra_eval += ("--limit", str(limit))
-    except ExperimentError as e:
+    except (ExperimentError, PresetError) as e:
         fail(e, "psyrl experiment")
     if plan_only:
         raise SystemExit(plan_memory(experiment, extra_sets, gpu_memory_gib))

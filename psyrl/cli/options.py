@@ -82,16 +82,18 @@ def generation_options(
     return decorate
 
 
-def trainer_options(example_config: str, state: str) -> Callable[[Callable], Callable]:
+def trainer_options(kind: str, state: str) -> Callable[[Callable], Callable]:
     """The options of both trainers, in --help's order: --config, --set, --overwrite, --resume
-    (`state`: what a checkpoint restores, for --resume's help)."""
+    (`kind`: sft or tgrpo, the trainer's presets; `state`: what a checkpoint restores, for
+    --resume's help)."""
     options = [
         click.option(
             "--config",
             "config_path",
             type=click.Path(dir_okay=False),
             required=True,
-            help=f"TOML run config, e.g. {example_config}.",
+            help=f"TOML run config: a file, or a preset shipped with psyrl ({kind}/tiny, or just "
+            "tiny; `psyrl config list`). Its paths are relative to the working directory.",
         ),
         click.option(
             "--set",

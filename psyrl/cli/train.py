@@ -13,6 +13,7 @@ import click
 
 from psyrl.cli.errors import reported
 from psyrl.cli.options import trainer_options
+from psyrl.core.presets import resolve_config
 
 HELP = {"help_option_names": ["-h", "--help"]}
 TGRPO_STATE = "model, optimiser, trajectory cache, data position, RNG"
@@ -33,7 +34,7 @@ def tgrpo_loop():
 
 
 @click.command("train-sft", context_settings=HELP)
-@trainer_options("configs/sft/tiny.toml", "model, optimiser, data position, RNG")
+@trainer_options("sft", "model, optimiser, data position, RNG")
 @click.pass_obj
 def train_sft(loop, config_path, overrides, overwrite, resume):
     """Supervised fine-tuning on StimuliQA-format records (SFT target:
@@ -42,11 +43,12 @@ def train_sft(loop, config_path, overrides, overwrite, resume):
     from psyrl.run.launch import launch
 
     with reported("train-sft"):
-        launch((loop or sft_loop)(), config_path, overrides, overwrite, resume)
+        config = resolve_config(config_path, "sft")
+        launch((loop or sft_loop)(), config, overrides, overwrite, resume)
 
 
 @click.command("train-tgrpo", context_settings=HELP)
-@trainer_options("configs/tgrpo/tiny.toml", TGRPO_STATE)
+@trainer_options("tgrpo", TGRPO_STATE)
 @click.pass_obj
 def train_tgrpo(loop, config_path, overrides, overwrite, resume):
     """T-GRPO on StimuliQA-format records: the trajectory cache and the bilateral reward of "From
@@ -55,4 +57,5 @@ def train_tgrpo(loop, config_path, overrides, overwrite, resume):
     from psyrl.run.launch import launch
 
     with reported("train-tgrpo"):
-        launch((loop or tgrpo_loop)(), config_path, overrides, overwrite, resume)
+        config = resolve_config(config_path, "tgrpo")
+        launch((loop or tgrpo_loop)(), config, overrides, overwrite, resume)

@@ -282,7 +282,10 @@ def _read(
     """(path, its decoded lines, its undecodable lines) of a data file that exists."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"{path}: no such data file{MAKE[kind]}")
+        made = MAKE[kind]
+        if path.parent.name == "demo":  # the tiny presets read data/demo/ of the working directory
+            made = f"; write the synthetic demo set with `psyrl demo-data --out {path.parent}`"
+        raise DataError(f"{path}: no such data file{made}")
     bad = []
     return path, read_jsonl(path, bad=bad), bad
 

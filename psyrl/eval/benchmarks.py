@@ -66,9 +66,15 @@ def resolve_sources(specs: Sequence[str], benchmark_dir: str | Path) -> list[Sou
         if spec in known:
             files = sorted((Path(benchmark_dir) / spec).glob("*.jsonl"))
             if len(files) != 1:
+                # none: a --benchmark-dir without it; the shipped ones can be copied there
+                copy = (
+                    "; `psyrl data benchmarks --out DIR` copies psyrl's into DIR"
+                    if not files
+                    else ""
+                )
                 raise EvalError(
                     f"{Path(benchmark_dir) / spec}: expected exactly one .jsonl file, found "
-                    f"{len(files)}"
+                    f"{len(files)}{copy}"
                 )
             path = files[0]
         elif spec.endswith(".jsonl") or Path(spec).is_file():

@@ -339,6 +339,7 @@ def plan_memory(experiment: Experiment, extra_sets: tuple[str, ...], gpu_memory_
     """`psyrl plan` for every trainer run (model.path: the model its chain starts from) on `nproc`
     GPUs; returns 3 when one does not fit, as `psyrl plan` does."""
     from psyrl.core.config import load_config
+    from psyrl.core.presets import resolve_config
     from psyrl.plan.architecture import load_architecture
     from psyrl.plan.planner import plan as memory_plan
     from psyrl.plan.table import format_plan
@@ -352,7 +353,7 @@ def plan_memory(experiment: Experiment, extra_sets: tuple[str, ...], gpu_memory_
         start = root_model(experiment, run.model) if run.model else ""
         sets += [f"model.path={start}"] if start else []
         try:
-            cfg = load_config(run.config, sets)
+            cfg = load_config(resolve_config(run.config, run.kind), sets)
             architecture, source = load_architecture(cfg.model)
             result = memory_plan(
                 cfg, architecture, experiment.nproc, gpu_memory_gib, None, trainer=run.kind

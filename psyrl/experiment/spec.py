@@ -21,6 +21,7 @@ from pathlib import Path
 import tomli
 
 from psyrl.core.errors import PsyrlError
+from psyrl.core.presets import PresetError, config_presets, is_preset, resolve_config
 
 KINDS = ("sft", "tgrpo", "evaluate", "psyrl")
 RULES = ("median", "best", "last")
@@ -88,7 +89,11 @@ class Experiment:
 
     @property
     def results_dir(self) -> Path:
-        """experiments/<name>/ beside the file: results.md and results.json."""
+        """experiments/<name>/ beside the file: results.md and results.json; for a file shipped in
+        the package (read-only where psyrl is installed), experiments/<name>/ of the working
+        directory (in a checkout, experiments/ links to the package's folder: the same place)."""
+        if is_preset(self.path):
+            return Path("experiments") / self.name
         return self.path.parent / self.name
 
 
@@ -290,11 +295,12 @@ def _run(name: str, value, fail) -> RunSpec:
     config = _get(value, where + ("config",), str, "", fail)
     if kind in ("sft", "tgrpo") and not config:
         fail(where, f'run {name!r}: a {kind} run needs config = "configs/...toml"')
-    if config and not Path(config).is_file():
+    if config and not _resolves(config, kind):
         fail(
             where + ("config",),
-            f"run {name!r}: no config file {config} (paths are relative "
-            "to the directory psyrl experiment runs in: the repository root)",
+            f"run {name!r}: no config file {config} (paths are relative to the directory "
+            f"psyrl experiment runs in) and no preset of that name "
+            f"({', '.join(config_presets())})",
         )
     model = _get(value, where + ("model",), str, "", fail)
     api = "openai" in value.get("args", [])  # evaluate.py --engine openai: the endpoint's model
@@ -347,6 +353,15 @@ def _run(name: str, value, fail) -> RunSpec:
         label=_get(value, where + ("label",), str, "", fail),
         nproc=1 if api else nproc,
     )
+
+
+def _resolves(config: str, kind: str) -> bool:
+    """Whether the trainer will find `config`: a file, else a preset (configs/sft/tiny.toml)."""
+    try:
+        resolve_config(config, kind)
+    except PresetError:
+        return False
+    return True
 
 
 def _references(run: RunSpec) -> list[str]:

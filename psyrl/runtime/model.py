@@ -33,6 +33,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from psyrl.core.config import ModelConfig
+from psyrl.core.presets import preset_writing
 
 SHIPPED_TOKENIZERS = ("tiny", "qwen2.5")
 LOGPROB_CHUNK = 256  # rows per chunk: [256, 151936] fp32 logits are 156 MB
@@ -51,9 +52,11 @@ def shipped_tokenizer_dir(name: str) -> Path:
 def _model_dir(path: str) -> Path:
     p = Path(path).expanduser()
     if not p.is_dir():
+        trainer = preset_writing(path)  # runs/tiny-sft/...: a preset's run not trained yet
+        made = f"; it is written by `{trainer}`" if trainer else ""
         raise FileNotFoundError(
             f"no such model directory: {p} (model.path must be a local Hugging Face "
-            "model directory; psyrl never downloads from the hub)"
+            f"model directory; psyrl never downloads from the hub){made}"
         )
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"{p} is not a Hugging Face model directory: it has no config.json")
