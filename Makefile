@@ -8,7 +8,7 @@ PIP_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.psyrl-installed
 
-.PHONY: install test test-fast test-vllm-cpu lint bench docs clean demo demo-base eval self-train
+.PHONY: install test test-fast test-vllm-cpu test-wheel lint bench docs clean demo demo-base eval self-train
 
 install: $(STAMP)
 
@@ -49,38 +49,21 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/reward_throughput.py
 
-# The demo: SFT of the tiny model on data/demo, then T-GRPO from its median-F1 checkpoint (appendix B) with the
-# bilateral reward (`make demo`) or the base reward (`make demo-base`, the paper's RQ2 comparison), on
-# DEMO_RANKS torchrun ranks, ending with `psyrl summary` and `psyrl plot`. A finished SFT run is reused.
+# The demo: `psyrl demo` (psyrl/recipes/demo.py), which an installed psyrl runs too: the synthetic set, SFT of the tiny
+# model, T-GRPO from its median-F1 checkpoint (appendix B) with the bilateral reward (`make demo`) or the base reward
+# (`make demo-base`, the paper's RQ2 comparison) on DEMO_RANKS torchrun ranks, the summary, the curves, the
+# multiple-choice evaluation and the report. Finished stages are skipped. DEMO_ARGS: more `psyrl demo` options.
 DEMO_RANKS ?= 2
 DEMO_OUT ?= runs
-DEMO_SFT_SET ?=
-DEMO_TGRPO_SET ?=
+DEMO_ARGS ?=
 DEMO_EVAL_SET ?= --max-new-tokens 64
 TORCHRUN = $(VENV)/bin/torchrun --standalone --nproc_per_node $(DEMO_RANKS)
-demo: DEMO_REWARD = bilateral
-demo: DEMO_RUN = tiny-tgrpo
-demo-base: DEMO_REWARD = base
-demo-base: DEMO_RUN = tiny-tgrpo-base
 
-demo demo-base: $(STAMP)
-	@if [ -f $(DEMO_OUT)/tiny-sft/hf/config.json ]; then \
-	  echo "demo: reusing the finished SFT run $(DEMO_OUT)/tiny-sft (delete it to train it again)"; \
-	else \
-	  $(TORCHRUN) train_sft.py --config configs/sft/tiny.toml --set run.output_dir=$(DEMO_OUT) $(DEMO_SFT_SET) \
-	    --overwrite; \
-	fi
-	@start=$$($(VENV)/bin/psyrl select-checkpoint $(DEMO_OUT)/tiny-sft) || exit 1; set -x; \
-	$(TORCHRUN) train_tgrpo.py --config configs/tgrpo/tiny.toml --set run.output_dir=$(DEMO_OUT) \
-	  --set run.name=$(DEMO_RUN) --set reward.variant=$(DEMO_REWARD) --set "model.path=$$start" \
-	  $(DEMO_TGRPO_SET) --overwrite
-	@echo
-	@$(VENV)/bin/psyrl summary $(DEMO_OUT)/$(DEMO_RUN)
-	@$(VENV)/bin/psyrl plot $(DEMO_OUT)/$(DEMO_RUN)
-	$(TORCHRUN) evaluate.py --model $(DEMO_OUT)/$(DEMO_RUN)/hf --benchmarks data/demo/mc.jsonl \
-	  --out $(DEMO_OUT)/$(DEMO_RUN)/eval-mc $(DEMO_EVAL_SET) --overwrite --no-progress
-	@$(VENV)/bin/psyrl report $(DEMO_OUT)/$(DEMO_RUN)
-	@echo "results: $(DEMO_OUT)/$(DEMO_RUN)/ (report.html, metrics.jsonl, samples/step-N.md, curves.png, eval-mc/, hf/); SFT: $(DEMO_OUT)/tiny-sft/"
+demo: $(STAMP)
+	$(VENV)/bin/psyrl demo --out $(DEMO_OUT) --ranks $(DEMO_RANKS) --reward bilateral $(DEMO_ARGS)
+
+demo-base: $(STAMP)
+	$(VENV)/bin/psyrl demo --out $(DEMO_OUT) --ranks $(DEMO_RANKS) --reward base $(DEMO_ARGS)
 
 # The five OOD benchmarks (SPEC §7), EVAL_LIMIT items per task, for the demo's model or MODEL=dir; results.md is
 # printed and written to EVAL_OUT with results.json and predictions.jsonl (an interrupted run resumes).
@@ -115,3 +98,9 @@ docs: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis
+
+# The wheel as a user gets it (CI runs it): built, installed with its dependencies into a fresh environment outside the
+# checkout, then `psyrl --help`, `config show`, `plan` and `psyrl demo --quick` from an empty directory.
+WHEEL_VENV ?= /tmp/psyrl-wheel-venv
+test-wheel: $(STAMP)
+	bash tests/wheel/smoke.sh $(PY) $(WHEEL_VENV) '$(TORCH_SPEC)' '$(PIP_ARGS)'

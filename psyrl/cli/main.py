@@ -15,6 +15,7 @@ import click
 from psyrl.cli.build import build_group
 from psyrl.cli.config import config_group, plan_command
 from psyrl.cli.data import data_group, demo_data_command, tiny_tokenizer_command
+from psyrl.cli.demo import demo_command
 from psyrl.cli.evaluate import evaluate, self_label_command
 from psyrl.cli.experiment import experiment_command
 from psyrl.cli.runs import plot_command, report_command, select_checkpoint_command, summary_command
@@ -34,6 +35,7 @@ for command in (
     self_label_command,
     build_group,
     data_group,
+    demo_command,
     demo_data_command,
     experiment_command,
     plan_command,
