@@ -94,13 +94,35 @@ def main() -> None:
     parser.add_argument("--cores", type=int, default=0, help="pin to this many cores (0: all)")
     parser.add_argument("--set", dest="extra", action="append", default=[], help="more overrides")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
+    parser.add_argument(
+        "--check",
+        type=float,
+        default=0.0,
+        help="exit 1 unless predicted/measured lies within [1/R, R] for rollout, experience and "
+        "update (run it on an idle machine: a benchmark, not a test)",
+    )
     a = parser.parse_args()
     if a.cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[-a.cores :])
     result = calibrate(a.config, a.steps, a.extra)
     if a.json:
         print("RESULT " + json.dumps(result), flush=True)
-        return
+    else:
+        report(result)
+    outside = (
+        [
+            p
+            for p in ("rollout", "experience", "update")
+            if not 1 / a.check <= result["predicted"][p] / result["measured"][p] <= a.check
+        ]
+        if a.check
+        else []
+    )
+    if outside:
+        sys.exit(f"predicted/measured outside [1/{a.check}, {a.check}] for {', '.join(outside)}")
+
+
+def report(result: dict) -> None:
     print(f"\n{result['config']}, {result['steps']} steps, {result['threads']} thread(s)")
     print(f"device: {result['device']}")
     print(f"workload: {result['workload']}\n")
