@@ -75,7 +75,7 @@ def convert_command(source, target, map_texts, out, overwrite, kind, benchmark):
 
     SOURCE is a datasets save_to_disk directory (state.json), a .parquet, .csv/.tsv, .jsonl or
     .json file, or a chat JSONL: each line {"messages": [user turn, assistant turn]} with an
-    optional system turn first. Parquet and datasets need pyarrow: pip install -e '.[data]'.
+    optional system turn first. Parquet and datasets need pyarrow: pip install 'psyrl[data]'.
 
     --map gives KEY=COLUMN pairs, comma-separated:
 

@@ -50,7 +50,7 @@ def select_checkpoint_command(run_dir, rule):
 def plot_command(run_dirs, out, smooth):
     """Training curves of one or several runs overlaid, as one PNG: reward components, held-out F1,
     response length and KL over steps (the paper's Fig. 5 compares the base and bilateral rewards
-    this way). Needs matplotlib: pip install -e '.[plot]'."""
+    this way). Needs matplotlib: pip install 'psyrl[plot]'."""
     from psyrl.report.plot import plot_runs
 
     out = out or (Path(run_dirs[0]) / "curves.png" if len(run_dirs) == 1 else Path("curves.png"))
@@ -61,7 +61,7 @@ def plot_command(run_dirs, out, smooth):
         if e.name != "matplotlib":
             raise
         raise click.ClickException(
-            "psyrl plot needs matplotlib: pip install -e '.[plot]'"
+            "psyrl plot needs matplotlib: pip install 'psyrl[plot]'"
         ) from None
     click.echo(f"wrote {out} ({len(panels)} panels: {', '.join(panels)})")
 

@@ -68,7 +68,7 @@ def plot_lengths(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise EvalError("the length plot needs matplotlib: pip install -e '.[plot]'") from None
+        raise EvalError("the length plot needs matplotlib: pip install 'psyrl[plot]'") from None
     width = 0.8 / len(labels)
     fig, ax = plt.subplots(figsize=(3 + 2 * len(INDICES), 4.5))
     for k, (label, (lengths, _)) in enumerate(zip(labels, groups)):

@@ -230,7 +230,8 @@ def results_markdown(experiment: Experiment, tables: list[dict], runs: list[dict
 
 
 def write_results(experiment: Experiment, tables: list[dict], runs: list[dict]) -> Path:
-    """results.md and results.json in experiments/<name>/ (the file's directory)."""
+    """results.md and results.json in experiments/<name>/: beside the file, or under the working
+    directory for a file shipped in the package."""
     import json
 
     from psyrl.core.atomic import write_text

@@ -74,7 +74,7 @@ def psyrl_command(demo: Demo, *args: str, ranks: int = 1) -> list[str]:
 
 def run_stage(command: list[str], capture: bool = False) -> str:
     """Print the command as a shell line, run it, fail with its exit status named."""
-    shown = [Path(c).name if c == sys.executable else c for c in command]
+    shown = ["python" if c == sys.executable else c for c in command]
     print("+ " + shlex.join(shown), flush=True)
     start = time.monotonic()
     result = subprocess.run(command, stdout=subprocess.PIPE if capture else None, text=True)
@@ -179,14 +179,15 @@ def run_demo(demo: Demo) -> Path:
     run_dir = train_tgrpo(demo, start)
     print()
     run_stage(psyrl_command(demo, "summary", str(run_dir)))
-    if importlib.util.find_spec("matplotlib") is None:
-        print("demo: no matplotlib, so no curves.png (pip install 'psyrl[plot]' draws them)")
-    else:
+    curves = importlib.util.find_spec("matplotlib") is not None
+    if curves:
         run_stage(psyrl_command(demo, "plot", str(run_dir)))
+    else:
+        print("demo: no matplotlib, so no curves.png (pip install 'psyrl[plot]' draws them)")
     evaluate_mc(demo, run_dir)
     run_stage(psyrl_command(demo, "report", str(run_dir)))
     print(
-        f"results: {run_dir}/ (report.html, metrics.jsonl, samples/step-N.md, curves.png, "
-        f"eval-mc/, hf/); SFT: {sft}/"
+        f"results: {run_dir}/ (report.html, metrics.jsonl, samples/step-N.md, "
+        f"{'curves.png, ' if curves else ''}eval-mc/, hf/); SFT: {sft}/"
     )
     return run_dir

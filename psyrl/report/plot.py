@@ -1,5 +1,5 @@
 """`psyrl plot`: training curves of one or several runs, overlaid (the paper's Fig. 5 compares base
-and BR this way). matplotlib is an optional extra (`pip install -e '.[plot]'`), imported only here,
+and BR this way). matplotlib is an optional extra (`pip install 'psyrl[plot]'`), imported only here,
 only when plotting."""
 
 from __future__ import annotations

