@@ -6,9 +6,10 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 # --no-compile: no .pyc for all of torch at install (80 s -> 27 s here); Python writes them as modules are imported
 PIP_ARGS ?= --no-compile
-# pytest-xdist: one test process per core (-n auto), an idle one taking queued tests from a busy one (worksteal);
-# TEST_JOBS=0 runs the suite in this process (a debugger, a timing)
-TEST_JOBS ?= auto
+# pytest-xdist workers: half the cores from 4 cores up (the end-to-end tests start 2 torchrun ranks each), none below:
+# on 2 cores two workers made the suite slower, 2,365 s against 1,517 s (two 2-rank jobs on 2 cores wait on each
+# other's collectives, and each worker builds the shared fixtures again; docs/install.md). TEST_JOBS=N overrides.
+TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -ge 4 ] && echo $$((n / 2)) || echo 0)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.psyrl-installed
 
