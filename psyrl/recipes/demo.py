@@ -109,42 +109,23 @@ def write_demo_data(demo: Demo) -> None:
     run_stage(psyrl_command(demo, "demo-data", "--out", str(demo.data), "--seed", "0"))
 
 
-def train_sft(demo: Demo) -> Path:
-    """Stage 2: SFT of the tiny model on the demo set (`sft/tiny`)."""
-    run_dir = demo.out / demo.sft_name
+def train(demo: Demo, kind: str, name: str, label: str, overrides: list[str]) -> Path:
+    """Stages 2 and 4: `psyrl train-KIND --config KIND/tiny` on the demo set as run `name`, unless
+    it is finished; an interrupted run resumes."""
+    run_dir = demo.out / name
     if finished(run_dir):
-        print(f"demo: reusing the finished SFT run {run_dir} (delete it to train it again)")
+        print(f"demo: reusing the finished {label} run {run_dir} (delete it to train it again)")
         return run_dir
     overrides = [
         f"run.output_dir={demo.out}",
-        f"run.name={demo.sft_name}",
+        f"run.name={name}",
+        *overrides,
         f"data.train_file={demo.data / 'train.jsonl'}",
         f"data.valid_file={demo.data / 'test.jsonl'}",
-        *(QUICK_SFT if demo.quick else ()),
-        *demo.sft_sets,
     ]
-    args = ["train-sft", "--config", "sft/tiny", *sets(overrides), *train_flags(run_dir)]
-    run_stage(psyrl_command(demo, *args, ranks=demo.ranks))
-    return run_dir
-
-
-def train_tgrpo(demo: Demo, start: str) -> Path:
-    """Stage 4: T-GRPO from the chosen SFT checkpoint (`tgrpo/tiny`)."""
-    run_dir = demo.out / demo.tgrpo_name
-    if finished(run_dir):
-        print(f"demo: reusing the finished T-GRPO run {run_dir} (delete it to train it again)")
-        return run_dir
-    overrides = [
-        f"run.output_dir={demo.out}",
-        f"run.name={demo.tgrpo_name}",
-        f"reward.variant={demo.reward}",
-        f"model.path={start}",
-        f"data.train_file={demo.data / 'train.jsonl'}",
-        f"data.valid_file={demo.data / 'test.jsonl'}",
-        *(QUICK_TGRPO if demo.quick else ()),
-        *demo.tgrpo_sets,
-    ]
-    args = ["train-tgrpo", "--config", "tgrpo/tiny", *sets(overrides), *train_flags(run_dir)]
+    quick, extra = (QUICK_SFT, demo.sft_sets) if kind == "sft" else (QUICK_TGRPO, demo.tgrpo_sets)
+    overrides += [*(quick if demo.quick else ()), *extra]
+    args = [f"train-{kind}", "--config", f"{kind}/tiny", *sets(overrides), *train_flags(run_dir)]
     run_stage(psyrl_command(demo, *args, ranks=demo.ranks))
     return run_dir
 
@@ -173,10 +154,11 @@ def run_demo(demo: Demo) -> Path:
     if demo.quick:
         print("demo --quick: every stage, shortened: a smoke run, not the demo's figures")
     write_demo_data(demo)
-    sft = train_sft(demo)
+    sft = train(demo, "sft", demo.sft_name, "SFT", [])
     start = run_stage(psyrl_command(demo, "select-checkpoint", str(sft)), capture=True)
     print(f"demo: T-GRPO starts from {start} (appendix B: the median-F1 SFT checkpoint)")
-    run_dir = train_tgrpo(demo, start)
+    rl = [f"reward.variant={demo.reward}", f"model.path={start}"]
+    run_dir = train(demo, "tgrpo", demo.tgrpo_name, "T-GRPO", rl)
     print()
     run_stage(psyrl_command(demo, "summary", str(run_dir)))
     curves = importlib.util.find_spec("matplotlib") is not None
