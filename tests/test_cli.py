@@ -111,3 +111,39 @@ def test_installed_console_script_trains(tmp_path):
     rows = read_metrics(tmp_path / "tiny-sft" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     assert (tmp_path / "tiny-sft" / "hf" / "model.safetensors").is_file()
+
+
+# A rank other than 0 failing on an input error, with a preemption handler that would ignore
+# SIGTERM: it must keep quiet and wait until torchrun, having seen rank 0 fail, terminates it.
+OTHER_RANK = """
+import os, signal
+os.environ["RANK"] = "1"
+signal.signal(signal.SIGTERM, lambda *_: None)
+from psyrl.cli.errors import fail
+from psyrl.core.errors import UsageError
+print("waiting", flush=True)
+fail(UsageError("optim.lr: expected > 0, got -1"), "train_sft.py")
+"""
+
+
+def test_another_rank_waits_quietly_for_rank_0_until_terminated():
+    child = subprocess.Popen(
+        [sys.executable, "-c", OTHER_RANK], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert child.stdout.readline() == "waiting\n"
+    with pytest.raises(subprocess.TimeoutExpired):
+        child.wait(timeout=1.0)  # still waiting for rank 0 to say the error
+    child.terminate()
+    assert child.wait(timeout=10) == -15
+    assert child.stderr.read() == ""
+
+
+def test_another_rank_names_itself_on_its_own_error(monkeypatch, capsys):
+    from psyrl.cli import errors
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(errors, "wait_for_rank0", lambda: pytest.fail("must not wait"))
+    with pytest.raises(SystemExit) as stopped:
+        errors.fail(OSError(28, "No space left on device"), "train_sft.py")
+    assert stopped.value.code == 1
+    assert capsys.readouterr().err == "train_sft.py: rank 1: [Errno 28] No space left on device\n"

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import time
 from typing import NoReturn
 
 import click
 
 from psyrl.core.errors import EXIT_PREEMPTED, Preempted, PsyrlError
+
+# how long another rank waits for rank 0 to say an input error before it exits on its own
+RANK0_GRACE_S = 30.0
 
 
 def fail(error: Exception, prog: str) -> NoReturn:
@@ -24,12 +29,24 @@ def fail(error: Exception, prog: str) -> NoReturn:
     code = getattr(error, "exit_code", 1)
     rank = int(os.environ.get("RANK", "0"))
     if rank != 0:
-        if not isinstance(error, PsyrlError):
+        if isinstance(error, PsyrlError):
+            wait_for_rank0()
+        else:
             click.echo(f"{prog}: rank {rank}: {error}", err=True)
         raise SystemExit(code) from None
     exception = click.ClickException(str(error))
     exception.exit_code = code
     raise exception from None
+
+
+def wait_for_rank0(grace_s: float = RANK0_GRACE_S) -> None:
+    """Let rank 0 print the error first: torchrun stops every worker as soon as one has failed
+    (torch/distributed/elastic/agent/server/api.py:940-954, polled every 0.1 s), so a rank that
+    exited at once could cut rank 0 off before its message. When rank 0 fails, torchrun's SIGTERM
+    ends this wait; the default action is restored so a preemption handler cannot hold it."""
+    with contextlib.suppress(ValueError):  # signal.signal only works in the main thread
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    time.sleep(grace_s)
 
 
 @contextlib.contextmanager
