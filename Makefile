@@ -4,8 +4,11 @@ VENV ?= .venv
 # On a laptop without a GPU, the CPU build of torch avoids GBs of CUDA wheels:
 #   make test TORCH_SPEC='torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu'
 TORCH_SPEC ?= torch==2.13.0
-# --no-compile: no .pyc for all of torch at install (80 s -> 27 s here); Python writes them as modules are imported
+# --no-compile: no .pyc for all of torch at install (80 s -> 27 s here); Python writes them as modules are imported,
 PIP_ARGS ?= --no-compile
+# which a PYTHONDONTWRITEBYTECODE=1 in the environment (common in containers; CI's has it) would forbid: every
+# process would compile torch and transformers from source again (about 5 s more per trainer process)
+unexport PYTHONDONTWRITEBYTECODE
 # pytest-xdist workers: half the cores from 4 cores up (the end-to-end tests start 2 torchrun ranks each), none below:
 # on 2 cores two workers made the suite slower, 2,365 s against 1,517 s (two 2-rank jobs on 2 cores wait on each
 # other's collectives, and each worker builds the shared fixtures again; docs/install.md). TEST_JOBS=N overrides.
