@@ -128,7 +128,10 @@ fail(UsageError("optim.lr: expected > 0, got -1"), "train_sft.py")
 
 def test_another_rank_waits_quietly_for_rank_0_until_terminated():
     child = subprocess.Popen(
-        [sys.executable, "-c", OTHER_RANK], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", OTHER_RANK],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert child.stdout.readline() == "waiting\n"
     with pytest.raises(subprocess.TimeoutExpired):
