@@ -47,8 +47,9 @@ class RunConfig:
     """Where the model computes: `auto` takes CUDA when available, else the CPU."""
     memory_check: bool = True
     """On CUDA, before any model is built: `psyrl plan`'s memory model for this config on these
-    GPUs; its one-line verdict is printed, and a phase predicted not to fit stops the run with the
-    setting that fixes it (false: print the verdict and go on)."""
+    GPUs (under torchrun across nodes: per node, this node's RAM judged against the first node's
+    need); its one-line verdict is printed, and a phase predicted not to fit stops the run with the
+    setting that fixes it (false: print the verdict and go on; host RAM only warns)."""
     preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
     """Signals that preempt a trainer (SLURM sends SIGTERM, then SIGKILL after its grace period):
     on any rank, the run finishes the step it is in, writes a checkpoint, prints how to resume and

@@ -89,19 +89,17 @@ def check_restarts(cfg: Config, dist: Dist) -> None:
 
 def check_memory_plan(cfg: Config, dist: Dist, trainer: str) -> None:
     """On CUDA: print `psyrl plan`'s verdict for this config on these GPUs (their memory read from
-    the device, the node's RAM from the OS), and refuse a config it predicts will not fit, unless
-    run.memory_check is false."""
+    the device, the node's RAM from the OS; several nodes: planned per node, world / local world of
+    them), and refuse a config it predicts will not fit, unless run.memory_check is false."""
     if dist.device.type != "cuda":
         return
     try:
         architecture, _ = load_architecture(cfg.model)
         gpu_gib = torch.cuda.get_device_properties(dist.device).total_memory / 2**30
-        # the host figures are per node, with every rank on it
-        one_node = dist.world == dist.local_world
-        host_gib = (
-            os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 if one_node else None
-        )
-        memory = plan(cfg, architecture, dist.world, gpu_gib, host_gib, trainer)
+        # this node's RAM, judged against the plan's per node (the first's, the largest)
+        host_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        nodes = dist.world // dist.local_world
+        memory = plan(cfg, architecture, dist.world, gpu_gib, host_gib, trainer, nodes=nodes)
     except ValueError as e:  # e.g. an architecture the planner does not model
         print0(f"memory plan: not available ({e})", dist)
         return
