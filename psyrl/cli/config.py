@@ -105,7 +105,16 @@ def reference(write_readme):
     type=click.IntRange(min=1),
     default=4,
     show_default=True,
-    help="GPUs of the run (torchrun ranks), all on one node.",
+    help="GPUs of the run (torchrun ranks), on all nodes together.",
+)
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Nodes the GPUs are spread over, --gpus / --nodes each (torchrun --nnodes): host RAM is "
+    "planned per node, a vLLM tensor-parallel group must fit in one, and the collectives that "
+    "cross the network are listed by phase with their bytes per step.",
 )
 @click.option(
     "--gpu-memory-gib",
@@ -118,7 +127,7 @@ def reference(write_readme):
     "--host-memory-gib",
     type=click.FloatRange(min=0, min_open=True),
     default=None,
-    help="Host RAM of the node in GiB; without it the need is printed but not judged.",
+    help="Host RAM of one node in GiB; without it the need is printed but not judged.",
 )
 @click.option(
     "--trainer",
@@ -159,6 +168,7 @@ def plan_command(
     path,
     overrides,
     gpus,
+    nodes,
     gpu_memory_gib,
     host_memory_gib,
     trainer,
@@ -172,7 +182,9 @@ def plan_command(
     validation, checkpoint), whether it fits, host RAM per node, and for a phase that does not fit
     the setting that makes it fit (planned again with it, not guessed). Also the suggested
     sampler.gpu_memory_utilization (the smallest that holds sampler.max_num_seqs full-length
-    sequences) and what fsdp.defer_grad_sync costs.
+    sequences) and what fsdp.defer_grad_sync costs. With --nodes N: host RAM per node, and each
+    phase's collectives over every rank (FSDP2's all-gathers and reduce-scatters, the weight sync's
+    all-gathers, the checkpoint's gather) with the bytes each node sends over the network.
 
     T-GRPO: the predicted seconds of each phase per step on --device (rollout, experience, update,
     offload moves, weight sync; validation and checkpoint each), the step and the run's total, and
@@ -199,7 +211,15 @@ def plan_command(
             dev = device(device_name, shapes(architecture))
             wl = workload(cfg, response_tokens, _plan_tokenizer(cfg, source), prompt_tokens)
         result = plan(
-            cfg, architecture, gpus, gpu_memory_gib, host_memory_gib, trainer, dev=dev, wl=wl
+            cfg,
+            architecture,
+            gpus,
+            gpu_memory_gib,
+            host_memory_gib,
+            trainer,
+            dev=dev,
+            wl=wl,
+            nodes=nodes,
         )
     click.echo(f"psyrl plan: {path} ({trainer}); architecture from {source}")
     click.echo(format_plan(result))

@@ -105,11 +105,18 @@ def trainer_options(kind: str, state: str) -> Callable[[Callable], Callable]:
         click.option(
             "--overwrite", is_flag=True, help="Delete an existing runs/<name>/ and start over."
         ),
+        # an optional value: --resume alone is `on`
         click.option(
             "--resume",
-            is_flag=True,
+            type=click.Choice(["on", "auto"]),
+            is_flag=False,
+            flag_value="on",
+            default=None,
             help=f"Continue runs/<name>/ from its newest complete checkpoint ({state}); the config "
-            "may differ only in run.name, run.output_dir and the log, checkpoint and fsdp tables.",
+            "may differ only in run.name, run.output_dir and the log, checkpoint and fsdp tables. "
+            "--resume auto (run.resume): continue when there is a checkpoint, start afresh when "
+            "there is no run, start over when the run stopped before its first checkpoint; for "
+            "torchrun --max-restarts, whose restarts run the same command.",
         ),
     ]
 

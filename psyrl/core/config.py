@@ -47,8 +47,9 @@ class RunConfig:
     """Where the model computes: `auto` takes CUDA when available, else the CPU."""
     memory_check: bool = True
     """On CUDA, before any model is built: `psyrl plan`'s memory model for this config on these
-    GPUs; its one-line verdict is printed, and a phase predicted not to fit stops the run with the
-    setting that fixes it (false: print the verdict and go on)."""
+    GPUs (under torchrun across nodes: per node, this node's RAM judged against the first node's
+    need); its one-line verdict is printed, and a phase predicted not to fit stops the run with the
+    setting that fixes it (false: print the verdict and go on; host RAM only warns)."""
     preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
     """Signals that preempt a trainer (SLURM sends SIGTERM, then SIGKILL after its grace period):
     on any rank, the run finishes the step it is in, writes a checkpoint, prints how to resume and
@@ -58,6 +59,13 @@ class RunConfig:
     """T-GRPO: on a preemption signal, stop at the step's first safe point (after its sampling,
     before anything of the step is kept) instead of finishing it; the checkpoint is then the
     previous step's."""
+    resume: Literal["off", "on", "auto"] = "off"
+    """What a trainer does with a run directory that already holds a run (the command line's
+    `--resume` is `on`, `--resume auto` is `auto`): `off` refuses it (unless --overwrite); `on`
+    continues it from its newest complete checkpoint; `auto` continues it when it has one, starts
+    afresh when it holds no run, starts over when it holds only steps of this same config cut
+    short before their first checkpoint, and refuses, as `on` does, a config that differs. `auto` is
+    for torchrun's `--max-restarts`: every restart of the workers runs the same command."""
 
     def __post_init__(self):
         unknown = [s for s in self.preempt_signals if s not in PREEMPT_SIGNALS]
@@ -476,16 +484,17 @@ class FsdpConfig:
     """Accumulate unsharded gradients over an update's micro-batches and reduce-scatter once, at the
     last one (FSDP2 set_requires_gradient_sync): one gradient reduction per update instead of one
     per micro-batch, for a full float32 gradient copy per rank (`psyrl plan` prints its cost)."""
-    timeout_minutes: int = 60
+    timeout_minutes: float = 60.0
     """Collective timeout: how long ranks wait for each other (e.g. while rank 0 writes a
-    checkpoint)."""
+    checkpoint); past it, a rank waiting on a hung or lost one fails, and torchrun's
+    `--max-restarts` can restart the workers."""
 
     def __post_init__(self):
         check_choices(self)
         require(
-            self.timeout_minutes >= 1,
+            self.timeout_minutes > 0,
             "timeout_minutes",
-            f"expected >= 1, got {self.timeout_minutes}",
+            f"expected > 0, got {self.timeout_minutes}",
         )
 
 

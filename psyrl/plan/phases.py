@@ -493,31 +493,36 @@ def pinned_per_tensor_bytes(sh: Shapes, world: int, element_bytes: int) -> float
 
 
 def host_ram(
-    cfg: Config, sh: Shapes, gpus: int, trainer: str
+    cfg: Config, sh: Shapes, gpus: int, trainer: str, nodes: int = 1
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """Host RAM of the node (all `gpus` ranks on one node): what stays, and what comes and goes."""
+    """Host RAM of the first node (its gpus / nodes ranks, rank 0 among them): what stays, and what
+    comes and goes. It is the largest node's: rank 0 alone gathers a checkpoint and reads the model,
+    and the first ranks hold the largest shards (`local_elements`)."""
     run = _setup(cfg, sh, gpus, trainer)
+    local = range(gpus // nodes)  # the first node's ranks
     stays = {
-        f"baseline ({HOST_BASELINE_GIB:g} GiB per rank, assumption)": HOST_BASELINE_GIB * GIB * gpus
+        f"baseline ({HOST_BASELINE_GIB:g} GiB per rank, assumption)": HOST_BASELINE_GIB
+        * GIB
+        * len(local)
     }
     # "phase": the actor's float32 shards + AdamW state in one exact-size pinned buffer per rank
     if run.offload == "phase" and run.world > 1:
         stays["actor shards + AdamW, pinned, exact"] = sum(
-            sum(offload_bytes(sh, run.world, r).values()) for r in range(run.world)
+            sum(offload_bytes(sh, run.world, r).values()) for r in local
         )
     # "always": FSDP2 pins every shard and its gradient, each rounded up; AdamW's moments pageable
     if run.offload == "always" and run.world > 1:
-        moments = sum(8.0 * local_elements(sh, run.world, r) for r in range(run.world))
-        pinned = 2 * run.world * pinned_per_tensor_bytes(sh, run.world, 4)
+        moments = sum(8.0 * local_elements(sh, run.world, r) for r in local)
+        pinned = 2 * len(local) * pinned_per_tensor_bytes(sh, run.world, 4)
         stays["actor shards + gradients (pinned, rounded up per tensor) + AdamW"] = pinned + moments
     # CPUOffloadPolicy keeps each rank's padded shard in model.dtype
     if run.kl and run.world > 1 and cfg.fsdp.ref_offload:
         stays[f"reference model ({cfg.model.dtype}, CPU offload, padded shards)"] = (
-            run.b * sh.shard(run.world) * run.world
+            run.b * sh.shard(run.world) * len(local)
         )
     # sleep level 1: weights to the host
     if run.sampler and cfg.sampler.engine == "vllm" and cfg.sampler.sleep:
-        stays["vLLM weights asleep"] = run.b * sh.params / cfg.sampler.tensor_parallel * gpus
+        stays["vLLM weights asleep"] = run.b * sh.params / cfg.sampler.tensor_parallel * len(local)
     export = DTYPE_BYTES[cfg.checkpoint.export_dtype]
     transient = {
         # rank 0 gathers the full float32 state dict, then writes the HF export in

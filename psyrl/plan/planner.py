@@ -20,8 +20,9 @@ forward/backward on a CPU in float32 (within 15 %). What is not: anything on a G
 allocator's fragmentation, sdpa's GPU kernels, vLLM's own figures are estimates).
 
 The package, imports running down: table (the text `psyrl plan` prints) -> planner (this module:
-the plan, its verdict, the fixes) -> phases (each phase's bytes, the vLLM pool, host RAM) ->
-activations (one micro-batch's bytes) -> architecture (config.json as parameter shapes).
+the plan, its verdict, the fixes) -> network (the collectives that cross between nodes) -> phases
+(each phase's bytes, the vLLM pool, host RAM) -> activations (one micro-batch's bytes) ->
+architecture (config.json as parameter shapes); speed (the time model) beside them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 
 from psyrl.core.config import Config
 from psyrl.plan.architecture import Shapes, shapes
+from psyrl.plan.network import Collective, network
 from psyrl.plan.phases import GIB, Phase, Pool, host_ram, rollout_phase, step_phases, vllm_pool
 from psyrl.plan.speed import Device, Times, Workload, step_times, update_parts
 
@@ -64,8 +66,9 @@ class Alternative:
 
 @dataclass
 class Plan:
-    """The memory plan of one configuration on one node: its phases, vLLM pool and host RAM, each
-    judged against the GPUs and the node, with the fixes found for what does not fit."""
+    """The memory plan of one configuration on `nodes` nodes of gpus / nodes GPUs each: its phases,
+    vLLM pool and host RAM, each judged against the GPUs and a node, with the fixes found for what
+    does not fit, and what crosses the network between nodes."""
 
     trainer: str
     gpus: int
@@ -95,6 +98,9 @@ class Plan:
     alternatives: list[Alternative] = field(default_factory=list)
     """Issue 29 item 6: the same run with sampler.tensor_parallel 1 vs 2 and the update's token
     budget as set vs ALT_BUDGET."""
+    nodes: int = 1
+    network: list[Collective] = field(default_factory=list)
+    """The collectives each phase runs over every rank (psyrl.plan.network), with several nodes."""
 
     @property
     def host_total(self) -> float:
@@ -151,8 +157,9 @@ class Plan:
         with its fix."""
         if self.fits:
             peak = max(self.phases, key=lambda p: p.total)
+            where = f" on {self.nodes} nodes" if self.nodes > 1 else ""
             return (
-                f"memory plan: fits {self.gpus} x {self.gpu_memory_gib:g} GiB (peak "
+                f"memory plan: fits {self.gpus} x {self.gpu_memory_gib:g} GiB{where} (peak "
                 f"{peak.total / GIB:.1f} GiB: {peak.name})"
             )
         return f"memory plan: {self.problems[0]}"
@@ -167,43 +174,54 @@ def plan(
     trainer: str = "tgrpo",
     dev: Device | None = None,
     wl: Workload | None = None,
+    nodes: int = 1,
 ) -> Plan:
-    """The memory plan of `cfg` on `gpus` GPUs of `gpu_memory_gib` each (one node): per phase, GiB
-    per GPU by part and whether it fits, with a computed fix for each phase that does not; host RAM
-    per node; the suggested sampler.gpu_memory_utilization; the cost of fsdp.defer_grad_sync.
-    `architecture`: a transformers Qwen2 config. `trainer`: "tgrpo" or "sft" (SFT has no rollout,
-    experience or weight sync). With a device and a workload (psyrl.plan.speed), a T-GRPO plan also
-    predicts seconds per phase and the run's total, and sets the alternatives beside it."""
+    """The memory plan of `cfg` on `gpus` GPUs of `gpu_memory_gib` each, on `nodes` nodes of gpus /
+    nodes GPUs: per phase, GiB per GPU by part and whether it fits, with a computed fix for each
+    phase that does not; host RAM per node (`host_memory_gib` each); the suggested
+    sampler.gpu_memory_utilization; the cost of fsdp.defer_grad_sync. `architecture`: a
+    transformers Qwen2 config. `trainer`: "tgrpo" or "sft" (SFT has no rollout, experience or weight
+    sync). With a device and a workload (psyrl.plan.speed), a T-GRPO plan also predicts seconds per
+    phase and the run's total, and sets the alternatives beside it. With several nodes, the
+    collectives that cross the network (psyrl.plan.network; T-GRPO's need the workload)."""
     if trainer not in ("tgrpo", "sft"):
         raise ValueError(f"trainer must be 'tgrpo' or 'sft', got {trainer!r}")
     sh = shapes(architecture)
-    result = _plan(cfg, sh, gpus, gpu_memory_gib, host_memory_gib, trainer)
+    result = _plan(cfg, sh, gpus, gpu_memory_gib, host_memory_gib, trainer, nodes)
     for phase in result.phases:
         if not phase.fits:
             phase.fix = _find_fix(
-                cfg, sh, gpus, gpu_memory_gib, host_memory_gib, trainer, phase.name, result
+                cfg, sh, gpus, gpu_memory_gib, host_memory_gib, trainer, phase.name, result, nodes
             )
     if result.host_fits is False:
         result.host_fix = _find_fix(
-            cfg, sh, gpus, gpu_memory_gib, host_memory_gib, trainer, "host", result
+            cfg, sh, gpus, gpu_memory_gib, host_memory_gib, trainer, "host", result, nodes
         )
     if dev is not None and wl is not None and trainer == "tgrpo":
         result.times, result.device, result.workload = step_times(cfg, sh, gpus, dev, wl), dev, wl
-        result.alternatives = _alternatives(cfg, sh, gpus, gpu_memory_gib, dev, wl)
+        result.alternatives = _alternatives(cfg, sh, gpus, gpu_memory_gib, dev, wl, nodes)
+    if nodes > 1 and (wl is not None or trainer == "sft"):
+        result.network = network(cfg, sh, gpus, trainer, wl)
     return result
 
 
 def _alternatives(
-    cfg: Config, sh: Shapes, gpus: int, gpu_memory_gib: float, dev: Device, wl: Workload
+    cfg: Config,
+    sh: Shapes,
+    gpus: int,
+    gpu_memory_gib: float,
+    dev: Device,
+    wl: Workload,
+    nodes: int = 1,
 ) -> list[Alternative]:
-    """The run with sampler.tensor_parallel 1 and 2 (vLLM, GPUs it divides; each at its own
-    suggested gpu_memory_utilization), and with optim.micro_batch_tokens as set and ALT_BUDGET:
+    """The run with sampler.tensor_parallel 1 and 2 (vLLM, a node's GPUs it divides; each at its
+    own suggested gpu_memory_utilization), and with optim.micro_batch_tokens as set and ALT_BUDGET:
     the moved phase's memory and seconds, and the step's."""
     out = []
     capacity = gpu_memory_gib * GIB
     if cfg.sampler.engine == "vllm":
         for tp in (1, 2):
-            if gpus % tp or not (sh.kv_heads % tp == 0 or tp % sh.kv_heads == 0):
+            if (gpus // nodes) % tp or not (sh.kv_heads % tp == 0 or tp % sh.kv_heads == 0):
                 continue
             trial = _with(cfg, {("sampler", "tensor_parallel"): tp})
             util, _ = _suggest(trial, sh, gpus, gpu_memory_gib, "tgrpo")
@@ -293,6 +311,36 @@ def _suggest(
     )
 
 
+def check_layout(cfg: Config, gpus: int, nodes: int) -> None:
+    """ValueError unless `gpus` ranks split evenly over `nodes` nodes and a vLLM tensor-parallel
+    group fits inside one node and divides its GPUs: vLLM's external launcher groups consecutive
+    ranks, torchrun numbers a node's ranks consecutively, so a group never spans two nodes."""
+    if gpus < 1:
+        raise ValueError(f"--gpus must be >= 1, got {gpus}")
+    if nodes < 1:
+        raise ValueError(f"--nodes must be >= 1, got {nodes}")
+    if gpus % nodes:
+        raise ValueError(
+            f"--gpus {gpus} does not divide over --nodes {nodes}: every node runs the same number "
+            "of ranks (torchrun --nproc_per_node)"
+        )
+    tp, node = cfg.sampler.tensor_parallel, gpus // nodes
+    if cfg.sampler.engine != "vllm":
+        return
+    if tp > node:
+        raise ValueError(
+            f"sampler.tensor_parallel = {tp} is larger than a node's {node} GPUs: a vLLM "
+            "tensor-parallel group never spans two nodes (each group of consecutive ranks, inside "
+            "one node, holds one engine)"
+        )
+    if node % tp:
+        where = f"the {gpus} GPUs" if nodes == 1 else f"a node's {node} GPUs"
+        raise ValueError(
+            f"sampler.tensor_parallel = {tp} must divide {where} (each group of consecutive ranks "
+            "holds one vLLM engine)"
+        )
+
+
 def _plan(
     cfg: Config,
     sh: Shapes,
@@ -300,18 +348,13 @@ def _plan(
     gpu_memory_gib: float,
     host_memory_gib: float | None,
     trainer: str,
+    nodes: int = 1,
 ) -> Plan:
     """The plan of `cfg` as it stands, without fixes: what plan() completes and _find_fix tries."""
-    if gpus < 1:
-        raise ValueError(f"--gpus must be >= 1, got {gpus}")
-    if cfg.sampler.engine == "vllm" and gpus % cfg.sampler.tensor_parallel:
-        raise ValueError(
-            f"sampler.tensor_parallel = {cfg.sampler.tensor_parallel} must divide the {gpus} GPUs "
-            "(each group of consecutive ranks holds one vLLM engine)"
-        )
+    check_layout(cfg, gpus, nodes)
     capacity = gpu_memory_gib * GIB
     phases = step_phases(cfg, sh, gpus, capacity, trainer)
-    stays, transient = host_ram(cfg, sh, gpus, trainer)
+    stays, transient = host_ram(cfg, sh, gpus, trainer, nodes)
     result = Plan(
         trainer,
         gpus,
@@ -322,6 +365,7 @@ def _plan(
         stays,
         transient,
         settings=_settings(cfg, trainer),
+        nodes=nodes,
     )
     if cfg.sampler.engine == "vllm" and (trainer == "tgrpo" or cfg.data.valid_file):
         result.pool = vllm_pool(cfg, sh, gpus, capacity)
@@ -389,7 +433,7 @@ def _with(cfg: Config, changes: dict[tuple[str, str], object]):
 
 
 def _candidates(
-    cfg: Config, sh: Shapes, gpus: int, gpu_memory_gib: float, trainer: str
+    cfg: Config, sh: Shapes, gpus: int, gpu_memory_gib: float, trainer: str, nodes: int = 1
 ) -> list[dict]:
     """Setting changes to try, in order: fsdp.offload further, the suggested gpu_memory_utilization,
     a smaller token budget (update, then experience), more tensor parallelism, gradient
@@ -418,7 +462,7 @@ def _candidates(
         for tp in (2, 4):
             if (
                 tp > cfg.sampler.tensor_parallel
-                and gpus % tp == 0
+                and (gpus // nodes) % tp == 0
                 and (sh.kv_heads % tp == 0 or tp % sh.kv_heads == 0)
             ):
                 out.append({("sampler", "tensor_parallel"): tp})
@@ -460,6 +504,7 @@ def _find_fix(
     trainer: str,
     name: str,
     current: Plan,
+    nodes: int = 1,
 ) -> str:
     """The first change (single ones, then pairs) after which phase `name` (or "host": the host RAM)
     fits and no phase that fitted stops fitting."""
@@ -467,13 +512,13 @@ def _find_fix(
     singles = (
         _host_candidates(cfg, trainer)
         if name == "host"
-        else _candidates(cfg, sh, gpus, gpu_memory_gib, trainer)
+        else _candidates(cfg, sh, gpus, gpu_memory_gib, trainer, nodes)
     )
     pairs = [{**a, **b} for a, b in itertools.combinations(singles, 2) if not set(a) & set(b)]
     for changes in singles + pairs:
         trial = _with(cfg, changes)
         try:
-            result = _plan(trial, sh, gpus, gpu_memory_gib, host_memory_gib, trainer)
+            result = _plan(trial, sh, gpus, gpu_memory_gib, host_memory_gib, trainer, nodes)
         except ValueError:
             continue
         by_name = {p.name: p for p in result.phases}

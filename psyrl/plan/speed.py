@@ -520,11 +520,11 @@ def _tokens(
     return rows * width, rows * _seq_attention(sh, width, False)
 
 
-def experience_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload) -> float:
-    """Gradient-free forwards over this rank's sequences: the reference model's (loss.kl_coef > 0)
-    and pi_old's of every mini-batch after the first (the first's is the update's own), in
-    micro-batches of optim.logprob_micro_batch(_tokens); FSDP2 all-gathers the bf16 weights once per
-    micro-batch, overlapped with the compute."""
+def experience_micro_batches(cfg: Config, gpus: int, wl: Workload) -> tuple[float, float]:
+    """(micro-batches of one pass, passes) of the experience on one rank per step: this rank's
+    sequences in micro-batches of optim.logprob_micro_batch(_tokens), once for the reference model
+    (loss.kl_coef > 0) and, for pi_old, once over the mini-batches after the first (the first's is
+    the update's own)."""
     rows = cfg.rollout.prompts * cfg.rollout.samples / gpus
     updates = max(1, cfg.rollout.prompts // cfg.optim.global_batch)
     passes = (1.0 if cfg.loss.kl_coef > 0 else 0.0) + (updates - 1) / updates
@@ -532,6 +532,40 @@ def experience_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Work
     micro = _micro_batches(
         rows, cfg.optim.logprob_micro_batch_tokens, cfg.optim.logprob_micro_batch, length
     )
+    return micro, passes
+
+
+def update_micro_batches(cfg: Config, gpus: int, wl: Workload) -> tuple[float, int]:
+    """(micro-batches, mini-batches) of the update on one rank per step: one mini-batch (optimiser
+    step) per optim.global_batch prompts, each in micro-batches of optim.micro_batch(_tokens)."""
+    rows = cfg.rollout.prompts * cfg.rollout.samples / gpus
+    updates = max(1, cfg.rollout.prompts // cfg.optim.global_batch)
+    length = wl.prompt_mean + wl.response_mean
+    micro = updates * _micro_batches(
+        rows / updates, cfg.optim.micro_batch_tokens, cfg.optim.micro_batch, length
+    )
+    return micro, updates
+
+
+def validation_items(cfg: Config) -> int:
+    """Held-out prompts of one validation: data.valid_items (0: assumed 1,024, A.3's validation
+    batch)."""
+    return cfg.data.valid_items or 1024
+
+
+def validation_micro_batches(cfg: Config, gpus: int) -> float:
+    """Micro-batches of one validation's loss pass on one rank: its share of the held-out items in
+    micro-batches of optim.logprob_micro_batch rows."""
+    return max(1.0, math.ceil(validation_items(cfg) / gpus / cfg.optim.logprob_micro_batch))
+
+
+def experience_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload) -> float:
+    """Gradient-free forwards over this rank's sequences: the reference model's (loss.kl_coef > 0)
+    and pi_old's of every mini-batch after the first (the first's is the update's own), in
+    micro-batches of optim.logprob_micro_batch(_tokens); FSDP2 all-gathers the bf16 weights once per
+    micro-batch, overlapped with the compute."""
+    rows = cfg.rollout.prompts * cfg.rollout.samples / gpus
+    micro, passes = experience_micro_batches(cfg, gpus, wl)
     tokens, attention = _tokens(cfg, sh, wl, rows, micro)
     scored = rows * wl.response_mean
     compute = logprob_forward_seconds(sh, dev, tokens, scored, attention * _causal(dev))
@@ -557,11 +591,7 @@ def update_parts(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload) 
     """The update's terms (`update_seconds`): micro-batches per rank, compute, collectives, eager
     overhead and AdamW seconds."""
     rows = cfg.rollout.prompts * cfg.rollout.samples / gpus
-    updates = max(1, cfg.rollout.prompts // cfg.optim.global_batch)
-    length = wl.prompt_mean + wl.response_mean
-    micro = updates * _micro_batches(
-        rows / updates, cfg.optim.micro_batch_tokens, cfg.optim.micro_batch, length
-    )
+    micro, updates = update_micro_batches(cfg, gpus, wl)
     tokens, attention = _tokens(cfg, sh, wl, rows, micro)
     passes = 4 if cfg.model.gradient_checkpointing else 3  # forward + backward (2) + recompute
     b = DTYPE_BYTES[cfg.model.dtype]
@@ -620,13 +650,12 @@ def validation_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Work
     A.3's validation batch) at this rank's share, then the gradient-free loss pass over them."""
     if not cfg.data.valid_file:
         return 0.0
-    items = cfg.data.valid_items or 1024
+    items = validation_items(cfg)
     one = replace(cfg.rollout, prompts=items, samples=1)
     trial = _with_rollout(cfg, one)
     generate = rollout_seconds(trial, sh, gpus, dev, wl)
     rows = items / gpus
-    length = wl.prompt_mean + wl.response_mean
-    micro = _micro_batches(rows, 0, cfg.optim.logprob_micro_batch, length)
+    micro = validation_micro_batches(cfg, gpus)
     tokens, attention = _tokens(cfg, sh, wl, rows, micro)
     scored = rows * wl.response_mean
     return generate + logprob_forward_seconds(sh, dev, tokens, scored, attention * _causal(dev))

@@ -52,8 +52,13 @@ def format_plan(p: Plan) -> str:
         for i, (c, w) in enumerate(zip(r, widths))
     ).rstrip()
     size = f"{p.parameters / 1e9:.2f}B" if p.parameters >= 1e9 else f"{p.parameters / 1e6:.1f}M"
+    where = (
+        f"{p.gpus} x {p.gpu_memory_gib:g} GiB GPUs (one node)"
+        if p.nodes == 1
+        else f"{p.nodes} nodes x {p.gpus // p.nodes} x {p.gpu_memory_gib:g} GiB GPUs"
+    )
     out = [
-        f"{size} parameters on {p.gpus} x {p.gpu_memory_gib:g} GiB GPUs (one node)",
+        f"{size} parameters on {where}",
         f"settings: {p.settings}",
         "",
         line(head),
@@ -94,7 +99,12 @@ def format_plan(p: Plan) -> str:
             f"fsdp.defer_grad_sync = true: +{g(p.defer_grad_sync_bytes)} GiB per GPU in the update "
             "(float32 unsharded gradients of every parameter)"
         )
-    out += ["", f"host RAM per node ({p.gpus} ranks)      GiB"]
+    ranks = (
+        f"{p.gpus} ranks"
+        if p.nodes == 1
+        else f"{p.gpus // p.nodes} ranks: the first node's, with rank 0"
+    )
+    out += ["", f"host RAM per node ({ranks})      GiB"]
     width = max(len(k) for k in [*p.host, *p.host_transient])
     out += [f"  {k.ljust(width)}  {g(v):>7}" for k, v in p.host.items()]
     out += [
@@ -109,6 +119,8 @@ def format_plan(p: Plan) -> str:
         else f"does NOT fit {p.host_memory_gib:g} GiB"
     )
     out += [f"  {'total'.ljust(width)}  {g(p.host_total):>7}  {verdict}", ""]
+    if p.nodes > 1:
+        out += [*format_network(p), ""]
     for ph in p.phases:
         out.append(
             f"{ph.name}: "
@@ -130,6 +142,53 @@ def format_plan(p: Plan) -> str:
         out += ["", "time: psyrl plan's time model covers T-GRPO steps, not SFT"]
     out += ["", p.verdict(), "", "assumptions: " + ASSUMPTIONS]
     return "\n".join(out)
+
+
+def format_network(p: Plan) -> list[str]:
+    """The collectives over every rank, phase by phase, and what each node sends over the network
+    (psyrl.plan.network)."""
+    world, nodes = p.gpus, p.nodes
+    out = [
+        f"network between the {nodes} nodes (NCCL's ring: each node sends (W - 1) / W of a "
+        f"collective's buffer, W = {world} ranks, and receives as much)"
+    ]
+    if not p.network:
+        return out + ["  not planned: T-GRPO's micro-batch counts need the time model's workload"]
+    head = ["phase", "collective", "GiB per call", "calls", "GiB per node", ""]
+    per = {"validation": "each validation", "checkpoint": "each checkpoint, into rank 0's node"}
+    rows = [
+        [
+            c.phase,
+            f"{c.op} of the {c.what}",
+            f"{c.size / GIB:.2f}",
+            f"{c.calls:,g}",
+            f"{c.node_bytes(world, nodes) / GIB:,.2f}",
+            per.get(c.phase, "per step"),
+        ]
+        for c in p.network
+    ]
+    step = sum(c.node_bytes(world, nodes) for c in p.network if c.phase not in per)
+    rows.append(["step", "", "", "", f"{step / GIB:,.2f}", "per step, in all"])
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    out += [
+        "  "
+        + "  ".join(
+            c.ljust(w) if i in (0, 1, 5) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
+        ).rstrip()
+        for r in [head, *rows]
+    ]
+    out.append(
+        "  inside a node: the vLLM engine's tensor-parallel all-reduces and the hand-over of the "
+        "gathered weights into it; not counted (sized by text or a few scalars): the prompts, "
+        "scored samples and validation outputs (all_gather_object), the micro-batch counts, "
+        "gradient norm and metrics (all-reduces); once a run: rank 0's weights broadcast at "
+        "start-up"
+    )
+    if p.times:
+        out.append(
+            "  the time model runs these at --device's GPU-to-GPU link, not the network's speed"
+        )
+    return out
 
 
 def _phase_seconds(t: Times, name: str) -> str:

@@ -1,8 +1,8 @@
 """SFT / knowledge injection (paper §4.1 "Implementation Details", appendix A.4, appendix B).
 `train` below is the whole loop, read top to bottom; `train_sft.py` runs it.
 
-    python train_sft.py --config configs/sft/tiny.toml [--set table.key=value ...] [--resume]
-    torchrun --nproc_per_node N train_sft.py --config ... [--resume]          (FSDP2, SPEC §1)
+    python train_sft.py --config configs/sft/tiny.toml [--set table.key=value ...] [--resume [auto]]
+    torchrun --nproc_per_node N train_sft.py --config ... [--resume [auto]]   (FSDP2, SPEC §1)
     psyrl train-sft ... / torchrun --nproc_per_node N -m psyrl train-sft ...         (installed)
 
 Loss on response tokens only (the SFT target of SPEC §6 plus the end-of-turn token), normalised by
@@ -54,7 +54,7 @@ LINE_FIELDS = [
 ]
 
 
-def train(cfg: Config, dist: Dist, overwrite: bool, resume: bool) -> None:
+def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
     # --------------------------------------------------- setup: everything checked before any write
     run = Run(cfg, dist, "sft", LINE_FIELDS, overwrite, resume)
     if cfg.optim.global_batch % dist.world:

@@ -84,7 +84,7 @@ def check_batches(cfg: Config, dist: Dist) -> None:
         )
 
 
-def train(cfg: Config, dist: Dist, overwrite: bool, resume: bool) -> None:
+def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
     # --------------------------------------------------- setup: everything checked before any write
     run = Run(cfg, dist, "tgrpo", LINE_FIELDS, overwrite, resume)
     check_batches(cfg, dist)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -33,6 +34,7 @@ RESUME_FREE = (
     "run.output_dir",
     "run.preempt_signals",
     "run.preempt_now",
+    "run.resume",
     "log",
     "checkpoint",
     "fsdp",
@@ -56,20 +58,28 @@ class Run:
         name: str,
         line_fields: list,
         overwrite: bool,
-        resume: bool,
+        resume: str,
     ):
+        """`resume`: run.resume (`off`, `on`, `auto`), which --resume sets."""
         self.cfg, self.dist, self.name, self.line_fields = cfg, dist, name, line_fields
         self.dir = Path(cfg.run.output_dir) / cfg.run.name
-        exists = (self.dir / "metrics.jsonl").exists()
-        if exists and not (overwrite or resume):
+        # rank 0 looks: the nodes of a job may see a shared filesystem at different moments
+        exists = broadcast_object((self.dir / "metrics.jsonl").exists(), dist)
+        if exists and not (overwrite or resume != "off"):
             raise RunError(
                 f"{self.dir} already holds a run; pass --resume to continue it or "
                 "--overwrite to start over"
             )
-        if resume and not exists:
+        if resume == "on" and not exists:
             raise RunError(f"--resume: {self.dir} holds no run")
         self.wipe = overwrite and exists
-        self.checkpoint = self._resumable() if resume else None
+        self.checkpoint = None
+        if resume == "on" or (resume == "auto" and exists):
+            self.checkpoint = self._resumable(required=resume == "on")
+        if resume == "auto" and exists and self.checkpoint is None:
+            self._start_over()
+        # torchrun's count of this job's worker restarts (0 outside torchrun), in every row
+        self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.state: dict = {}  # trainer.json of the checkpoint resumed
         self.first = 1  # the first step this process runs
         self.data: dict = {}
@@ -81,36 +91,63 @@ class Run:
         self.preemption: Preemption | None = None
         self.saved = -1  # the step of the newest checkpoint, -1 for none
 
-    def _resumable(self) -> Path:
+    def _changed(self, saved_config: Path, what: str) -> list[str]:
+        """The keys in which this config differs from the run's `saved_config` in a way that
+        matters (RESUME_FREE aside)."""
+        try:
+            saved = load_config(saved_config)
+        except ConfigError as e:
+            raise RunError(
+                f"{what}: cannot read the config the run was started with ({e}); a run "
+                "started by an older psyrl may use keys this version no longer has"
+            ) from None
+        return [
+            k
+            for k in config_changes(saved, self.cfg)
+            if k not in RESUME_FREE and k.split(".")[0] not in RESUME_FREE
+        ]
+
+    def _resumable(self, required: bool = True) -> Path | None:
         """The checkpoint to resume from, after checking the run's config has not changed in a way
-        that matters."""
+        that matters; without one: a RunError when `required`, else None."""
         dist = self.dist
         found = find_resumable(self.dir, lambda line: print0(line, dist)) if dist.is_main else None
         # rank 0 decides: nodes may see a shared filesystem differently
         checkpoint = broadcast_object(found, dist)
         if checkpoint is None:
+            if not required:
+                return None
             raise RunError(
                 f"--resume: {self.dir} holds no complete checkpoint with a training state "
                 "(checkpoint.every = 0 saves none; checkpoint.keep_state prunes older ones)"
             )
-        try:
-            saved = load_config(checkpoint / "config.resolved.toml")
-        except ConfigError as e:
-            raise RunError(
-                f"--resume: cannot read the config the run was started with ({e}); a run "
-                "started by an older psyrl may use keys this version no longer has"
-            ) from None
-        changed = [
-            k
-            for k in config_changes(saved, self.cfg)
-            if k not in RESUME_FREE and k.split(".")[0] not in RESUME_FREE
-        ]
+        changed = self._changed(checkpoint / "config.resolved.toml", "--resume")
         if changed:
             raise RunError(
                 f"--resume: the config differs from {checkpoint / 'config.resolved.toml'} "
                 f"in {', '.join(changed)}; resuming would not continue the same run"
             )
         return checkpoint
+
+    def _start_over(self) -> None:
+        """run.resume = auto on a run that holds steps but no checkpoint to resume (cut short
+        before its first one): start over when the steps are this config's, else refuse."""
+        saved = self.dir / "config.resolved.toml"
+        # rank 0 reads: one answer for every node
+        readable = broadcast_object(saved.is_file(), self.dist)
+        changed = self._changed(saved, "--resume auto") if readable else ["(no config)"]
+        if changed:
+            raise RunError(
+                f"--resume auto: {self.dir} holds a run with no complete checkpoint and its "
+                f"config differs from this one in {', '.join(changed)}; pass --overwrite to "
+                "start over"
+            )
+        print0(
+            f"{self.name}: {self.dir} holds steps of this config but no complete checkpoint "
+            "(cut short before the first); starting over",
+            self.dist,
+        )
+        self.wipe = True
 
     def check_data(self, data_path: str, count: int) -> None:
         """Fingerprint the training data; resuming on other data at the same path is refused: the
@@ -228,6 +265,7 @@ class Run:
     def log(self, row: dict, echo: bool = False) -> None:
         """Append a row to metrics.jsonl, then send it to the trackers; `echo`: also print its
         console line."""
+        row = {**row, "perf/restart": self.restart}
         if self.metrics is not None:
             self.metrics.write(row)
         if self.trackers is not None:

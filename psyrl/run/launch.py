@@ -2,13 +2,14 @@
 
 `launch(train, ...)` is what `train_sft.py`, `train_tgrpo.py` and `psyrl train-sft|train-tgrpo`
 run, once per torchrun rank: it loads the config, joins the process group, calls the recipe's
-`train(cfg, dist, overwrite, resume)` and leaves the group. It raises psyrl's own errors, which the
-command line reports once (`psyrl.cli.errors`).
+`train(cfg, dist, overwrite, resume)` (resume: run.resume) and leaves the group. It raises psyrl's
+own errors, which the command line reports once (`psyrl.cli.errors`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Callable
 
@@ -22,18 +23,21 @@ from psyrl.plan.planner import plan
 from psyrl.runtime.distributed import Dist, cleanup, init_distributed, print0
 from psyrl.runtime.vllm_sampler import check_tensor_parallel, import_vllm  # imports no vLLM
 
-Train = Callable[[Config, Dist, bool, bool], None]
+Train = Callable[[Config, Dist, bool, str], None]
 
 
-def launch(train: Train, config_path, overrides, overwrite: bool, resume: bool) -> None:
-    """Load the config, join the process group, run `train(cfg, dist, overwrite, resume)`, leave
-    the group. A file error while training (a full disk while logging) becomes a RunError naming
-    the file; on Preempted, rank 0 says how to resume before it propagates."""
+def launch(train: Train, config_path, overrides, overwrite: bool, resume: str | None) -> None:
+    """Load the config, join the process group, run `train(cfg, dist, overwrite, run.resume)`,
+    leave the group; `resume` (--resume: `on` or `auto`, None when not given) sets run.resume. A
+    file error while training (a full disk while logging) becomes a RunError naming the file; on
+    Preempted, rank 0 says how to resume before it propagates."""
     # no per-save bars inside psyrl's own progress bar
     transformers.utils.logging.disable_progress_bar()
-    if overwrite and resume:
-        raise RunError("--overwrite and --resume exclude each other")
     cfg = load_config(config_path, overrides)
+    if resume is not None:
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, resume=resume))
+    if overwrite and cfg.run.resume != "off":
+        raise RunError("--overwrite and --resume (run.resume) exclude each other")
     # CPU tensors: gloo beside nccl
     host_shards = cfg.fsdp.offload != "none" or cfg.fsdp.ref_offload
     if cfg.sampler.engine == "vllm":
@@ -41,11 +45,13 @@ def launch(train: Train, config_path, overrides, overwrite: bool, resume: bool) 
     try:
         dist = init_distributed(cfg.run.device, host_shards, cfg.fsdp.timeout_minutes)
         if cfg.sampler.engine == "vllm":
-            check_tensor_parallel(cfg.sampler.tensor_parallel, dist.world)
+            tp = cfg.sampler.tensor_parallel
+            check_tensor_parallel(tp, dist.world, local_world=dist.local_world)
     except ValueError as e:  # a device or a tensor-parallel size this machine cannot give
         raise RunError(str(e)) from None
+    check_restarts(cfg, dist)
     try:
-        train(cfg, dist, overwrite, resume)
+        train(cfg, dist, overwrite, cfg.run.resume)
     # e.g. a full disk while logging: which file, not a traceback (checkpoints are atomic)
     except OSError as e:
         raise RunError(f"file error: {e}") from None
@@ -57,21 +63,43 @@ def launch(train: Train, config_path, overrides, overwrite: bool, resume: bool) 
     cleanup(dist)
 
 
+def check_restarts(cfg: Config, dist: Dist) -> None:
+    """Under torchrun's --max-restarts: warn, on rank 0, about what would stop a restart from
+    continuing the run. torchrun's workers share its rendezvous store by default
+    (TORCHELASTIC_USE_AGENT_STORE; torch/distributed/elastic/rendezvous/dynamic_rendezvous.py:1144-
+    1146) and it keeps the previous attempt's keys: a restarted gloo or NCCL group can read a dead
+    worker's address and fail to connect (pytorch/pytorch#135712; seen here with gloo);
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 gives every attempt its own store."""
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) == 0:
+        return
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        print0(
+            "warning: torchrun --max-restarts with its shared rendezvous store: a restart may "
+            "fail to reconnect (pytorch/pytorch#135712); set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+            "where torchrun starts",
+            dist,
+        )
+    if cfg.run.resume != "auto":
+        print0(
+            "warning: torchrun --max-restarts without --resume auto (run.resume): a restart "
+            "may find this run's directory and stop instead of continuing it",
+            dist,
+        )
+
+
 def check_memory_plan(cfg: Config, dist: Dist, trainer: str) -> None:
     """On CUDA: print `psyrl plan`'s verdict for this config on these GPUs (their memory read from
-    the device, the node's RAM from the OS), and refuse a config it predicts will not fit, unless
-    run.memory_check is false."""
+    the device, the node's RAM from the OS; several nodes: planned per node, world / local world of
+    them), and refuse a config it predicts will not fit, unless run.memory_check is false."""
     if dist.device.type != "cuda":
         return
     try:
         architecture, _ = load_architecture(cfg.model)
         gpu_gib = torch.cuda.get_device_properties(dist.device).total_memory / 2**30
-        # the host figures are per node, with every rank on it
-        one_node = dist.world == dist.local_world
-        host_gib = (
-            os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 if one_node else None
-        )
-        memory = plan(cfg, architecture, dist.world, gpu_gib, host_gib, trainer)
+        # this node's RAM, judged against the plan's per node (the first's, the largest)
+        host_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        nodes = dist.world // dist.local_world
+        memory = plan(cfg, architecture, dist.world, gpu_gib, host_gib, trainer, nodes=nodes)
     except ValueError as e:  # e.g. an architecture the planner does not model
         print0(f"memory plan: not available ({e})", dist)
         return

@@ -90,7 +90,7 @@ def set_threads(local_world: int) -> None:
 
 
 def init_distributed(
-    device_choice: str = "auto", host_shards: bool = False, timeout_minutes: int = 60
+    device_choice: str = "auto", host_shards: bool = False, timeout_minutes: float = 60.0
 ) -> Dist:
     """Join the torchrun process group (when WORLD_SIZE > 1) and build the explicit device mesh: the
     default mesh can pick CUDA on a GPU machine and then fail with gloo."""

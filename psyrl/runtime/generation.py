@@ -32,7 +32,9 @@ def start_generation(gen: GenerationOptions) -> Dist:
         import_vllm()  # before anything starts
     dist = init_distributed(gen.device)
     if gen.engine == "vllm":
-        check_tensor_parallel(gen.tensor_parallel, dist.world, flag("tensor_parallel"))
+        check_tensor_parallel(
+            gen.tensor_parallel, dist.world, flag("tensor_parallel"), dist.local_world
+        )
     return dist
 
 

@@ -80,14 +80,19 @@ def import_vllm():
 
 
 def check_tensor_parallel(
-    tensor_parallel: int, world: int, name: str = "sampler.tensor_parallel"
+    tensor_parallel: int, world: int, name: str = "sampler.tensor_parallel", local_world: int = 0
 ) -> None:
-    """ValueError unless the engine's tensor-parallel size divides the ranks (vLLM groups
-    consecutive ranks)."""
-    if world % tensor_parallel:
+    """ValueError unless the engine's tensor-parallel size divides the ranks of a node
+    (`local_world`; 0: all `world` ranks are on one node). vLLM's external launcher groups
+    consecutive global ranks, and torchrun numbers a node's ranks consecutively, so a group of a
+    size that divides a node's ranks stays inside the node: its all-reduces, and the weight sync,
+    never cross the network."""
+    node = local_world or world
+    if world % tensor_parallel or node % tensor_parallel:
+        where = f"the {world} ranks" if node == world else f"the {node} ranks of a node"
         raise ValueError(
-            f"{name} = {tensor_parallel} must divide the {world} ranks (each group of consecutive "
-            "ranks holds one vLLM engine)"
+            f"{name} = {tensor_parallel} must divide {where} (each group of consecutive ranks "
+            "holds one vLLM engine, inside one node)"
         )
 
 
@@ -208,7 +213,7 @@ class VLLMSampler(ClosedAfterUse):
         seed: int = 0,
         progress: bool = False,
     ):
-        check_tensor_parallel(tensor_parallel, dist.world)
+        check_tensor_parallel(tensor_parallel, dist.world, local_world=dist.local_world)
         vllm = import_vllm()
         _launcher_env()
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)

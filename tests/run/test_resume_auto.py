@@ -1,0 +1,67 @@
+"""run.resume = "auto" (--resume auto) decides from the run directory alone, before any model is
+built: no run, start afresh; a run with a complete checkpoint, continue it (`on`'s checks); a run of
+this config cut short before its first checkpoint, start over; one of another config, refuse. The
+restarts themselves, with real faults under torchrun, are tests/test_restarts.py."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from psyrl.core.config import dump_config, load_config
+from psyrl.core.errors import RunError
+from psyrl.run.directory import Run
+from psyrl.runtime.distributed import ONE_PROCESS
+
+
+def config(tmp_path, *sets):
+    return load_config(None, [f"run.output_dir={json.dumps(str(tmp_path))}", *sets])
+
+
+def cut_short(tmp_path, cfg) -> None:
+    """What a run leaves when it dies after a step and before its first checkpoint."""
+    run = tmp_path / cfg.run.name
+    run.mkdir()
+    (run / "config.resolved.toml").write_text(dump_config(cfg))
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/loss": 1.0}) + "\n")
+
+
+def test_auto_starts_afresh_where_there_is_no_run(tmp_path):
+    run = Run(config(tmp_path), ONE_PROCESS, "sft", [], overwrite=False, resume="auto")
+    assert run.checkpoint is None and not run.wipe
+
+
+def test_auto_starts_over_a_run_of_this_config_cut_short_before_its_first_checkpoint(tmp_path):
+    cut_short(tmp_path, config(tmp_path))
+    # run.resume and the log table may differ: they are free on --resume too
+    cfg = config(tmp_path, "run.resume=auto", "log.every=5")
+    run = Run(cfg, ONE_PROCESS, "sft", [], overwrite=False, resume="auto")
+    assert run.checkpoint is None and run.wipe  # start() empties it, then writes its config
+
+
+def test_auto_refuses_a_run_of_another_config_and_on_refuses_no_checkpoint(tmp_path):
+    cut_short(tmp_path, config(tmp_path))
+    with pytest.raises(RunError, match=r"--resume auto: .* differs from this one in optim.lr"):
+        Run(config(tmp_path, "optim.lr=0.5"), ONE_PROCESS, "sft", [], False, "auto")
+    with pytest.raises(RunError, match="--resume: .* holds no complete checkpoint"):
+        Run(config(tmp_path), ONE_PROCESS, "sft", [], False, "on")
+    with pytest.raises(RunError, match="already holds a run; pass --resume"):
+        Run(config(tmp_path), ONE_PROCESS, "sft", [], False, "off")
+
+
+def test_the_resume_option_takes_auto_or_nothing(monkeypatch):
+    from psyrl.cli import train
+
+    seen = []
+    monkeypatch.setattr(train, "resolve_config", lambda path, kind: path)
+    monkeypatch.setattr(
+        "psyrl.run.launch.launch", lambda loop, cfg, sets, overwrite, resume: seen.append(resume)
+    )
+    for args, expected in ((["--resume"], "on"), (["--resume", "auto"], "auto"), ([], None)):
+        result = CliRunner().invoke(
+            train.train_sft, ["--config", "x.toml", *args], obj=lambda: None
+        )
+        assert result.exit_code == 0, result.output
+        assert seen.pop() == expected
+    result = CliRunner().invoke(train.train_sft, ["--config", "x.toml", "--resume", "always"])
+    assert result.exit_code == 2 and "'always' is not one of 'on', 'auto'" in result.output
