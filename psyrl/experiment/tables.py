@@ -201,6 +201,11 @@ def evaluates(experiment: Experiment, name: str) -> str:
     if run.kind == "join":
         return "one model per benchmark: " + "; ".join(
             f"{', '.join(experiment.runs[p].benchmarks)}: {evaluates(experiment, p)}"
+            + (
+                f" (runs with --opt-in {experiment.runs[p].opt_in})"
+                if experiment.runs[p].opt_in
+                else ""
+            )
             for p in run.parts
         )
     if run.kind in ("sft", "tgrpo"):

@@ -259,7 +259,7 @@ def test_join_row_takes_each_column_from_its_own_evaluation(experiment):
     assert after["cells"][ALL]["psyrl"]["items"] == 1
     assert after["evaluates"] == (
         "one model per benchmark: x: the final export (hf/) of SFT run tune-x; "
-        "y: the final export (hf/) of SFT run tune-y"
+        f"y: the final export (hf/) of SFT run tune-y (runs with --opt-in {WORD})"
     )
     # the comparison pairs the items both rows have
     assert table["compare"][0]["cells"][ALL]["psyrl"]["mean"] == 100.0
