@@ -1,9 +1,10 @@
 """Every shipped tiny experiment file, run end to end in a 1-step, 1-seed form (issue 22: CI keeps
 them working): `psyrl experiment` with each trainer cut to one step of a few prompts and each
 evaluation to one item per task, in one process per run. Where a file's runs differ only in --set
-values (Table 2's reward variants, Table 1's three data sets), one of each kind runs, to keep CI
-within its time (each run costs ~7 s of start-up); every run's config with its overrides is loaded
-in test_every_run_config_loads. What the full files measure is in docs/experiments.md."""
+or args values (Table 2's reward variants and prompts, Table 1's three data sets, Table 3's five
+per-benchmark rounds, RQ4's two protocols), one of each kind runs, to keep CI within its time (each
+run costs ~7 s of start-up); every run's config with its overrides is loaded in
+test_every_run_config_loads. What the full files measure is in docs/experiments.md."""
 
 import json
 import shutil
@@ -12,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from psyrl.experiment.spec import load_experiment, plan
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = sorted((REPO / "experiments").glob("*-tiny.toml"))
@@ -31,8 +34,13 @@ ONE_STEP = [
 # a one-step model answers no multiple-choice item with confidence, so `psyrl self-label` would
 # keep nothing: rq4's label sets are put in place (a finished run is skipped) from the demo's own
 # training records; self-label itself is tested in tests/eval/
-PLACED = {"rq4-tiny": ("labels-split", "labels-all")}
-ONLY = {"table2-tiny": ("naive", "cot", "sft", "bilateral-cache"), "table1-tiny": ("r1-set-1",)}
+PLACED = {"rq4-tiny": ("labels-split", "labels-all"), "table3-tiny": ("labels-cosmosqa",)}
+ONLY = {
+    "table2-tiny": ("naive", "sft-median", "bilateral-cache"),
+    "table1-tiny": ("sft-set-1-median", "r1-set-1"),
+    "table3-tiny": ("sft-median", "psy-interpreter", "after-cosmosqa"),
+    "rq4-tiny": ("before-split", "after-split"),
+}
 
 
 def smoke(path: Path, out: Path) -> subprocess.CompletedProcess:
@@ -75,19 +83,76 @@ def test_tiny_experiment_runs_end_to_end(tmp_path, path):
     assert ran and (not ONLY.get(path.stem) or set(ONLY[path.stem]) <= done), results["runs"]
     if path.stem not in ONLY:
         assert done == {run["run"] for run in results["runs"]}, results["runs"]
+    experiment = load_experiment(path)
     for table in results["tables"]:  # every row that ran has its score and interval
         for row in table["rows"]:
-            cell = row["cells"]["all items"]
-            if row["run"] in done:
+            cell = row["cells"]["all items"]["psyrl"]
+            parts = experiment.runs[row["run"]].parts or (row["run"],)  # a join: its runs
+            if done & set(parts):
                 assert cell is not None and cell["low"] <= cell["mean"] <= cell["high"], row
             else:
                 assert cell is None, row
     markdown = (tmp_path / path.stem / "results.md").read_text()
     assert all(f"## {t['title']}" in markdown for t in results["tables"])
+    for run in results["runs"]:  # Figures 5 and 6 as files, named in results.md
+        if run.get("writes", "").endswith(".png") and run["status"] == "done":
+            assert Path(run["writes"]).is_file() and run["writes"] in markdown
     # a second invocation finds everything finished and runs nothing
     again = smoke(path, tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "$ " not in again.stdout and "done, skipped" in again.stdout
+
+
+def test_tiny_files_write_figures_5_and_6():
+    """The fig6 file draws Figure 6 and Figure 5 (psyrl plot) and counts Figure 6's valid samples
+    in a table; CI runs it whole (above)."""
+    experiment = load_experiment(REPO / "experiments" / "fig6-tiny.toml")
+    assert {r.creates for r in experiment.runs.values() if r.kind == "psyrl"} == {
+        "fig5.png",
+        "fig6.png",
+    }
+    assert any(t.metric == "valid" and t.columns == "index" for t in experiment.tables)
+
+
+# tiny SFT runs that stand in for a model the paper starts from, evaluated as it is: table2-tiny's
+# for Qwen2.5-Instruct (its prompting rows); fig6-tiny's and rq4-tiny's start RL or self-training
+STAND_INS = {"table2-tiny": {"instruct"}, "fig6-tiny": {"sft"}, "rq4-tiny": {"sft"}}
+
+
+@pytest.mark.parametrize(
+    "path", sorted((REPO / "experiments").glob("*.toml")), ids=lambda p: p.stem
+)
+def test_every_sft_row_is_its_runs_median_checkpoint(path, monkeypatch):
+    """One rule for every SFT row (appendix B): an evaluation of an SFT run is its median-F1
+    checkpoint, chosen on every held-out item in the Qwen files; only a run without checkpoints (a
+    continual-learning round) is its final export."""
+    from psyrl.core.config import load_config
+    from psyrl.experiment.runner import substitute
+
+    monkeypatch.chdir(REPO)
+    experiment = load_experiment(path)
+    units = {u.run.name: u for u in plan(experiment)}
+
+    def config(name: str):
+        unit = units[name]
+        sets = [substitute(experiment, unit, o, dry=True) for o in unit.run.overrides]
+        return load_config(unit.run.config, sets)
+
+    rows = {r for t in experiment.tables for r in t.rows}
+    rows |= {p for r in set(rows) for p in experiment.runs[r].parts}
+    for name in rows:
+        run = experiment.runs[name]
+        target, _, rule = run.model.partition("@")
+        if run.kind == "sft":
+            assert config(name).checkpoint.every == 0, name
+        elif run.kind != "evaluate" or target in STAND_INS.get(path.stem, ()):
+            continue  # a T-GRPO row is its final export, whatever it starts from
+        elif target in experiment.runs and experiment.runs[target].kind == "sft":
+            assert rule == "median" or config(target).checkpoint.every == 0, name
+            if rule == "median" and "qwen" in path.stem:
+                cfg = config(target)
+                assert cfg.data.valid_items == 0, name  # the whole test split
+                assert cfg.data.valid_file == "data/stimuliqa/test.jsonl", name
 
 
 @pytest.mark.parametrize(
@@ -98,7 +163,6 @@ def test_every_run_config_loads(path, monkeypatch):
     config: a bad key or value in any run fails here, not hours into an experiment."""
     from psyrl.core.config import load_config
     from psyrl.experiment.runner import substitute
-    from psyrl.experiment.spec import load_experiment, plan
 
     monkeypatch.chdir(REPO)
     experiment = load_experiment(path)

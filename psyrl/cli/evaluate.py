@@ -331,7 +331,17 @@ def lengths_command(run_dirs, labels, out):
     help="Also label ToMbench items (its licence says: evaluation "
     "only; left out and counted by default).",
 )
-def self_label_command(eval_dir, out, tau, confidence, seed, any_split, include_tombench):
+@click.option(
+    "--benchmark",
+    "benchmarks",
+    multiple=True,
+    metavar="NAME",
+    help="Label only the predictions of this benchmark (repeatable): one SFT set per benchmark, "
+    "for the paper's dataset-specific models (appendix B).",
+)
+def self_label_command(
+    eval_dir, out, tau, confidence, seed, any_split, include_tombench, benchmarks
+):
     """Continual self-training (SPEC §8): from an evaluate.py run on the self-train half (--split
     selftrain), keep each format-valid prediction whose confidence exceeds tau, relabel it with its
     best-matching option (gold answers are never read) and write an SFT set that train_sft.py takes
@@ -362,6 +372,11 @@ def self_label_command(eval_dir, out, tau, confidence, seed, any_split, include_
             raise ValueError("self-labelling needs multiple-choice (benchmark-schema) predictions")
         records = {r.id: r for s in sources for r in s.records}
         rows, _ = read_predictions(Path(eval_dir) / "predictions.jsonl")
+        if benchmarks:
+            missing = sorted(set(benchmarks) - {r["benchmark"] for r in rows})
+            if missing:
+                raise ValueError(f"{eval_dir} has no prediction of {', '.join(missing)}")
+            rows = [r for r in rows if r["benchmark"] in benchmarks]
         kept, counts = self_label(
             rows,
             records,

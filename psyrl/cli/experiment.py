@@ -76,6 +76,14 @@ from psyrl.core.presets import PresetError, resolve_experiment
     help="With --plan: the memory of one GPU (48: RTX A6000).",
 )
 @click.option(
+    "--opt-in",
+    "opted",
+    multiple=True,
+    metavar="WORD",
+    help="Also run the runs marked opt_in = WORD (repeatable; e.g. training on ToMbench, whose "
+    "licence says evaluation only).",
+)
+@click.option(
     "--tables-only", is_flag=True, help="Write results.md/.json from what is on disk; run nothing."
 )
 def experiment_command(
@@ -90,6 +98,7 @@ def experiment_command(
     output_dir,
     plan_only,
     gpu_memory_gib,
+    opted,
     tables_only,
 ):
     """Run an experiment file, or a shipped one by name (`table2-tiny`; `psyrl config list` names
@@ -128,6 +137,14 @@ def experiment_command(
                 f"no run {unknown[0]!r} in {path} (runs: {', '.join(experiment.runs)})",
                 param_hint="--only",
             )
+        words = {run.opt_in for run in experiment.runs.values() if run.opt_in}
+        for word in opted:
+            if word not in words:
+                raise click.BadParameter(
+                    f"{word!r}: no run of {path} has opt_in = {word!r} "
+                    f"({', '.join(sorted(words)) or 'none has one'})",
+                    param_hint="--opt-in",
+                )
         for override in extra_sets:
             if "=" not in override or "." not in override.partition("=")[0]:
                 raise click.BadParameter(f"{override!r} is not TABLE.KEY=VALUE", param_hint="--set")
@@ -144,7 +161,7 @@ def experiment_command(
     if plan_only:
         raise SystemExit(plan_memory(experiment, extra_sets, gpu_memory_gib))
     if not tables_only:
-        code = run_experiment(experiment, only, dry_run, extra_sets, extra_eval)
+        code = run_experiment(experiment, only, dry_run, extra_sets, extra_eval, opted)
         if code or dry_run:
             raise SystemExit(code)
     tables, runs = collect(experiment)

@@ -96,8 +96,10 @@ def steps(
     extra_eval: tuple[str, ...],
     dry: bool,
 ) -> list[tuple[str, list[str]]]:
-    """The unit's (what, argv) still to run; [] when it is finished."""
+    """The unit's (what, argv) still to run; [] when it is finished (a join runs nothing)."""
     run, seed, out = unit.run, unit.seed, []
+    if run.kind == "join":
+        return out
     seeded = ["--seed", str(seed)] if seed is not None else []
     try:
         model = resolve(experiment, run.model, seed, dry) if run.model else ""
@@ -223,20 +225,35 @@ class Runner:
         return code
 
 
+def left_out(unit: Unit, opted: tuple[str, ...]) -> bool:
+    """An opt-in unit whose word was not given: not run, not waited for."""
+    return bool(unit.run.opt_in) and unit.run.opt_in not in opted
+
+
 def run_experiment(
     experiment: Experiment,
     only: tuple[str, ...] = (),
     dry_run: bool = False,
     extra_sets: tuple[str, ...] = (),
     extra_eval: tuple[str, ...] = (),
+    opted: tuple[str, ...] = (),
 ) -> int:
     """Run the units still to run; returns the exit status (0, or 75 when preempted)."""
     units = plan(experiment)
-    chosen = select(units, only)
+    chosen = [u for u in select(units, only) if u.run.kind != "join"]  # a join runs nothing
+    for unit in chosen:
+        if left_out(unit, opted) and unit.run.name in only:
+            raise SystemExit(
+                f"psyrl experiment: run {unit.run.name!r} runs only with --opt-in "
+                f"{unit.run.opt_in} (see its comment in {experiment.path})"
+            )
     record_path = experiment.run_root / "experiment.json"
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
     if dry_run:
         for unit in chosen:
+            if left_out(unit, opted):
+                print(f"# {unit.title}: left out (runs with --opt-in {unit.run.opt_in})")
+                continue
             todo = steps(experiment, unit, extra_sets, extra_eval, dry=True)
             print(f"# {unit.title}: " + ("done" if not todo else ", ".join(w for w, _ in todo)))
             for _, argv in todo:
@@ -252,6 +269,7 @@ def run_experiment(
                 f"psyrl experiment: another psyrl experiment is running the runs "
                 f"in {experiment.run_root} (it holds experiment.lock)"
             ) from None
+        chosen = [u for u in chosen if not left_out(u, opted)]
         return _run_units(experiment, chosen, record, record_path, extra_sets, extra_eval, started)
 
 
@@ -384,6 +402,8 @@ def collect(experiment: Experiment) -> tuple[list[dict], list[dict]]:
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
     runs = []
     for unit in units:
+        if unit.run.kind == "join":  # a table row, not a run
+            continue
         finished = not steps(experiment, unit, (), (), dry=True)
         wall = sum(
             v
@@ -396,8 +416,13 @@ def collect(experiment: Experiment) -> tuple[list[dict], list[dict]]:
                 "seed": unit.seed,
                 "title": unit.title,
                 "dir": str(unit.dir),
-                "status": "done" if finished else "not finished",
+                "status": "done"
+                if finished
+                else f"opt-in (--opt-in {unit.run.opt_in})"
+                if unit.run.opt_in
+                else "not finished",
                 "wall_s": round(wall, 1) if wall else None,
+                **({"writes": str(unit.dir / unit.run.creates)} if unit.run.creates else {}),
             }
         )
     tables = [build_table(experiment, table, units) for table in experiment.tables]

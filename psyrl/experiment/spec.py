@@ -4,12 +4,16 @@ per run and seed, in dependency order. Reads files only: nothing here runs or im
 
     [experiment]                 description, output_dir, nproc, torchrun_args, bootstrap
     [evaluate]                   benchmarks and args of every evaluation (a trained run's included)
-    [runs.NAME]                  kind = "sft" | "tgrpo" | "evaluate" | "psyrl", and its keys
+    [runs.NAME]                  kind = "sft" | "tgrpo" | "evaluate" | "psyrl" | "join", its keys
     [[tables]]                   rows (run names), columns, metric, deltas, compare
+    [tables.paper]               the paper's values for the table, typed in from it (issue 31)
 
 A model reference (`model`, and `{model:...}` in `args` or `set`) is a run name (its final `hf/`),
 `NAME@median|best|last` (`psyrl select-checkpoint`'s choice, appendix B), or a path. `{run:NAME}` is
-a run's directory, `{eval:NAME}` its evaluation's, `{dir}` the run's own.
+a run's directory, `{eval:NAME}` its evaluation's, `{dir}` the run's own. A `join` runs nothing: it
+is a table row made of several evaluate runs, each of its own benchmarks (the paper's
+dataset-specific Psy-Interpreter-SFT models). A run with `opt_in = "WORD"` runs only under
+`--opt-in WORD`.
 """
 
 from __future__ import annotations
@@ -23,18 +27,35 @@ import tomli
 from psyrl.core.errors import PsyrlError
 from psyrl.core.presets import PresetError, config_presets, is_preset, resolve_config
 
-KINDS = ("sft", "tgrpo", "evaluate", "psyrl")
+KINDS = ("sft", "tgrpo", "evaluate", "psyrl", "join")
 RULES = ("median", "best", "last")
 RUN_KEYS = {
-    "sft": {"kind", "config", "set", "model", "seeds", "evaluate", "label", "nproc"},
-    "tgrpo": {"kind", "config", "set", "model", "seeds", "evaluate", "label", "nproc"},
-    "evaluate": {"kind", "model", "args", "seeds", "benchmarks", "label", "nproc"},
-    "psyrl": {"kind", "args", "creates", "seeds", "label", "nproc"},
+    "sft": {"kind", "config", "set", "model", "seeds", "evaluate", "label", "nproc", "opt_in"},
+    "tgrpo": {"kind", "config", "set", "model", "seeds", "evaluate", "label", "nproc", "opt_in"},
+    "evaluate": {"kind", "model", "args", "seeds", "benchmarks", "label", "nproc", "opt_in"},
+    "psyrl": {"kind", "args", "creates", "seeds", "label", "nproc", "opt_in"},
+    "join": {"kind", "runs", "label"},
 }
 EXPERIMENT_KEYS = {"description", "output_dir", "nproc", "torchrun_args", "bootstrap"}
 EVALUATE_KEYS = {"benchmarks", "args"}
-TABLE_KEYS = {"title", "rows", "columns", "benchmark", "metric", "deltas", "compare", "note"}
+TABLE_KEYS = {
+    "title",
+    "rows",
+    "columns",
+    "benchmark",
+    "metric",
+    "deltas",
+    "compare",
+    "note",
+    "paper",
+}
+COLUMNS = ("tasks", "benchmarks", "index")
+METRICS = ("f1", "accuracy", "valid")
+PAPER_KEYS = {"table", "block", "columns", "rows", "differences"}
+PAPER_ROW_KEYS = {"row", "block", "values"}
+PAPER_DIFFERENCE_KEYS = {"minus", "row", "block", "values"}
 PLACEHOLDER = re.compile(r"\{(run|eval|model):([^{}]+)\}")
+OPT_IN = re.compile(r"[a-z0-9][a-z0-9-]*")
 
 
 class ExperimentError(PsyrlError, ValueError):
@@ -55,18 +76,58 @@ class RunSpec:
     creates: str = ""  # a psyrl run is done when this file exists (relative to its directory)
     label: str = ""
     nproc: int = 0  # ranks of this run; 0: [experiment] nproc (an API evaluation: 1)
+    parts: tuple[str, ...] = ()  # a join's evaluate runs, one per benchmark or group of them
+    opt_in: str = ""  # runs only under `psyrl experiment --opt-in WORD` ("": always)
+
+
+@dataclass(frozen=True)
+class PaperRow:
+    """Numbers typed in from the paper: one row of one of its tables, or a sentence of its text."""
+
+    row: str  # the row's label as the paper prints it; for a section: the sentence that holds them
+    block: str  # the table's block it is in (a model's name); "" = above every block
+    values: tuple[float, ...]  # one per PaperValues.columns, in the paper's order
+    minus: str = ""  # a printed difference: the run it is taken against
+
+
+@dataclass(frozen=True)
+class PaperValues:
+    """The paper's values for one table of an experiment file (`[tables.paper]`)."""
+
+    table: str  # where they are printed: "Table 2", or a section ("§4.6")
+    columns: tuple[str, ...]  # psyrl's column of each printed value, in the paper's order
+    rows: dict[str, PaperRow]  # run -> its row in the paper
+    differences: dict[str, PaperRow]  # run -> a difference the paper prints (against `minus`)
+
+    def value(self, run: str, column: str) -> float | None:
+        entry = self.rows.get(run)
+        return _at(self, entry, column) if entry else None
+
+    def difference(self, a: str, b: str, column: str) -> float | None:
+        """A - B: the paper's printed difference where it prints one (Table 2's parentheses), else
+        the difference of its two values, else None."""
+        printed = self.differences.get(a)
+        if printed and printed.minus == b:
+            return _at(self, printed, column)
+        x, y = self.value(a, column), self.value(b, column)
+        return None if x is None or y is None else round(x - y, 6)
+
+
+def _at(paper: PaperValues, entry: PaperRow, column: str) -> float | None:
+    return entry.values[paper.columns.index(column)] if column in paper.columns else None
 
 
 @dataclass(frozen=True)
 class TableSpec:
     title: str
     rows: tuple[str, ...]
-    columns: str = "tasks"  # "tasks" of `benchmark`, or "benchmarks"
+    columns: str = "tasks"  # "tasks" of `benchmark`, "benchmarks", or "index" (Figure 6)
     benchmark: str = ""
-    metric: str = "f1"  # f1 (x100) | accuracy (%)
+    metric: str = "f1"  # f1 (x100) | accuracy (%) | valid (count of non-zero-F1 responses)
     deltas: tuple[str, ...] = ()
     compare: tuple[tuple[str, str], ...] = ()
     note: str = ""
+    paper: PaperValues | None = None
 
 
 @dataclass(frozen=True)
@@ -197,6 +258,9 @@ def load_experiment(path: str | Path, output_dir: str | None = None) -> Experime
         tables=tables,
     )
     for run in runs.values():
+        if run.kind == "join":
+            _check_join(run, runs, fail)
+            continue
         for arg in (*run.args, *run.overrides):
             for _, target in PLACEHOLDER.findall(arg):
                 if target.partition("@")[0] not in runs:
@@ -214,8 +278,16 @@ def load_experiment(path: str | Path, output_dir: str | None = None) -> Experime
             )
             if target == run.name:
                 fail(where, f"run {run.name!r} starts from itself")
+            if target in runs and runs[target].kind == "join":
+                fail(where, f"run {target!r} is a join (a table row): it has no model or directory")
             if target in runs:
                 _check_seeds(run, runs[target], where, fail)
+                if runs[target].opt_in and runs[target].opt_in != run.opt_in:
+                    fail(
+                        where,
+                        f"run {run.name!r} reads {target!r}, which runs only with --opt-in "
+                        f"{runs[target].opt_in}: give it opt_in = {runs[target].opt_in!r} too",
+                    )
             elif "@" in reference or reference.startswith("{"):
                 fail(where, f"{reference!r}: no run named {target!r} (runs: {', '.join(runs)})")
         needs_eval = run.kind == "evaluate" or (run.kind in ("sft", "tgrpo") and run.evaluate)
@@ -283,6 +355,26 @@ def _run(name: str, value, fail) -> RunSpec:
                 f"run {name!r}: unknown key {key!r} for kind {kind!r} (valid: "
                 f"{', '.join(sorted(RUN_KEYS[kind]))})",
             )
+    if kind == "join":
+        parts = _strings(value, where + ("runs",), fail)
+        if not parts or len(set(parts)) != len(parts):
+            fail(
+                where + (("runs",) if "runs" in value else ()),
+                f"run {name!r}: a join needs runs = [distinct evaluate runs], got {parts!r}",
+            )
+        return RunSpec(
+            name=name,
+            kind=kind,
+            label=_get(value, where + ("label",), str, "", fail),
+            parts=tuple(parts),
+        )
+    opt_in = _get(value, where + ("opt_in",), str, "", fail)
+    if "opt_in" in value and not OPT_IN.fullmatch(opt_in):
+        fail(
+            where + ("opt_in",),
+            f"run {name!r}: opt_in must be a word of lowercase letters, digits and '-' (the "
+            f"argument of --opt-in), got {opt_in!r}",
+        )
     seeds = value.get("seeds", [])
     if (
         not isinstance(seeds, list)
@@ -352,7 +444,35 @@ def _run(name: str, value, fail) -> RunSpec:
         creates=creates,
         label=_get(value, where + ("label",), str, "", fail),
         nproc=1 if api else nproc,
+        opt_in=opt_in,
     )
+
+
+def _check_join(run: RunSpec, runs: dict, fail) -> None:
+    """A join's parts: evaluate runs with benchmarks of their own, none shared (each column of the
+    row comes from one of them), the same seeds."""
+    where = ("runs", run.name, "runs")
+    taken: dict[str, str] = {}
+    for part in run.parts:
+        target = runs.get(part)
+        if target is None:
+            fail(where, f"run {run.name!r}: no run named {part!r} (runs: {', '.join(runs)})")
+        if target.kind != "evaluate" or not target.benchmarks:
+            fail(
+                where,
+                f"run {run.name!r}: {part!r} is not an evaluate run with benchmarks of its own "
+                "(a join takes each column from one of them)",
+            )
+        for benchmark in target.benchmarks:
+            if benchmark in taken:
+                fail(
+                    where,
+                    f"run {run.name!r}: {part!r} and {taken[benchmark]!r} both evaluate "
+                    f"{benchmark}",
+                )
+            taken[benchmark] = part
+        if target.seeds != runs[run.parts[0]].seeds:
+            fail(where, f"run {run.name!r}: its runs must have the same seeds")
 
 
 def _resolves(config: str, kind: str) -> bool:
@@ -416,11 +536,17 @@ def _table_spec(index: int, value, runs: dict, fail) -> TableSpec:
         ):
             fail(where, f"tables: run {name!r} has no evaluation to put in a table")
     columns = value.get("columns", "tasks")
-    if columns not in ("tasks", "benchmarks"):
-        fail(where + ("columns",), f'columns must be "tasks" or "benchmarks", got {columns!r}')
+    if columns not in COLUMNS:
+        fail(
+            where + ("columns",),
+            f"columns must be one of {', '.join(map(repr, COLUMNS))}, got {columns!r}",
+        )
     metric = value.get("metric", "f1")
-    if metric not in ("f1", "accuracy"):
-        fail(where + ("metric",), f'metric must be "f1" or "accuracy", got {metric!r}')
+    if metric not in METRICS:
+        fail(
+            where + ("metric",),
+            f"metric must be one of {', '.join(map(repr, METRICS))}, got {metric!r}",
+        )
     return TableSpec(
         title=_get(value, where + ("title",), str, f"table {index + 1}", fail),
         rows=rows,
@@ -430,7 +556,85 @@ def _table_spec(index: int, value, runs: dict, fail) -> TableSpec:
         deltas=deltas,
         compare=tuple(tuple(p) for p in compare),
         note=_get(value, where + ("note",), str, "", fail),
+        paper=_paper(value["paper"], where + ("paper",), rows, fail) if "paper" in value else None,
     )
+
+
+def _paper(value, where: tuple, rows: tuple[str, ...], fail) -> PaperValues:
+    """[tables.paper]: where the paper prints the table's numbers, and each row's values."""
+    if not isinstance(value, dict):
+        fail(where, "paper must be a table ([tables.paper])")
+    for key in value:
+        if key not in PAPER_KEYS:
+            fail(
+                where + (key,),
+                f"paper: unknown key {key!r} (valid: {', '.join(sorted(PAPER_KEYS))})",
+            )
+    table = _get(value, where + ("table",), str, "", fail)
+    if not table:
+        fail(where, 'paper needs table = where the values are printed (e.g. "Table 2", "§4.6")')
+    block = _get(value, where + ("block",), str, "", fail)
+    columns = tuple(_strings(value, where + ("columns",), fail))
+    if not columns or len(set(columns)) != len(columns):
+        fail(
+            where + (("columns",) if "columns" in value else ()),
+            "paper needs columns = [distinct column names]: psyrl's column of each printed "
+            "value, in the paper's order",
+        )
+    entries = {}
+    for part, keys in (("rows", PAPER_ROW_KEYS), ("differences", PAPER_DIFFERENCE_KEYS)):
+        found = value.get(part, {})
+        if not isinstance(found, dict):
+            fail(where + (part,), f"paper: {part} must be a table of run = {{...}}")
+        entries[part] = {}
+        for run, entry in found.items():
+            at = where + (part, run)
+            if run not in rows:
+                fail(at, f"paper: {run!r} is not a row of this table (rows: {', '.join(rows)})")
+            if not isinstance(entry, dict):
+                fail(at, f"paper: {part}.{run} must be a table: {{ row = ..., values = [...] }}")
+            for key in entry:
+                if key not in keys:
+                    fail(
+                        at + (key,),
+                        f"paper: {part}.{run}: unknown key {key!r} (valid: "
+                        f"{', '.join(sorted(keys))})",
+                    )
+            minus = _get(entry, at + ("minus",), str, "", fail)
+            if part == "differences" and minus not in rows:
+                fail(
+                    at + (("minus",) if "minus" in entry else ()),
+                    f"paper: differences.{run} needs minus = the row it is taken against "
+                    f"(rows: {', '.join(rows)}), got {minus!r}",
+                )
+            inherited = entries["rows"].get(run) if part == "differences" else None
+            label = _get(entry, at + ("row",), str, inherited.row if inherited else "", fail)
+            if not label:
+                fail(at, f"paper: {part}.{run} needs row = the paper's row label (or sentence)")
+            numbers = entry.get("values")
+            if (
+                not isinstance(numbers, list)
+                or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in numbers)
+                or len(numbers) != len(columns)
+            ):
+                fail(
+                    at + (("values",) if "values" in entry else ()),
+                    f"paper: {part}.{run} needs values = {len(columns)} numbers (one per column: "
+                    f"{', '.join(columns)}), got {numbers!r}",
+                )
+            entries[part][run] = PaperRow(
+                row=label,
+                block=_get(
+                    entry, at + ("block",), str, inherited.block if inherited else block, fail
+                ),
+                values=tuple(float(v) for v in numbers),
+                minus=minus,
+            )
+    if not entries["rows"] and not entries["differences"]:
+        fail(
+            where, "paper has no rows: add [tables.paper.rows] run = { row = ..., values = [...] }"
+        )
+    return PaperValues(table, columns, entries["rows"], entries["differences"])
 
 
 # ---------------------------------------------------------------- planning
@@ -463,6 +667,8 @@ def plan(experiment: Experiment) -> list[Unit]:
     for run in experiment.runs.values():
         for seed in run.seeds or (None,):
             unit = Unit(run, seed, unit_dir(experiment, run, seed))
+            for part in run.parts:  # a join waits for every unit of its runs
+                unit.needs += [(part, s) for s in experiment.runs[part].seeds or (None,)]
             for reference in _references(run):
                 target = experiment.runs.get(reference.partition("@")[0])
                 if target is not None:

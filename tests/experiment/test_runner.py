@@ -66,12 +66,17 @@ def test_dry_run_of_shipped_experiments(tmp_path, path):
     units = plan(experiment)
     root = tmp_path / experiment.name
     lines = result.output.splitlines()
-    # one header per unit, in plan order, then one line per step; nothing has run yet
+    # one header per unit, in plan order, then one line per step; nothing has run yet; a join
+    # (a table row) runs nothing and has no header, an opt-in run not opted into is left out
     cursor = 0
-    for unit in units:
+    for unit in (u for u in units if u.run.kind != "join"):
         match = HEADER.match(lines[cursor])
         assert match, lines[cursor]
         assert (match[1], None if match[2] is None else int(match[2])) == unit.key
+        if unit.run.opt_in:
+            assert match[3] == f"left out (runs with --opt-in {unit.run.opt_in})"
+            cursor += 1
+            continue
         whats = {
             "sft": ["train", "evaluate"],
             "tgrpo": ["train", "evaluate"],
@@ -253,7 +258,7 @@ def test_bad_file_is_a_one_line_error(tmp_path):
     assert "Traceback" not in result.output
     assert (
         result.output.strip() == f"Error: {path}:2: run 'a': kind must be one of sft, tgrpo, "
-        "evaluate, psyrl, got 'dpo'"
+        "evaluate, psyrl, join, got 'dpo'"
     )
 
 

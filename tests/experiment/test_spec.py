@@ -98,12 +98,12 @@ CASES = [
     (
         "bad-kind",
         EVALUATE + '[runs.a]\nkind = "dpo"  # <-\n',
-        "run 'a': kind must be one of sft, tgrpo, evaluate, psyrl, got 'dpo'",
+        "run 'a': kind must be one of sft, tgrpo, evaluate, psyrl, join, got 'dpo'",
     ),
     (
         "no-kind",
         EVALUATE + '[runs.a]  # <-\nconfig = "configs/sft/tiny.toml"\n',
-        "run 'a': kind must be one of sft, tgrpo, evaluate, psyrl, got None",
+        "run 'a': kind must be one of sft, tgrpo, evaluate, psyrl, join, got None",
     ),
     ("inline-table-run", EVALUATE + '[runs]\na = { kind = "dpo" }  # <-\n', "kind must be one of"),
     (
@@ -331,12 +331,12 @@ CASES = [
     (
         "bad-columns",
         EVALUATE + "[runs.a]\n" + SFT + '[[tables]]\nrows = ["a"]\ncolumns = "items"  # <-\n',
-        'columns must be "tasks" or "benchmarks", got \'items\'',
+        "columns must be one of 'tasks', 'benchmarks', 'index', got 'items'",
     ),
     (
         "bad-metric",
         EVALUATE + "[runs.a]\n" + SFT + '[[tables]]\nrows = ["a"]\nmetric = "bleu"  # <-\n',
-        'metric must be "f1" or "accuracy", got \'bleu\'',
+        "metric must be one of 'f1', 'accuracy', 'valid', got 'bleu'",
     ),
     (
         "tables-not-an-array",

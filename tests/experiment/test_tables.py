@@ -149,7 +149,10 @@ def experiment(tmp_path, monkeypatch):
 
 
 def cells_of(table: dict, run: str) -> dict:
-    return next(r for r in table["rows"] if r["run"] == run)["cells"]
+    """psyrl's estimates of a row, by column (the tables here give no paper values)."""
+    cells = next(r for r in table["rows"] if r["run"] == run)["cells"]
+    assert all(c["paper"] is None and c["difference"] is None for c in cells.values())
+    return {column: cell["psyrl"] for column, cell in cells.items()}
 
 
 def test_f1_cells_by_task(experiment):
@@ -210,16 +213,18 @@ def test_delta_rows_and_comparisons(experiment):
     # b itself and d (not run) have no delta row.
     deltas = table["deltas"]["b"]
     assert [(r["run"], r["label"]) for r in deltas] == [("a", "A"), ("c", "c")]
-    mean = [{c: cell["mean"] for c, cell in r["cells"].items()} for r in deltas]
+    mean = [{c: cell["psyrl"]["mean"] for c, cell in r["cells"].items()} for r in deltas]
     assert mean[0] == pytest.approx({"T1": 37.5, "T2": 25.0, ALL: 31.25}, abs=1e-12)
     assert mean[1] == pytest.approx({"T1": -37.5, "T2": 87.5, ALL: 25.0}, abs=1e-12)
-    assert deltas[0]["cells"][ALL]["seeds"] == 2 and deltas[1]["cells"][ALL]["seeds"] == 2
-    # compare a - b: the same numbers; d - b: d has not run, no cells
+    assert deltas[0]["cells"][ALL]["psyrl"]["seeds"] == 2
+    assert deltas[1]["cells"][ALL]["psyrl"]["seeds"] == 2
+    # compare a - b: the same numbers; d - b: d has not run, no estimates
     a_b, d_b = table["compare"]
     assert (a_b["a"], a_b["b"], a_b["label"]) == ("a", "b", "A − B")
-    assert {c: cell["mean"] for c, cell in a_b["cells"].items()} == pytest.approx(mean[0])
+    assert {c: cell["psyrl"]["mean"] for c, cell in a_b["cells"].items()} == pytest.approx(mean[0])
     assert a_b["cells"] == deltas[0]["cells"]  # the same bootstrap: the same interval
-    assert (d_b["label"], d_b["cells"]) == ("d − B", {})
+    assert d_b["label"] == "d − B"
+    assert all(cell["psyrl"] is None for cell in d_b["cells"].values())
 
 
 def test_accuracy_uses_correct_and_skips_free_text(experiment):
@@ -258,7 +263,8 @@ def test_table_markdown(experiment):
         "",
         "a note",
         "",
-        "F1 ×100: mean over seeds [95 % bootstrap interval over seeds and items].",
+        "F1 ×100: mean over seeds [95 % bootstrap interval over seeds and items]. The file gives "
+        "no paper values for this table.",
     ]
     assert "| run | T1 | T2 | all items |" in lines
     assert "| --- | ---: | ---: | ---: |" in lines
@@ -273,7 +279,9 @@ def test_table_markdown(experiment):
     assert "| d (not run yet) | – | – | – |" in lines
     assert "Δ vs B (paired by seed and item):" in lines
     delta_a = table["deltas"]["b"][0]["cells"]
-    assert any(line.startswith(f"| A | +37.5 [{delta_a['T1']['low']:+.1f}, ") for line in lines)
+    assert any(
+        line.startswith(f"| A | +37.5 [{delta_a['T1']['psyrl']['low']:+.1f}, ") for line in lines
+    )
     assert any(line.startswith("| c | -37.5 [") for line in lines)
     assert "| A − B | T1 | T2 | all items |" in lines
     assert "| d − B | – | – | – |" in lines
@@ -346,8 +354,8 @@ def test_delta_of_a_partly_finished_run_pairs_by_seed(experiment):
     )
     table = build_table(experiment, experiment.tables[0], plan(experiment))
     d = next(r for r in table["deltas"]["b"] if r["run"] == "d")["cells"]
-    assert d[ALL]["seeds"] == 1
-    assert d["T1"]["mean"] == pytest.approx(50.0)
+    assert d[ALL]["psyrl"]["seeds"] == 1
+    assert d["T1"]["psyrl"]["mean"] == pytest.approx(50.0)
 
 
 def test_tasks_of_several_benchmarks_are_named_with_their_benchmark(experiment):
@@ -359,3 +367,119 @@ def test_tasks_of_several_benchmarks_are_named_with_their_benchmark(experiment):
     assert table["columns"] == [f"{X} / T1", f"{X} / T2", f"{Y} / T3", ALL]
     assert cells_of(table, "a")[f"{Y} / T3"]["mean"] == 100.0
     assert cells_of(table, "b")[f"{Y} / T3"] is None
+
+
+VALID_FILE = """[experiment]
+bootstrap = 400
+
+[evaluate]
+benchmarks = ["tombench"]
+
+[runs.base]
+kind = "evaluate"
+label = "Basic R1"
+model = "models/base"
+
+[runs.bilateral]
+kind = "evaluate"
+label = "BR"
+model = "models/br"
+
+[[tables]]
+title = "valid samples"
+columns = "index"
+metric = "valid"
+rows = ["base", "bilateral"]
+compare = [["bilateral", "base"]]
+
+[tables.paper]
+table = "§4.6"
+columns = ["index 1", "index 2", "index 3"]
+
+[tables.paper.differences]
+bilateral = { minus = "base", row = "1, 0 and 1 more", values = [1, 0, 1] }
+"""
+UOT = "Unexpected Outcome Test"
+
+
+def uot(item: int, index, f1: float, task: str = UOT) -> dict:
+    return {**row("tombench", item, task, f1, None), "index": index}
+
+
+def test_valid_samples_by_question_index(tmp_path, monkeypatch):
+    """Figure 6's counts: responses with non-zero F1 on the Unexpected Outcome Test by question
+    index, as counts with their intervals; other tasks and items without an index left out."""
+    monkeypatch.chdir(REPO)
+    path = tmp_path / "valid.toml"
+    path.write_text(VALID_FILE)
+    experiment = load_experiment(path, str(tmp_path / "runs"))
+    units = {u.key: u for u in plan(experiment)}
+    # base: index 1 F1 (0.5, 0) -> 1 valid of 2; index 2 (0, 0) -> 0; index 3 (0.2) -> 1
+    # BR: index 1 (0.5, 0.3) -> 2; index 2 (0, 0.1) -> 1; index 3 (0) -> 0
+    extra = [uot(9, 1, 1.0, "Ambiguous Story Task"), uot(10, None, 1.0)]
+    write_evaluation(
+        units[("base", None)].eval_dir,
+        [uot(1, 1, 0.5), uot(2, 1, 0.0), uot(3, 2, 0.0), uot(4, 2, 0.0), uot(5, 3, 0.2), *extra],
+    )
+    write_evaluation(
+        units[("bilateral", None)].eval_dir,
+        [uot(1, 1, 0.5), uot(2, 1, 0.3), uot(3, 2, 0.0), uot(4, 2, 0.1), uot(5, 3, 0.0), *extra],
+    )
+    table = build_table(experiment, experiment.tables[0], plan(experiment))
+    assert table["columns"] == ["index 1", "index 2", "index 3", ALL]
+    base = next(r for r in table["rows"] if r["run"] == "base")["cells"]
+    assert {c: cell["psyrl"]["mean"] for c, cell in base.items()} == pytest.approx(
+        {"index 1": 1.0, "index 2": 0.0, "index 3": 1.0, ALL: 2.0}
+    )
+    # a count's interval: index 1's two items are both valid or both not in a quarter of the
+    # resamples each: [0, 2]
+    assert (base["index 1"]["psyrl"]["low"], base["index 1"]["psyrl"]["high"]) == (0.0, 2.0)
+    # BR - Basic R1: +1 [0, 2] (paper +1: inside), +1 [0, 2] (paper 0: inside), -1 [-1, -1]
+    # (paper +1: outside)
+    cells = table["compare"][0]["cells"]
+    assert [cells[c]["psyrl"]["mean"] for c in table["columns"]] == pytest.approx([1, 1, -1, 1])
+    assert [cells[c]["inside"] for c in table["columns"]] == [True, True, False, None]
+    text = table_markdown(table)
+    assert text.splitlines()[2].startswith("valid samples (non-zero F1). A cell: psyrl's mean")
+    assert "(the paper's value (§4.6) · psyrl" not in text and "value (§4.6) · psyrl" in text
+    assert "| BR − Basic R1 | +1.0 [+0.0, +2.0] · paper +1 · +0.0 (inside) |" in text
+
+
+def test_a_rule_row_states_the_checkpoint_it_chose(tmp_path, monkeypatch):
+    """`sft@median` rows say which checkpoint appendix B's rule chose for each seed."""
+    from test_runner import checkpoint
+
+    monkeypatch.chdir(REPO)
+    path = tmp_path / "rule.toml"
+    path.write_text(
+        '[evaluate]\nbenchmarks = ["x.jsonl"]\n'
+        '[runs.sft]\nkind = "sft"\nconfig = "configs/sft/tiny.toml"\nseeds = [0, 1]\n'
+        "evaluate = false\n"
+        '[runs.sft-median]\nkind = "evaluate"\nlabel = "SFT"\nmodel = "sft@median"\n'
+        "seeds = [0, 1]\n"
+        '[runs.base]\nkind = "tgrpo"\nconfig = "configs/tgrpo/tiny.toml"\nmodel = "sft@median"\n'
+        "seeds = [0, 1]\n"
+        '[[tables]]\nrows = ["sft-median", "base"]\n'
+    )
+    experiment = load_experiment(path, str(tmp_path / "runs"))
+    units = {u.key: u for u in plan(experiment)}
+    # seed 0: F1 0.1, 0.3, 0.2 at steps 1-3: the median 0.2 is step 3; seed 1: 0.5, 0.4: the
+    # lower median 0.4, step 2
+    for step, f1 in ((1, 0.1), (2, 0.3), (3, 0.2)):
+        checkpoint(units[("sft", 0)].dir, step, f1)
+    for step, f1 in ((1, 0.5), (2, 0.4)):
+        checkpoint(units[("sft", 1)].dir, step, f1)
+    for seed in (0, 1):
+        write_evaluation(units[("sft-median", seed)].eval_dir, [row(X, 1, "T", 0.5, None)])
+    table = build_table(experiment, experiment.tables[0], plan(experiment))
+    sft, base = table["rows"]
+    assert sft["evaluates"] == "the median-F1 checkpoint (appendix B) of SFT run sft"
+    assert sft["checkpoints"] == [
+        {"seed": 0, "step": 3, "valid_f1": 0.2},
+        {"seed": 1, "step": 2, "valid_f1": 0.4},
+    ]
+    assert (base["evaluates"], base["checkpoints"]) == ("this run's final export (hf/)", [])
+    assert (
+        "- SFT: the median-F1 checkpoint (appendix B) of SFT run sft (seed 0: step 3, valid F1 "
+        "0.2000; seed 1: step 2, valid F1 0.4000)"
+    ) in table_markdown(table).splitlines()
