@@ -8,7 +8,10 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 
+import evaluate as evaluate_script
+from psyrl.cli.main import main as psyrl_main
 from psyrl.core.config import ModelConfig
 from psyrl.core.records import load_benchmark
 from psyrl.eval.benchmarks import PAPER_BENCHMARKS, resolve_sources, select_items
@@ -64,6 +67,16 @@ def evaluate(*args, ranks=1):
         ]
     )
     return run(launcher + ["evaluate.py", *map(str, args)], timeout=600)
+
+
+def evaluate_here(*args) -> Result:
+    """evaluate.py's command in this process, one rank: for tests about its input and output."""
+    return CliRunner().invoke(evaluate_script.evaluate, [str(a) for a in args])
+
+
+def psyrl_here(*args) -> Result:
+    """`psyrl ...` in this process."""
+    return CliRunner().invoke(psyrl_main, [str(a) for a in args])
 
 
 def lines(path: Path) -> list[dict]:
@@ -153,9 +166,10 @@ def test_every_benchmark_on_two_ranks_then_resume(tiny_model, tmp_path):
 
 @pytest.mark.slow
 def test_self_train_round_pieces(tiny_model, tmp_path):
+    # evaluate and self-label in this process (one rank), train_sft.py as a process of its own
     # a random model keeps nothing at tau = 0.4, and says so instead of writing an empty set
     out = tmp_path / "label"
-    result = evaluate(
+    result = evaluate_here(
         "--model",
         tiny_model,
         "--benchmarks",
@@ -168,17 +182,12 @@ def test_self_train_round_pieces(tiny_model, tmp_path):
         out,
         *FAST,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.exit_code == 0, result.output[-3000:]
     ids = [r["id"] for r in lines(out / "predictions.jsonl")]
     held = select_items(load_benchmark("data/demo/mc.jsonl"), 0, "eval", 0)
     assert ids and not set(ids) & {r.id for r in held}
-    psyrl = [sys.executable, "-m", "psyrl"]
-    labelled = subprocess.run(
-        psyrl + ["self-label", str(out), "--out", str(tmp_path / "s.jsonl")],
-        capture_output=True,
-        text=True,
-    )
-    assert labelled.returncode != 0 and "no prediction kept at tau = 0.4" in labelled.stderr
+    labelled = psyrl_here("self-label", out, "--out", tmp_path / "s.jsonl")
+    assert labelled.exit_code == 1 and "no prediction kept at tau = 0.4" in labelled.stderr
 
     # with answers that match their options (rewritten predictions), the set is written and
     # train_sft.py takes it
@@ -188,12 +197,8 @@ def test_self_train_round_pieces(tiny_model, tmp_path):
         row["response"] = f"<think>the cue</think><answer>{records[row['id']].options[1]}</answer>"
         row["extracted"], row["format"] = records[row["id"]].options[1], 1.0
     (out / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    labelled = subprocess.run(
-        psyrl + ["self-label", str(out), "--out", str(tmp_path / "s.jsonl")],
-        capture_output=True,
-        text=True,
-    )
-    assert labelled.returncode == 0, labelled.stderr
+    labelled = psyrl_here("self-label", out, "--out", tmp_path / "s.jsonl")
+    assert labelled.exit_code == 0, labelled.output
     assert f"kept {len(rows)} of {len(rows)}" in labelled.stdout
     sft = subprocess.run(
         [
@@ -223,7 +228,7 @@ def test_self_train_round_pieces(tiny_model, tmp_path):
     assert (tmp_path / "runs" / "tiny-self-train" / "hf" / "config.json").is_file()
 
     # the eval half is refused: it would train on what is reported
-    result = evaluate(
+    result = evaluate_here(
         "--model",
         tiny_model,
         "--benchmarks",
@@ -236,51 +241,38 @@ def test_self_train_round_pieces(tiny_model, tmp_path):
         tmp_path / "held",
         *FAST,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    refused = subprocess.run(
-        psyrl + ["self-label", str(tmp_path / "held"), "--out", str(tmp_path / "x.jsonl")],
-        capture_output=True,
-        text=True,
-    )
-    assert refused.returncode != 0 and "--split selftrain" in refused.stderr
+    assert result.exit_code == 0, result.output[-3000:]
+    refused = psyrl_here("self-label", tmp_path / "held", "--out", tmp_path / "x.jsonl")
+    assert refused.exit_code == 1 and "--split selftrain" in refused.stderr
 
 
 @pytest.mark.slow
-def test_overwrite_keeps_other_files_and_the_default_out_names_the_run(tiny_model, tmp_path):
+def test_overwrite_keeps_other_files_and_the_default_out_names_the_run(
+    tiny_model, tmp_path, monkeypatch
+):
+    # in this process (one rank, no process group): the test is about the output directory
     out = tmp_path / "shared"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     args = ["--model", tiny_model, "--benchmarks", "bbh", "--limit", 1, "--out", out, *FAST]
-    assert evaluate(*args).returncode == 0
-    again = evaluate(*args, "--overwrite")
-    assert again.returncode == 0, again.stderr[-2000:]
+    first = evaluate_here(*args)
+    assert first.exit_code == 0, first.output[-2000:]
+    again = evaluate_here(*args, "--overwrite")
+    assert again.exit_code == 0, again.output[-2000:]
     assert "0 already in" in again.stdout and (out / "notes.txt").read_text() == "mine"
     # runs/<name>/hf evaluates into runs/eval/<name>, not runs/eval/hf
     run_dir = tmp_path / "work"
     (run_dir / "runs" / "my-run").mkdir(parents=True)
     (run_dir / "runs" / "my-run" / "hf").symlink_to(tiny_model, target_is_directory=True)
-    named = run(
-        [
-            sys.executable,
-            str(Path("evaluate.py").resolve()),
-            "--model",
-            "runs/my-run/hf",
-            "--benchmarks",
-            "bbh",
-            "--limit",
-            "1",
-            *FAST,
-        ],
-        cwd=run_dir,
-        timeout=600,
-    )
-    assert named.returncode == 0, named.stderr[-2000:]
+    monkeypatch.chdir(run_dir)
+    named = evaluate_here("--model", "runs/my-run/hf", "--benchmarks", "bbh", "--limit", 1, *FAST)
+    assert named.exit_code == 0, named.output[-2000:]
     assert (run_dir / "runs" / "eval" / "my-run" / "results.md").is_file()
 
 
 def test_bad_input_is_refused_before_any_model_is_read(tmp_path):
-    unknown = evaluate("--model", tmp_path, "--benchmarks", "tombench,tomb")
-    assert unknown.returncode != 0
+    unknown = evaluate_here("--model", tmp_path, "--benchmarks", "tombench,tomb")
+    assert unknown.exit_code == 1
     assert (
         "unknown benchmark 'tomb': expected one of tombench, simpletom, socialiqa, cosmosqa, "
         "bbh, emobench"
@@ -290,17 +282,21 @@ def test_bad_input_is_refused_before_any_model_is_read(tmp_path):
         '{"id": "x/1", "benchmark": "x", "task": "", "context": "c", "question": "q", "options": '
         '["a"], "answer_index": 0, "answer": "a"}\n'
     )
-    refused = evaluate("--model", tmp_path, "--benchmarks", bad)
-    assert refused.returncode != 0
+    refused = evaluate_here("--model", tmp_path, "--benchmarks", bad)
+    assert refused.exit_code == 1
     assert f"{bad}:1: key 'options': expected at least 2 options" in refused.stderr
-    missing = evaluate("--model", tmp_path / "nope", "--benchmarks", "bbh", "--limit", 1)
-    assert missing.returncode != 0 and "no such model directory" in missing.stderr
-    assert evaluate("--benchmarks", "bbh").returncode == 2  # --model is required
-    bounds = evaluate("--model", tmp_path, "--temperature", -1, "--top-p", 0, "--limit", -1)
-    assert bounds.returncode == 2
+    missing = evaluate_here("--model", tmp_path / "nope", "--benchmarks", "bbh", "--limit", 1)
+    assert missing.exit_code == 1 and "no such model directory" in missing.stderr
+    assert evaluate_here("--benchmarks", "bbh").exit_code == 2  # --model is required
+    bounds = evaluate_here("--model", tmp_path, "--temperature", -1, "--top-p", 0, "--limit", -1)
+    assert bounds.exit_code == 2
     assert (
         "--temperature must be >= 0; --top-p must be in (0, 1]; --limit must be >= 0"
         in bounds.stderr
     )
-    helped = evaluate("--help")
-    assert helped.returncode == 0 and "compare" in helped.stdout and "--split" in helped.stdout
+    # the script itself, once: its exit status and its one message on stderr
+    script = evaluate("--model", tmp_path / "nope", "--benchmarks", "bbh", "--limit", 1)
+    assert script.returncode == 1 and script.stderr.strip().endswith(missing.stderr.strip())
+    assert "Traceback" not in script.stderr
+    helped = evaluate_here("--help")
+    assert helped.exit_code == 0 and "compare" in helped.stdout and "--split" in helped.stdout

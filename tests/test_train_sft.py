@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import train_sft
 from psyrl.core.config import load_config
 from psyrl.core.records import load_stimuliqa
 from psyrl.core.runlog import read_metrics
@@ -128,12 +130,17 @@ def test_tiny_sft_learns_and_exports(tmp_path):
     ],
 )
 def test_bad_training_data_trains_nothing(tmp_path, content, expected):
+    # in this process (the script's command, as tests/test_bad_inputs.py runs it): the refusal comes
+    # before any training, so a process of its own would only add its start-up
     bad = tmp_path / "bad.jsonl"
     bad.write_text(content)
-    result = run_sft(tmp_path, f"data.train_file={json.dumps(str(bad))}")
-    assert result.returncode != 0
-    assert str(bad) in result.stderr and expected in result.stderr
-    assert not (tmp_path / "runs").exists()
+    sets = [f"run.output_dir={json.dumps(str(tmp_path / 'runs'))}", *SHORT]
+    sets.append(f"data.train_file={json.dumps(str(bad))}")
+    args = ["--config", "configs/sft/tiny.toml", *(a for s in sets for a in ("--set", s))]
+    result = CliRunner().invoke(train_sft.train_sft, args)
+    assert result.exit_code not in (0, None) and isinstance(result.exception, SystemExit)
+    assert str(bad) in result.output and expected in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "runs").exists()
 
 
 @pytest.mark.slow

@@ -159,19 +159,23 @@ def test_tensor_parallel_that_does_not_divide_the_ranks_is_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("top_p", [1.0, 0.9])
-def test_at_another_temperature_vllm_reports_the_logprob_after_the_nucleus_cut(top_p):
-    # T = 0.5 (evaluation's default): processed_logprobs = log softmax(logits / T) renormalised over
-    # the nucleus,
-    # so it exceeds the trainer's by -log(nucleus mass): 0 without a cut, at most -log(top_p) with
-    # one
-    result = run([sys.executable, "tests/runtime/vllm_probe.py", "0.5", str(top_p)], timeout=600)
+@pytest.fixture(scope="module")
+def probe():
+    # T = 0.5 (evaluation's default), top-p 1.0 and 0.9 from one engine
+    result = run([sys.executable, "tests/runtime/vllm_probe.py", "0.5", "1.0", "0.9"], timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    probe = json.loads(
+    return json.loads(
         next(line for line in result.stdout.splitlines() if line.startswith("PROBE "))[6:]
     )
-    assert probe["mode"] == "processed_logprobs" and len(probe["differences"]) > 0
-    low, high = min(probe["differences"]), max(probe["differences"])
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_at_another_temperature_vllm_reports_the_logprob_after_the_nucleus_cut(probe, top_p):
+    # T = 0.5: processed_logprobs = log softmax(logits / T) renormalised over the nucleus, so it
+    # exceeds the trainer's by -log(nucleus mass): 0 without a cut, at most -log(top_p) with one
+    differences = probe["differences"][str(top_p)]
+    assert probe["mode"] == "processed_logprobs" and len(differences) > 0
+    low, high = min(differences), max(differences)
     assert low > -1e-4 and high < -math.log(top_p) + 1e-4
     if top_p < 1:
         assert high > 1e-3  # the cut shows: this is not the trainer's number

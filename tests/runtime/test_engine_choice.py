@@ -9,11 +9,29 @@ import sys
 
 import pytest
 import torch
+from click.testing import CliRunner
 
+import evaluate
+import train_sft
+import train_tgrpo
 from psyrl.core.config import ConfigError, load_config
 from psyrl.runtime.vllm_sampler import _with_tied_head
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
+COMMANDS = {
+    "train_tgrpo.py": train_tgrpo.train_tgrpo,
+    "train_sft.py": train_sft.train_sft,
+    "evaluate.py": evaluate.evaluate,
+}
+
+
+def refused(script: str, args: list[str]) -> str:
+    """The script's command in this process (each refusal comes before anything starts): its one
+    message, with exit status 1 and no traceback."""
+    result = CliRunner().invoke(COMMANDS[script], args)
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert "Traceback" not in result.output
+    return result.stderr
 
 
 def test_no_entry_point_imports_vllm():
@@ -31,38 +49,17 @@ def test_no_entry_point_imports_vllm():
 @pytest.mark.parametrize("script", ["train_tgrpo.py", "train_sft.py"])
 def test_the_vllm_engine_without_vllm_is_one_message_and_writes_nothing(script, tmp_path):
     config = "configs/tgrpo/tiny.toml" if script == "train_tgrpo.py" else "configs/sft/tiny.toml"
-    args = [
-        sys.executable,
-        script,
-        "--config",
-        config,
-        "--set",
-        "sampler.engine=vllm",
-        "--set",
-        f"run.output_dir={json.dumps(str(tmp_path))}",
-    ]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1
-    assert "sampler.engine = 'vllm' needs vLLM 0.32.0: pip install 'psyrl[vllm]'" in out.stderr
-    assert "Traceback" not in out.stderr and list(tmp_path.iterdir()) == []
+    args = ["--config", config, "--set", "sampler.engine=vllm"]
+    args += ["--set", f"run.output_dir={json.dumps(str(tmp_path))}"]
+    message = refused(script, args)
+    assert "sampler.engine = 'vllm' needs vLLM 0.32.0: pip install 'psyrl[vllm]'" in message
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
 def test_evaluate_engine_vllm_without_vllm_is_one_message(tmp_path):
-    args = [
-        sys.executable,
-        "evaluate.py",
-        "--model",
-        "psyrl/assets/tokenizers/tiny",
-        "--engine",
-        "vllm",
-        "--out",
-        str(tmp_path / "eval"),
-    ]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1
-    assert "needs vLLM 0.32.0" in out.stderr
-    assert "Traceback" not in out.stderr
+    args = ["--model", "psyrl/assets/tokenizers/tiny", "--engine", "vllm"]
+    assert "needs vLLM 0.32.0" in refused("evaluate.py", [*args, "--out", str(tmp_path / "eval")])
     assert not (tmp_path / "eval").exists()
 
 
@@ -70,8 +67,6 @@ def test_tensor_parallel_is_a_vllm_setting_the_torch_engine_ignores(tmp_path):
     # the Qwen configs carry A.3's tensor_parallel = 2 for vLLM; with the torch engine one process
     # must still run
     args = [
-        sys.executable,
-        "train_tgrpo.py",
         "--config",
         "configs/tgrpo/qwen2.5-0.5b.toml",
         "--set",
@@ -85,9 +80,8 @@ def test_tensor_parallel_is_a_vllm_setting_the_torch_engine_ignores(tmp_path):
         "--set",
         f"run.output_dir={json.dumps(str(tmp_path))}",
     ]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1 and "no such model directory: /nonexistent" in out.stderr
-    assert "tensor_parallel" not in out.stderr
+    message = refused("train_tgrpo.py", args)
+    assert "no such model directory: /nonexistent" in message and "tensor_parallel" not in message
 
 
 @pytest.mark.parametrize(

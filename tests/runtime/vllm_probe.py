@@ -1,8 +1,8 @@
 """A vLLM engine started for one temperature, in its own process (vLLM's parallel state is per
-process): samples at that temperature and top-p, and prints each sampled token's vLLM log-prob minus
-the trainer's log softmax(logits / T), as JSON. Used by tests/test_vllm_cli.py.
+process): samples at that temperature and at each top-p, and prints, per top-p, each sampled token's
+vLLM log-prob minus the trainer's log softmax(logits / T), as JSON. Used by tests/test_vllm_cli.py.
 
-    python tests/runtime/vllm_probe.py TEMPERATURE TOP_P
+    python tests/runtime/vllm_probe.py TEMPERATURE TOP_P [TOP_P ...]
 """
 
 import json
@@ -20,7 +20,7 @@ from psyrl.runtime.model import load_model, load_tokenizer, model_config
 from psyrl.runtime.vllm_sampler import VLLMSampler, engine_model_dir
 
 
-def main(temperature: float, top_p: float) -> None:
+def main(temperature: float, top_ps: list[float]) -> None:
     tokenizer = load_tokenizer(CFG)
     model = load_model(CFG, tokenizer, seed=0).eval()
     with engine_model_dir(model_config(CFG, tokenizer)) as model_dir:
@@ -39,16 +39,19 @@ def main(temperature: float, top_p: float) -> None:
         prompts.prompt_ids(tokenizer, r, PromptConfig())
         for r in load_stimuliqa("data/demo/test.jsonl")[:3]
     ]
-    differences = []
-    for prompt, group in zip(ids, sampler.generate(ids, 2, temperature, top_p, 24, seed=5)):
-        for s in group:
-            with torch.no_grad():
-                differences += (
-                    torch.tensor(s.logprobs) - trainer_logprobs(model, prompt, s, temperature)
-                ).tolist()
+    probes = {}
+    for top_p in top_ps:  # one engine for every top-p: its start is most of the probe's time
+        differences = []
+        for prompt, group in zip(ids, sampler.generate(ids, 2, temperature, top_p, 24, seed=5)):
+            for s in group:
+                with torch.no_grad():
+                    differences += (
+                        torch.tensor(s.logprobs) - trainer_logprobs(model, prompt, s, temperature)
+                    ).tolist()
+        probes[str(top_p)] = differences
     sampler.close()
-    print("PROBE " + json.dumps({"mode": sampler.logprobs_mode, "differences": differences}))
+    print("PROBE " + json.dumps({"mode": sampler.logprobs_mode, "differences": probes}))
 
 
 if __name__ == "__main__":
-    main(float(sys.argv[1]), float(sys.argv[2]))
+    main(float(sys.argv[1]), [float(a) for a in sys.argv[2:]])
