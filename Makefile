@@ -10,8 +10,9 @@ PIP_ARGS ?= --no-compile
 # process would compile torch and transformers from source again (about 5 s more per trainer process)
 unexport PYTHONDONTWRITEBYTECODE
 # pytest-xdist workers: half the cores from 4 cores up (the end-to-end tests start 2 torchrun ranks each), none below:
-# on 2 cores two workers made the suite slower, 2,365 s against 1,517 s (two 2-rank jobs on 2 cores wait on each
-# other's collectives, and each worker builds the shared fixtures again; docs/install.md). TEST_JOBS=N overrides.
+# on 2 cores CI runs its second stream (vLLM, the wheel) beside the suite instead (.ci/run). Two workers on 2 cores
+# measured slower once, 2,365 s against 1,517 s in one process, but that run wrote no .pyc (docs/install.md) and was
+# not repeated. TEST_JOBS=N overrides.
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -ge 4 ] && echo $$((n / 2)) || echo 0)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.psyrl-installed
@@ -47,8 +48,9 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
+# no pytest cache: CI runs it beside `make test`, which keeps its own (.ci/run)
 test-vllm-cpu: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/python -m pytest -q -m vllm
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm -p no:cacheprovider
 
 # one formatter holds the layout (`ruff format .` applies it); pyproject.toml pins ruff's version
 lint: $(STAMP)

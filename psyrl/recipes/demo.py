@@ -48,7 +48,7 @@ class Demo:
     data: Path = Path("data/demo")
     sft_sets: tuple[str, ...] = field(default_factory=tuple)
     tgrpo_sets: tuple[str, ...] = field(default_factory=tuple)
-    eval_limit: int = 0  # items per subdimension of mc.jsonl; 0: all (--quick: 4)
+    eval_limit: int = 0  # items per subdimension of mc.jsonl; 0: all (--quick: QUICK_EVAL_LIMIT)
 
     @property
     def suffix(self) -> str:
