@@ -69,14 +69,10 @@ def evaluate(*args, ranks=1):
     return run(launcher + ["evaluate.py", *map(str, args)], timeout=600)
 
 
-def evaluate_here(*args) -> Result:
-    """evaluate.py's command in this process, one rank: for tests about its input and output."""
-    return CliRunner().invoke(evaluate_script.evaluate, [str(a) for a in args])
-
-
-def psyrl_here(*args) -> Result:
-    """`psyrl ...` in this process."""
-    return CliRunner().invoke(psyrl_main, [str(a) for a in args])
+def here(command, *args) -> Result:
+    """A click command (evaluate.py's, or `psyrl`) in this process, one rank: for tests about its
+    input and output, not its launcher (a process of its own costs 4-7 s of imports)."""
+    return CliRunner().invoke(command, [str(a) for a in args])
 
 
 def lines(path: Path) -> list[dict]:
@@ -169,7 +165,8 @@ def test_self_train_round_pieces(tiny_model, tmp_path):
     # evaluate and self-label in this process (one rank), train_sft.py as a process of its own
     # a random model keeps nothing at tau = 0.4, and says so instead of writing an empty set
     out = tmp_path / "label"
-    result = evaluate_here(
+    result = here(
+        evaluate_script.evaluate,
         "--model",
         tiny_model,
         "--benchmarks",
@@ -186,7 +183,7 @@ def test_self_train_round_pieces(tiny_model, tmp_path):
     ids = [r["id"] for r in lines(out / "predictions.jsonl")]
     held = select_items(load_benchmark("data/demo/mc.jsonl"), 0, "eval", 0)
     assert ids and not set(ids) & {r.id for r in held}
-    labelled = psyrl_here("self-label", out, "--out", tmp_path / "s.jsonl")
+    labelled = here(psyrl_main, "self-label", out, "--out", tmp_path / "s.jsonl")
     assert labelled.exit_code == 1 and "no prediction kept at tau = 0.4" in labelled.stderr
 
     # with answers that match their options (rewritten predictions), the set is written and
@@ -197,7 +194,7 @@ def test_self_train_round_pieces(tiny_model, tmp_path):
         row["response"] = f"<think>the cue</think><answer>{records[row['id']].options[1]}</answer>"
         row["extracted"], row["format"] = records[row["id"]].options[1], 1.0
     (out / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    labelled = psyrl_here("self-label", out, "--out", tmp_path / "s.jsonl")
+    labelled = here(psyrl_main, "self-label", out, "--out", tmp_path / "s.jsonl")
     assert labelled.exit_code == 0, labelled.output
     assert f"kept {len(rows)} of {len(rows)}" in labelled.stdout
     sft = subprocess.run(
@@ -228,7 +225,8 @@ def test_self_train_round_pieces(tiny_model, tmp_path):
     assert (tmp_path / "runs" / "tiny-self-train" / "hf" / "config.json").is_file()
 
     # the eval half is refused: it would train on what is reported
-    result = evaluate_here(
+    result = here(
+        evaluate_script.evaluate,
         "--model",
         tiny_model,
         "--benchmarks",
@@ -242,7 +240,7 @@ def test_self_train_round_pieces(tiny_model, tmp_path):
         *FAST,
     )
     assert result.exit_code == 0, result.output[-3000:]
-    refused = psyrl_here("self-label", tmp_path / "held", "--out", tmp_path / "x.jsonl")
+    refused = here(psyrl_main, "self-label", tmp_path / "held", "--out", tmp_path / "x.jsonl")
     assert refused.exit_code == 1 and "--split selftrain" in refused.stderr
 
 
@@ -255,9 +253,9 @@ def test_overwrite_keeps_other_files_and_the_default_out_names_the_run(
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     args = ["--model", tiny_model, "--benchmarks", "bbh", "--limit", 1, "--out", out, *FAST]
-    first = evaluate_here(*args)
+    first = here(evaluate_script.evaluate, *args)
     assert first.exit_code == 0, first.output[-2000:]
-    again = evaluate_here(*args, "--overwrite")
+    again = here(evaluate_script.evaluate, *args, "--overwrite")
     assert again.exit_code == 0, again.output[-2000:]
     assert "0 already in" in again.stdout and (out / "notes.txt").read_text() == "mine"
     # runs/<name>/hf evaluates into runs/eval/<name>, not runs/eval/hf
@@ -265,13 +263,22 @@ def test_overwrite_keeps_other_files_and_the_default_out_names_the_run(
     (run_dir / "runs" / "my-run").mkdir(parents=True)
     (run_dir / "runs" / "my-run" / "hf").symlink_to(tiny_model, target_is_directory=True)
     monkeypatch.chdir(run_dir)
-    named = evaluate_here("--model", "runs/my-run/hf", "--benchmarks", "bbh", "--limit", 1, *FAST)
+    named = here(
+        evaluate_script.evaluate,
+        "--model",
+        "runs/my-run/hf",
+        "--benchmarks",
+        "bbh",
+        "--limit",
+        1,
+        *FAST,
+    )
     assert named.exit_code == 0, named.output[-2000:]
     assert (run_dir / "runs" / "eval" / "my-run" / "results.md").is_file()
 
 
 def test_bad_input_is_refused_before_any_model_is_read(tmp_path):
-    unknown = evaluate_here("--model", tmp_path, "--benchmarks", "tombench,tomb")
+    unknown = here(evaluate_script.evaluate, "--model", tmp_path, "--benchmarks", "tombench,tomb")
     assert unknown.exit_code == 1
     assert (
         "unknown benchmark 'tomb': expected one of tombench, simpletom, socialiqa, cosmosqa, "
@@ -282,13 +289,27 @@ def test_bad_input_is_refused_before_any_model_is_read(tmp_path):
         '{"id": "x/1", "benchmark": "x", "task": "", "context": "c", "question": "q", "options": '
         '["a"], "answer_index": 0, "answer": "a"}\n'
     )
-    refused = evaluate_here("--model", tmp_path, "--benchmarks", bad)
+    refused = here(evaluate_script.evaluate, "--model", tmp_path, "--benchmarks", bad)
     assert refused.exit_code == 1
     assert f"{bad}:1: key 'options': expected at least 2 options" in refused.stderr
-    missing = evaluate_here("--model", tmp_path / "nope", "--benchmarks", "bbh", "--limit", 1)
+    missing = here(
+        evaluate_script.evaluate, "--model", tmp_path / "nope", "--benchmarks", "bbh", "--limit", 1
+    )
     assert missing.exit_code == 1 and "no such model directory" in missing.stderr
-    assert evaluate_here("--benchmarks", "bbh").exit_code == 2  # --model is required
-    bounds = evaluate_here("--model", tmp_path, "--temperature", -1, "--top-p", 0, "--limit", -1)
+    assert (
+        here(evaluate_script.evaluate, "--benchmarks", "bbh").exit_code == 2
+    )  # --model is required
+    bounds = here(
+        evaluate_script.evaluate,
+        "--model",
+        tmp_path,
+        "--temperature",
+        -1,
+        "--top-p",
+        0,
+        "--limit",
+        -1,
+    )
     assert bounds.exit_code == 2
     assert (
         "--temperature must be >= 0; --top-p must be in (0, 1]; --limit must be >= 0"
@@ -298,5 +319,5 @@ def test_bad_input_is_refused_before_any_model_is_read(tmp_path):
     script = evaluate("--model", tmp_path / "nope", "--benchmarks", "bbh", "--limit", 1)
     assert script.returncode == 1 and script.stderr.strip().endswith(missing.stderr.strip())
     assert "Traceback" not in script.stderr
-    helped = evaluate_here("--help")
+    helped = here(evaluate_script.evaluate, "--help")
     assert helped.exit_code == 0 and "compare" in helped.stdout and "--split" in helped.stdout
