@@ -13,7 +13,7 @@ from plan_models import SETTINGS, SMALL, SMALL_PARAMS
 
 from psyrl.cli.main import main
 from psyrl.core.config import load_config
-from psyrl.plan.phases import GIB
+from psyrl.plan.phases import GIB, MIB
 from psyrl.plan.planner import plan
 from psyrl.plan.speed import workload
 from psyrl.run import launch
@@ -82,7 +82,8 @@ def test_host_ram_per_node_by_hand():
         # float32 shard + AdamW's two moments, 12 B x P / 4 per rank
         "actor shards + AdamW, pinned, exact": 2 * 12 * P / 4,
         "reference model (bfloat16, CPU offload, padded shards)": 2 * 2 * P / 4,
-        "vLLM weights asleep": 2 * 2 * P,
+        # 450 MiB of pinned blocks per rank for 2 P of weights (tests/plan/test_host_ram.py)
+        "vLLM weights asleep, pinned, rounded up per segment": 2 * 450 * MIB,
     }
     one = small_plan(["fsdp.offload=phase"], nodes=1)
     assert {k: v / 2 for k, v in one.host.items()} == stays  # one node holds all 4 ranks
