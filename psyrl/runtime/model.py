@@ -306,11 +306,12 @@ def packed_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16):
+    query, key, value = autocast_inputs(query.device.type, query, key, value)
+    if packed_kernel(query.device.type, query.dtype) == "varlen":
         return varlen_causal(query, key, value, starts, kwargs["max_length_q"], scaling), None
     # CPU (and float32 on CUDA, which FlashAttention lacks): causal SDPA per sequence, no mask
     # (measured faster here than one block-diagonal mask over the row: bench/packing.py)
-    bounds = starts.tolist()
+    bounds = starts.tolist()  # a device sync on CUDA, once per layer
     pieces = [
         sdpa_attention_forward(
             module, query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], None, scaling=scaling
@@ -318,6 +319,30 @@ def packed_attention(
         for a, b in zip(bounds, bounds[1:])
     ]
     return torch.cat(pieces, dim=1), None
+
+
+def autocast_inputs(device_type: str, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tensors in autocast's dtype when autocast is on for `device_type`, else unchanged. Under
+    autocast over float32 weights, q and k reach attention in float32 and v in bf16: Qwen2's rotary
+    cos/sin take the float32 hidden states' dtype (transformers 5.19 qwen2/modeling_qwen2.py:94)
+    and promote q * cos (:125), while v comes straight from a linear that autocast ran in bf16. SDPA
+    casts its inputs itself under autocast; torch's varlen op is a custom op that registers no
+    autocast rule (torch/nn/attention/varlen.py; torch/_library/custom_ops.py register_autocast), so
+    nothing would cast them for it. The kernel is chosen on the cast tensors; what SDPA computes is
+    unchanged (the cast is the one autocast makes)."""
+    if not torch.is_autocast_enabled(device_type):
+        return tensors
+    dtype = torch.get_autocast_dtype(device_type)
+    return tuple(t.to(dtype) for t in tensors)
+
+
+def packed_kernel(device_type: str, dtype: torch.dtype) -> str:
+    """The attention a packed row gets: "varlen" (FlashAttention-2 varlen, one call per layer) on
+    CUDA in half precision, else "sdpa_loop" (causal SDPA per sequence, its bounds read to the host:
+    a device sync per layer on CUDA). FlashAttention has no float32 kernel."""
+    if device_type == "cuda" and dtype in (torch.float16, torch.bfloat16):
+        return "varlen"
+    return "sdpa_loop"
 
 
 def varlen_causal(query, key, value, starts, longest: int, scaling) -> torch.Tensor:

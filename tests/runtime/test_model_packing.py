@@ -15,8 +15,19 @@ from psyrl.core.config import ModelConfig, load_config
 from psyrl.core.tomlconf import FieldError
 from psyrl.rl.rollout import RolloutBatch
 from psyrl.rl.update import micro_batches, sequence_logprobs, update
+from psyrl.runtime import model as model_module
 from psyrl.runtime.distributed import ONE_PROCESS
-from psyrl.runtime.model import Policy, collate, load_model, load_tokenizer, pack, token_logprobs
+from psyrl.runtime.model import (
+    Policy,
+    autocast_inputs,
+    collate,
+    load_model,
+    load_tokenizer,
+    pack,
+    packed_kernel,
+    token_logprobs,
+    varlen_causal,
+)
 
 TINY = ModelConfig(
     tokenizer="tiny",
@@ -185,10 +196,84 @@ def test_two_fsdp_ranks_packed_equal_padded(tmp_path):
 def test_the_cuda_path_calls_varlen_attention_with_the_packed_shapes():
     """No GPU here: torch's varlen op on meta tensors runs its registered shape function, which
     checks the call psyrl makes (layout, sequence starts, GQA) without computing anything."""
-    from psyrl.runtime.model import varlen_causal
-
     query = torch.empty(1, 4, 10, 16, device="meta", dtype=torch.bfloat16)  # [1, heads, N, d]
     key = torch.empty(1, 2, 10, 16, device="meta", dtype=torch.bfloat16)  # 2 KV heads
     starts = torch.tensor([0, 3, 10], dtype=torch.int32, device="meta")
     out = varlen_causal(query, key, key, starts, 7, 0.25)
     assert out.shape == (1, 10, 4, 16) and out.dtype == torch.bfloat16  # [1, N, heads, d]
+
+
+def test_autocast_over_float32_weights_reaches_the_kernel_choice_in_one_dtype(monkeypatch):
+    """One process autocasts over float32 weights (recipes/tgrpo.py: `amp`). Rotary's float32
+    cos/sin promote q and k to float32 while v is bf16; the kernel is chosen on q, k, v cast to
+    autocast's dtype. The CPU's autocast reproduces the dtypes CUDA's gives (both run linears in
+    bf16 and leave the rotary product to type promotion); the device type is the only difference,
+    and `packed_kernel` takes CUDA's to varlen with that dtype, to the SDPA loop with the old
+    one."""
+    seen, chosen = [], []
+    cast = model_module.autocast_inputs
+    monkeypatch.setattr(
+        model_module,
+        "autocast_inputs",
+        lambda device_type, *t: seen.append([x.dtype for x in t]) or cast(device_type, *t),
+    )
+    choose = model_module.packed_kernel
+    monkeypatch.setattr(
+        model_module,
+        "packed_kernel",
+        lambda device_type, dtype: (
+            chosen.append((device_type, dtype)) or choose(device_type, dtype)
+        ),
+    )
+    tokenizer = load_tokenizer(TINY)
+    model = load_model(TINY, tokenizer, seed=3)
+    ids, prompts = random_sequences(SHAPES[:2])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        token_logprobs(model, pack(ids, prompts), None)
+    f32, bf16 = torch.float32, torch.bfloat16
+    assert seen == [[f32, f32, bf16]] * TINY.num_layers  # q, k, v as they reach attention
+    assert chosen == [("cpu", bf16)] * TINY.num_layers
+    assert packed_kernel("cuda", bf16) == "varlen"
+    assert packed_kernel("cuda", f32) == "sdpa_loop"  # q's dtype before the cast
+    assert packed_kernel("cpu", bf16) == "sdpa_loop"
+
+
+@pytest.fixture
+def cuda_autocast():
+    """CUDA's autocast state switched on by hand, as `torch.autocast("cuda")` would on a GPU (on a
+    build without CUDA the context manager disables itself); restored after the test."""
+    enabled, dtype = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+    torch.set_autocast_enabled("cuda", True)
+    torch.set_autocast_dtype("cuda", torch.bfloat16)
+    yield
+    torch.set_autocast_enabled("cuda", enabled)
+    torch.set_autocast_dtype("cuda", dtype)
+
+
+def test_under_cuda_autocast_mixed_q_k_v_go_to_varlen(cuda_autocast):
+    """The CUDA decision on meta tensors (no GPU here): q and k float32, v bf16 as under autocast
+    -> all bf16 -> varlen, whose registered shape function accepts the call."""
+    query = torch.empty(1, 4, 10, 16, device="meta")  # [1, heads, N, d] float32
+    key = torch.empty(1, 2, 10, 16, device="meta")  # 2 KV heads
+    value = torch.empty(1, 2, 10, 16, device="meta", dtype=torch.bfloat16)
+    q, k, v = autocast_inputs("cuda", query, key, value)
+    assert {q.dtype, k.dtype, v.dtype} == {torch.bfloat16}
+    assert packed_kernel("cuda", q.dtype) == "varlen"
+    starts = torch.tensor([0, 3, 10], dtype=torch.int32, device="meta")
+    out = varlen_causal(q, k, v, starts, 7, 0.25)
+    assert out.shape == (1, 10, 4, 16) and out.dtype == torch.bfloat16  # [1, N, heads, d]
+    # the other device's autocast does not apply: a CPU tensor keeps its dtype
+    assert autocast_inputs("cpu", query)[0].dtype == torch.float32
+
+
+def test_without_autocast_the_kernel_choice_is_unchanged():
+    """float32 (no autocast) stays in float32 and takes the SDPA loop, on CUDA too; FSDP2's bf16
+    parameters (no autocast) reach attention in bf16 and take varlen on CUDA, as before."""
+    f32 = torch.empty(1, 2, 3, 4, device="meta")
+    bf16 = f32.to(torch.bfloat16)
+    assert not torch.is_autocast_enabled("cuda") and not torch.is_autocast_enabled("cpu")
+    for device_type in ("cuda", "cpu"):
+        assert autocast_inputs(device_type, f32, bf16) == (f32, bf16)  # the same tensors
+    assert packed_kernel("cuda", torch.float32) == "sdpa_loop"
+    assert packed_kernel("cuda", torch.bfloat16) == "varlen"
+    assert packed_kernel("cuda", torch.float16) == "varlen"
