@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import transformers
@@ -87,17 +88,68 @@ def check_restarts(cfg: Config, dist: Dist) -> None:
         )
 
 
+PROC_CGROUP = Path("/proc/self/cgroup")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:  # not Linux, or no cgroup file system
+        return ""
+
+
+def job_memory_limit(proc_cgroup: str, root: Path) -> int | None:
+    """The memory limit of the cgroup this process runs in, in bytes: the smallest over the cgroup
+    and its ancestors (a job's limit is set on the job's cgroup, its tasks run in children), or
+    None when none is set. `proc_cgroup`: the text of /proc/self/cgroup; `root`: where cgroups are
+    mounted (/sys/fs/cgroup). cgroup v2 (line "0::/path"): <root>/path/memory.max, "max" = none;
+    v1 (a line "N:...memory...:/path"): <root>/memory/path/memory.limit_in_bytes, where no limit
+    reads as about 2^63. A folder that is not there is skipped: inside a cgroup namespace or a
+    container the process's path may name folders above the mount's root."""
+    files = []
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        number, controllers, path = parts
+        if number == "0" and controllers == "":
+            files.append((root, path, "memory.max"))
+        elif "memory" in controllers.split(","):
+            files.append((root / "memory", path, "memory.limit_in_bytes"))
+    limits = []
+    for base, path, name in files:
+        folder = base / path.strip("/")
+        for directory in [folder, *folder.parents]:
+            text = _read(directory / name).strip()
+            if text.isdigit():
+                limits.append(int(text))
+            if directory == base:
+                break
+    return min(limits, default=None)
+
+
 def check_memory_plan(cfg: Config, dist: Dist, trainer: str) -> None:
     """On CUDA: print `psyrl plan`'s verdict for this config on these GPUs (their memory read from
-    the device, the node's RAM from the OS; several nodes: planned per node, world / local world of
-    them), and refuse a config it predicts will not fit, unless run.memory_check is false."""
+    the device, the node's RAM from the OS and the job's cgroup limit, the smaller; several nodes:
+    planned per node, world / local world of them), and refuse a config it predicts will not fit,
+    unless run.memory_check is false."""
     if dist.device.type != "cuda":
         return
     try:
         architecture, _ = load_architecture(cfg.model)
         gpu_gib = torch.cuda.get_device_properties(dist.device).total_memory / 2**30
-        # this node's RAM, judged against the plan's per node (the first's, the largest)
-        host_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        # this node's RAM, judged against the plan's per node (the first's, the largest): the
+        # physical RAM, or the job's cgroup limit (SLURM's --mem) when smaller
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        limit = job_memory_limit(_read(PROC_CGROUP), CGROUP_ROOT)
+        host_gib = min(physical, limit or physical) / 2**30
+        if limit is not None and limit < physical:
+            print0(
+                f"memory plan: this job may use {limit / 2**30:.1f} GiB of the node's "
+                f"{physical / 2**30:.1f} GiB of RAM (its cgroup's memory limit)",
+                dist,
+            )
         nodes = dist.world // dist.local_world
         memory = plan(cfg, architecture, dist.world, gpu_gib, host_gib, trainer, nodes=nodes)
     except ValueError as e:  # e.g. an architecture the planner does not model
