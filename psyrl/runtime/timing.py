@@ -11,7 +11,10 @@ Memory on CUDA is read two ways, never mixed under one key:
     sleep only unmaps their physical pages (cumem.py:256-278: the tensors stay allocated), so
     `max_memory_allocated` alone would count the sleeping engine's weights and KV cache in every
     phase (about 41 GiB for 3B).
-On a CPU, `peak_memory_gib` is the process's peak resident set."""
+A phase's device memory is read at its two ends only (cudaMemGetInfo has no peak), and the vLLM
+sampler wakes, generates and sleeps inside the sample phase: the sampler reads the device itself
+where the footprint is, `perf/device_used_gib/sample_before_sleep` and `.../sync_before_free`
+(`VLLMSampler.memory_row`). On a CPU, `peak_memory_gib` is the process's peak resident set."""
 
 from __future__ import annotations
 

@@ -16,7 +16,9 @@ paper ran on.
     cache, free -> the next `generate` frees the caches again (a validation loss pass may have run
     in between), wakes the KV cache, generates and sleeps again. Level 2 (weights discarded) is
     never used. vLLM sizes its pool as gpu_memory_utilization x the whole GPU and does not subtract
-    what the trainer holds: `psyrl plan` computes a fraction that fits beside it.
+    what the trainer holds: `psyrl plan` computes a fraction that fits beside it. The device memory
+    in use is read after generation (before sleep) and after the sync's stream (before the free):
+    `memory_row`.
 
 vLLM is imported here only, and only when a VLLMSampler is built: a CPU install without vLLM never
 imports it. Records are the same `Completion`s as the torch sampler's; see `logprobs_mode` for how
@@ -278,6 +280,11 @@ class VLLMSampler(ClosedAfterUse):
         engine_call(
             self.llm, "reload", (((n, t.to(self.dtype)) for n, t in named_tensors), self.tied)
         )
+        # the engine's weights and the buckets' blocks, which torch's caching allocator keeps
+        # reserved until the free below (torch/cuda/memory.py:216-219; vLLM 0.32's reload,
+        # model_loader/reload/, frees no cache): the most the sync held, to within memory freed
+        # outside that allocator
+        self._note_in_use("sync_before_free")
         self._free()
 
     # ---------------------------------------------------------------- sampling
@@ -332,6 +339,9 @@ class VLLMSampler(ClosedAfterUse):
         )
         if len(outputs) != len(group):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(group)} prompts")
+        # the rollout's footprint (weights, KV cache, activations) before sleep gives it back: the
+        # phase timer reads only at the phase's ends, the engine asleep
+        self._note_in_use("sample_before_sleep")
         if self.sleeps:
             engine_call(self.llm, "sleep")
             self.asleep = {"weights", "kv_cache"}
@@ -384,9 +394,28 @@ class VLLMSampler(ClosedAfterUse):
         first use, so that a sampler built without __init__ (a test's recording engine) has it."""
         return self.__dict__.setdefault("_free_before_wake", {})
 
+    @property
+    def in_use(self) -> dict[str, float]:
+        """moment -> GiB of the device in use (cudaMemGetInfo, every process and allocator) at that
+        moment of the latest call (CUDA only): "sample_before_sleep", right after `generate`'s
+        generation, the engine awake; "sync_before_free", right after `load_weights`'s stream, the
+        weights awake and the buckets' blocks still reserved. Made on first use, as
+        `free_before_wake`."""
+        return self.__dict__.setdefault("_in_use", {})
+
+    def _note_in_use(self, moment: str) -> None:
+        memory = device_memory_gib(self.dist.device)  # None on a CPU
+        if memory is not None:
+            self.in_use[moment] = memory[0]
+
     def memory_row(self) -> dict[str, float]:
-        """`perf/free_gib_before_wake/<tag>` of the latest wakes, this rank's (empty on a CPU)."""
-        return {f"perf/free_gib_before_wake/{k}": v for k, v in self.free_before_wake.items()}
+        """This rank's readings of the latest calls (empty on a CPU): `perf/free_gib_before_wake/
+        <tag>` and `perf/device_used_gib/<moment>` (`in_use`), the memory inside the sample and sync
+        phases that the phase timer, reading at their ends, does not see."""
+        return {
+            **{f"perf/free_gib_before_wake/{k}": v for k, v in self.free_before_wake.items()},
+            **{f"perf/device_used_gib/{k}": v for k, v in self.in_use.items()},
+        }
 
     def pool_bytes(self) -> int:
         """Bytes torch's allocator counts as allocated in vLLM's sleep-mode pools (0 without sleep

