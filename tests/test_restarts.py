@@ -229,8 +229,11 @@ def test_two_nodes_lose_one_and_resume_bitwise_after_a_killed_worker(whole, tmp_
     assert "fault: kill" in out1 and "fault: lose" in out1
     assert "resuming after step 2" in said and "resuming after step 4" in said
     assert_same_run(whole, tmp_path / "sft")
-    # perf/restart is the TORCHELASTIC_RESTART_COUNT of the agent holding global rank 0, its own
-    # count: an agent restarted because another node rejoined does not count it (torch/
-    # distributed/elastic/agent/server/api.py:957-970), and a node's new agent starts at 0
+    # perf/restart is the maximum over ranks of TORCHELASTIC_RESTART_COUNT, each agent's count of
+    # its own workers' failures: an agent whose workers were still healthy when another node came
+    # back restarts them without counting (torch/distributed/elastic/agent/server/api.py:957-970),
+    # and a node's new agent starts at 0. Steps 3-4: node 1's agent counted its killed worker,
+    # whichever node holds global rank 0; steps 5-6: node 1's agent is new, node 0's counted the
+    # lost node and, if its worker failed before node 1 came back, the kill too (measured: 1)
     logged = restarts_logged(tmp_path / "sft")
-    assert logged[:2] == [0, 0] and set(logged) <= {0, 1, 2}, logged
+    assert logged[:4] == [0, 0, 1, 1] and logged[4:] in ([1, 1], [2, 2]), logged

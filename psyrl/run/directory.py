@@ -5,15 +5,20 @@ final export."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
+import secrets
 import shutil
+import socket
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from psyrl.core.atomic import tidy
@@ -25,7 +30,14 @@ from psyrl.run.card import model_card
 from psyrl.run.samples import sample_rows, write_samples
 from psyrl.run.trackers import TrackedRun, Trackers
 from psyrl.runtime.checkpoint import export_hf, load_checkpoint, save_checkpoint
-from psyrl.runtime.distributed import Dist, barrier, broadcast_object, print0
+from psyrl.runtime.distributed import (
+    Dist,
+    all_gather_lists,
+    all_reduce,
+    barrier,
+    broadcast_object,
+    print0,
+)
 from psyrl.runtime.preemption import Preemption
 
 # may change on --resume: same numbers
@@ -39,6 +51,66 @@ RESUME_FREE = (
     "checkpoint",
     "fsdp",
 )
+# how long a rank looks for rank 0's nonce file: a shared filesystem may show a new file late
+SHARED_WAIT_S = 10.0
+
+
+def check_shared(directory: Path, dist: Dist, wait_s: float = SHARED_WAIT_S) -> None:
+    """Collective: a RunError on every rank unless every rank sees `directory` as rank 0 does.
+    Rank 0 writes a nonce file there, every rank reads it back, all compare, rank 0 removes it (and
+    the directories it made for it). Without this a node with its own copy of the path writes its
+    checkpoint shards where no other node finds them, unnoticed: DCP's writer makes the directory it
+    is given (torch/distributed/checkpoint/filesystem.py:539-542, `mkdir(parents=True,
+    exist_ok=True)`, called from `prepare_local_plan`, :651-652) and rank 0's manifest lists only
+    the files it sees."""
+    if not dist.sharded:
+        return
+    made, nonce, error = [], None, None
+    if dist.is_main:
+        try:
+            made = [p for p in (directory, *directory.parents) if not p.exists()]  # deepest first
+            directory.mkdir(parents=True, exist_ok=True)
+            nonce = secrets.token_hex(16)
+            (directory / f".shared-{nonce}").write_text(nonce, encoding="utf-8")
+        except OSError as e:
+            error = f"{type(e).__name__}: {e}"
+    # one decision for every rank: none is left waiting in the gather below
+    nonce, error = broadcast_object((nonce, error), dist)
+    if error:
+        raise RunError(f"rank 0 cannot write in the run directory {directory} ({error})")
+    nonce_file = directory / f".shared-{nonce}"
+    saw = _reads(nonce_file, nonce, wait_s)
+    seen = all_gather_lists(
+        [(dist.rank, socket.gethostname(), str(directory.absolute()), saw)], dist
+    )
+    if dist.is_main:
+        nonce_file.unlink()
+        for d in made:
+            with contextlib.suppress(OSError):  # not empty: someone else writes there
+                d.rmdir()
+    blind = [(rank, host, path) for rank, host, path, ok in seen if not ok]
+    if blind:
+        _, host0, path0, _ = seen[0]
+        who = "; ".join(f"rank {rank} on {host} (looked in {path})" for rank, host, path in blind)
+        raise RunError(
+            f"the run directory {directory} is not shared: rank 0 on {host0} wrote "
+            f"{nonce_file.name} in {path0}, and {who} did not find it within {wait_s:g} s. "
+            "Checkpoints written there could never be resumed (each node would keep its own "
+            "part); set run.output_dir to an absolute path on a filesystem every node mounts at "
+            "the same place"
+        )
+
+
+def _reads(path: Path, nonce: str, wait_s: float) -> bool:
+    """Whether `path` holds `nonce`, looking again every 0.2 s for up to `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            if path.read_text(encoding="utf-8") == nonce:
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
 
 
 class Run:
@@ -63,6 +135,8 @@ class Run:
         """`resume`: run.resume (`off`, `on`, `auto`), which --resume sets."""
         self.cfg, self.dist, self.name, self.line_fields = cfg, dist, name, line_fields
         self.dir = Path(cfg.run.output_dir) / cfg.run.name
+        # before any rank reads it: every rank must see the directory rank 0 sees
+        check_shared(self.dir, dist)
         # rank 0 looks: the nodes of a job may see a shared filesystem at different moments
         exists = broadcast_object((self.dir / "metrics.jsonl").exists(), dist)
         if exists and not (overwrite or resume != "off"):
@@ -78,8 +152,12 @@ class Run:
             self.checkpoint = self._resumable(required=resume == "on")
         if resume == "auto" and exists and self.checkpoint is None:
             self._start_over()
-        # torchrun's count of this job's worker restarts (0 outside torchrun), in every row
-        self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        # torchrun's count of this job's worker restarts (0 outside torchrun), in every row: the
+        # maximum over ranks, as each agent counts only its own workers' failures (a restart
+        # another node caused, or a node's new agent, counts 0 there: torch/distributed/elastic/
+        # agent/server/api.py:940-970, local_elastic_agent.py:403 and :426)
+        restart = float(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.restart = int(all_reduce(torch.tensor(restart), dist, "max").item())
         self.state: dict = {}  # trainer.json of the checkpoint resumed
         self.first = 1  # the first step this process runs
         self.data: dict = {}
