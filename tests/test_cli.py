@@ -4,6 +4,7 @@ each script names its loop itself, every --help answers without importing torch 
 a trainer end to end."""
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ import psyrl.recipes.tgrpo
 import train_sft
 import train_tgrpo
 from psyrl.cli.main import main
+from psyrl.core.records import DataError
 from psyrl.core.runlog import read_metrics
 
 # Walks the whole command tree, asking each command for --help in one fresh interpreter, then
@@ -149,4 +151,22 @@ def test_another_rank_names_itself_on_its_own_error(monkeypatch, capsys):
     with pytest.raises(SystemExit) as stopped:
         errors.fail(OSError(28, "No space left on device"), "train_sft.py")
     assert stopped.value.code == 1
-    assert capsys.readouterr().err == "train_sft.py: rank 1: [Errno 28] No space left on device\n"
+    assert capsys.readouterr().err == (
+        f"train_sft.py: rank 1 on {socket.gethostname()}: [Errno 28] No space left on device\n"
+    )
+
+
+def test_another_rank_says_a_node_local_input_error_after_the_wait(monkeypatch, capsys):
+    """A train file missing on one node only: rank 0 does not fail, torchrun does not end this
+    rank, so when the wait is over it says the error itself, with its rank and host."""
+    from psyrl.cli import errors
+
+    monkeypatch.setenv("RANK", "5")
+    waited = []
+    monkeypatch.setattr(errors, "wait_for_rank0", lambda: waited.append(True))
+    with pytest.raises(SystemExit) as stopped:
+        errors.fail(DataError("data/train.jsonl: no such file"), "train_tgrpo.py")
+    assert waited == [True] and stopped.value.code == DataError.exit_code
+    assert capsys.readouterr().err == (
+        f"train_tgrpo.py: rank 5 on {socket.gethostname()}: data/train.jsonl: no such file\n"
+    )

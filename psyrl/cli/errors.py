@@ -1,10 +1,13 @@
-"""How a command ends on an error: one message, said once by rank 0, and an exit status.
+"""How a command ends on an error: one message per error, and an exit status.
 
 The library raises psyrl's own errors (`psyrl.core.errors.PsyrlError` and its kinds) and
 `Preempted`; nothing below the command line knows click. Under torchrun every rank runs the
-command: an error about the user's input or settings reaches every rank alike, so only rank 0 says
-it; any other error (a full disk, a broken file on one node) may be one rank's alone, so that rank
-names itself.
+command. An error about the user's input usually reaches every rank alike: rank 0 says it, and the
+others wait for torchrun to end them once rank 0 has failed. But an input can be one node's alone (a
+train file, tokenizer or checkpoint missing on one node): a rank still alive when the wait is over
+says its own error, naming its rank and host, and exits, so that its node's torchrun (and, under
+SLURM, `srun --kill-on-bad-exit=1`) ends the job instead of leaving rank 0 waiting in a collective.
+Any other error (a full disk, a broken file) may be one rank's alone: that rank says it at once.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import time
 from typing import NoReturn
 
@@ -19,20 +23,20 @@ import click
 
 from psyrl.core.errors import EXIT_PREEMPTED, Preempted, PsyrlError
 
-# how long another rank waits for rank 0 to say an input error before it exits on its own
+# how long another rank waits for rank 0 to fail on the same input error before it says its own
 RANK0_GRACE_S = 30.0
 
 
 def fail(error: Exception, prog: str) -> NoReturn:
     """End the command on `error` with the error's exit status: rank 0 prints `Error: <message>`;
-    another rank exits quietly for a PsyrlError and says `prog: rank R: <message>` otherwise."""
+    another rank says `prog: rank R on HOST: <message>`, for a PsyrlError only once it has waited
+    for rank 0 to fail on the same error and still lives (the error is its node's alone)."""
     code = getattr(error, "exit_code", 1)
     rank = int(os.environ.get("RANK", "0"))
     if rank != 0:
         if isinstance(error, PsyrlError):
             wait_for_rank0()
-        else:
-            click.echo(f"{prog}: rank {rank}: {error}", err=True)
+        click.echo(f"{prog}: rank {rank} on {socket.gethostname()}: {error}", err=True)
         raise SystemExit(code) from None
     exception = click.ClickException(str(error))
     exception.exit_code = code
@@ -43,7 +47,8 @@ def wait_for_rank0(grace_s: float = RANK0_GRACE_S) -> None:
     """Let rank 0 print the error first: torchrun stops every worker as soon as one has failed
     (torch/distributed/elastic/agent/server/api.py:940-954, polled every 0.1 s), so a rank that
     exited at once could cut rank 0 off before its message. When rank 0 fails, torchrun's SIGTERM
-    ends this wait; the default action is restored so a preemption handler cannot hold it."""
+    ends this wait (the default action is restored so a preemption handler cannot hold it); when it
+    returns, rank 0 did not fail on this node's torchrun within `grace_s`."""
     with contextlib.suppress(ValueError):  # signal.signal only works in the main thread
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     time.sleep(grace_s)

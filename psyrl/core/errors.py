@@ -1,5 +1,6 @@
 """psyrl's own error types. The library raises them; the command line (`psyrl.cli.errors`) turns
-each into one message, said once by rank 0, and an exit status: no traceback, since each is about
+each into one message (rank 0's, or that of the rank whose node alone has the error) and an exit
+status: no traceback, since each is about
 the user's files, settings or run directory (never a bug) and its message says what to change."""
 
 from __future__ import annotations
