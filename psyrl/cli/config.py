@@ -117,6 +117,16 @@ def reference(write_readme):
     "cross the network are listed by phase with their bytes per step.",
 )
 @click.option(
+    "--network-gbps",
+    type=click.FloatRange(min=0, min_open=True, max=float("inf"), max_open=True),
+    default=25.0,
+    show_default=True,
+    help="With --nodes above 1: each node's network link in Gbit/s per direction (25: 25 GbE, an "
+    "assumption when not given). The bytes each node sends become seconds at this line rate (a "
+    "lower bound), the time model runs the collectives at the slower of it and the GPU-to-GPU "
+    "link, and the plan says whether the network or the compute bounds the step.",
+)
+@click.option(
     "--gpu-memory-gib",
     type=click.FloatRange(min=0, min_open=True),
     default=48.0,
@@ -169,6 +179,7 @@ def plan_command(
     overrides,
     gpus,
     nodes,
+    network_gbps,
     gpu_memory_gib,
     host_memory_gib,
     trainer,
@@ -184,7 +195,8 @@ def plan_command(
     sampler.gpu_memory_utilization (the smallest that holds sampler.max_num_seqs full-length
     sequences) and what fsdp.defer_grad_sync costs. With --nodes N: host RAM per node, and each
     phase's collectives over every rank (FSDP2's all-gathers and reduce-scatters, the weight sync's
-    all-gathers, the checkpoint's gather) with the bytes each node sends over the network.
+    all-gathers, the checkpoint's gather) with the bytes each node sends over the network and their
+    seconds at --network-gbps, and whether the network or the compute bounds the step.
 
     T-GRPO: the predicted seconds of each phase per step on --device (rollout, experience, update,
     offload moves, weight sync; validation and checkpoint each), the step and the run's total, and
@@ -220,6 +232,7 @@ def plan_command(
             dev=dev,
             wl=wl,
             nodes=nodes,
+            network_gbps=network_gbps,
         )
     click.echo(f"psyrl plan: {path} ({trainer}); architecture from {source}")
     click.echo(format_plan(result))

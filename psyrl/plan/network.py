@@ -25,6 +25,12 @@ for all-reduce), and a ring over nodes whose ranks are consecutive enters and le
 per channel: every link of the ring carries (W - 1) / W of the collective's full buffer, so each
 node sends that much and receives as much. A gather to rank 0 brings the other nodes' shards into
 rank 0's node: (N - 1) / N of the full buffer.
+
+Seconds: a node's bytes over its link at --network-gbps (NETWORK_GBPS unless given), Gbit/s per
+direction, at line rate (no protocol overhead, one link per node: a lower bound). A ring moves at
+its slowest link, so on several nodes the time model (psyrl.plan.speed) runs each collective at the
+slower of this and the GPU-to-GPU link; FSDP2 overlaps the experience's and the update's with their
+compute, and the larger of the two bounds the phase.
 """
 
 from __future__ import annotations
@@ -40,6 +46,10 @@ from psyrl.plan.speed import (
     update_micro_batches,
     validation_micro_batches,
 )
+
+# the network a node is assumed to have when --network-gbps is not given: 25 GbE, Gbit/s per
+# direction (an assumption, printed with the plan)
+NETWORK_GBPS = 25.0
 
 
 @dataclass
@@ -101,4 +111,24 @@ def network(
     out.append(
         Collective("checkpoint", "float32 shards (gather_to_rank0)", "gather", 4.0 * padded, 1)
     )
+    return out
+
+
+def check_network_gbps(gbps: float) -> None:
+    """ValueError unless `gbps` (--network-gbps) is a positive, finite number of Gbit/s."""
+    if not 0 < gbps < float("inf"):
+        raise ValueError(f"--network-gbps must be a positive number of Gbit/s, got {gbps}")
+
+
+def network_seconds(
+    collectives: list[Collective], world: int, nodes: int, gbps: float = NETWORK_GBPS
+) -> dict[str, float]:
+    """Seconds each phase's collectives keep a node's network link busy (per step; validation and
+    checkpoint: each), its bytes at `gbps` Gbit/s per direction, line rate. ValueError unless gbps
+    is a positive number."""
+    check_network_gbps(gbps)
+    rate = gbps * 1e9 / 8  # bytes per second
+    out: dict[str, float] = {}
+    for c in collectives:
+        out[c.phase] = out.get(c.phase, 0.0) + c.node_bytes(world, nodes) / rate
     return out

@@ -33,9 +33,22 @@ from dataclasses import dataclass, field
 
 from psyrl.core.config import Config
 from psyrl.plan.architecture import Shapes, shapes
-from psyrl.plan.network import Collective, network
+from psyrl.plan.network import (
+    NETWORK_GBPS,
+    Collective,
+    check_network_gbps,
+    network,
+    network_seconds,
+)
 from psyrl.plan.phases import GIB, Phase, Pool, host_ram, rollout_phase, step_phases, vllm_pool
-from psyrl.plan.speed import Device, Times, Workload, step_times, update_parts
+from psyrl.plan.speed import (
+    Device,
+    Times,
+    Workload,
+    experience_parts,
+    step_times,
+    update_parts,
+)
 
 # left free beside the pool in the rollout: allocator fragmentation, NCCL buffers made late
 SUGGEST_MARGIN_GIB = 2.0
@@ -101,6 +114,18 @@ class Plan:
     nodes: int = 1
     network: list[Collective] = field(default_factory=list)
     """The collectives each phase runs over every rank (psyrl.plan.network), with several nodes."""
+    network_gbps: float = NETWORK_GBPS
+    """Each node's network link, Gbit/s per direction (--network-gbps)."""
+    network_seconds: dict[str, float] = field(default_factory=dict)
+    """Seconds each phase keeps a node's network link busy (per step; validation and checkpoint:
+    each)."""
+    compute_seconds: dict[str, float] = field(default_factory=dict)
+    """T-GRPO with a device: the compute that FSDP2 overlaps the experience's and the update's
+    collectives with, per step."""
+
+    def network_bound(self, phase: str) -> bool:
+        """Whether the network, not the compute, bounds an overlapped phase."""
+        return self.network_seconds.get(phase, 0.0) > self.compute_seconds.get(phase, 0.0)
 
     @property
     def host_total(self) -> float:
@@ -175,6 +200,7 @@ def plan(
     dev: Device | None = None,
     wl: Workload | None = None,
     nodes: int = 1,
+    network_gbps: float = NETWORK_GBPS,
 ) -> Plan:
     """The memory plan of `cfg` on `gpus` GPUs of `gpu_memory_gib` each, on `nodes` nodes of gpus /
     nodes GPUs: per phase, GiB per GPU by part and whether it fits, with a computed fix for each
@@ -183,9 +209,12 @@ def plan(
     transformers Qwen2 config. `trainer`: "tgrpo" or "sft" (SFT has no rollout, experience or weight
     sync). With a device and a workload (psyrl.plan.speed), a T-GRPO plan also predicts seconds per
     phase and the run's total, and sets the alternatives beside it. With several nodes, the
-    collectives that cross the network (psyrl.plan.network; T-GRPO's need the workload)."""
+    collectives that cross the network (psyrl.plan.network; T-GRPO's need the workload), each
+    phase's seconds on a network of `network_gbps` Gbit/s per node, and the time model runs them
+    at that speed."""
     if trainer not in ("tgrpo", "sft"):
         raise ValueError(f"trainer must be 'tgrpo' or 'sft', got {trainer!r}")
+    check_network_gbps(network_gbps)  # on one node too: a bad value is a mistake either way
     sh = shapes(architecture)
     result = _plan(cfg, sh, gpus, gpu_memory_gib, host_memory_gib, trainer, nodes)
     for phase in result.phases:
@@ -197,12 +226,30 @@ def plan(
         result.host_fix = _find_fix(
             cfg, sh, gpus, gpu_memory_gib, host_memory_gib, trainer, "host", result, nodes
         )
-    if dev is not None and wl is not None and trainer == "tgrpo":
-        result.times, result.device, result.workload = step_times(cfg, sh, gpus, dev, wl), dev, wl
-        result.alternatives = _alternatives(cfg, sh, gpus, gpu_memory_gib, dev, wl, nodes)
+    result.network_gbps = network_gbps
     if nodes > 1 and (wl is not None or trainer == "sft"):
         result.network = network(cfg, sh, gpus, trainer, wl)
+        result.network_seconds = network_seconds(result.network, gpus, nodes, network_gbps)
+    if dev is not None and wl is not None and trainer == "tgrpo":
+        result.times = step_times(cfg, sh, gpus, dev, wl, result.network_seconds)
+        result.device, result.workload = dev, wl
+        result.alternatives = _alternatives(
+            cfg, sh, gpus, gpu_memory_gib, dev, wl, nodes, network_gbps
+        )
+        result.compute_seconds = {
+            "experience": experience_parts(cfg, sh, gpus, dev, wl)["compute"],
+            "update": update_parts(cfg, sh, gpus, dev, wl)["compute"],
+        }
     return result
+
+
+def _network(
+    cfg: Config, sh: Shapes, gpus: int, wl: Workload, nodes: int, gbps: float
+) -> dict[str, float]:
+    """Each T-GRPO phase's seconds on the network between `nodes` nodes (none on one)."""
+    if nodes == 1:
+        return {}
+    return network_seconds(network(cfg, sh, gpus, "tgrpo", wl), gpus, nodes, gbps)
 
 
 def _alternatives(
@@ -213,6 +260,7 @@ def _alternatives(
     dev: Device,
     wl: Workload,
     nodes: int = 1,
+    network_gbps: float = NETWORK_GBPS,
 ) -> list[Alternative]:
     """The run with sampler.tensor_parallel 1 and 2 (vLLM, a node's GPUs it divides; each at its
     own suggested gpu_memory_utilization), and with optim.micro_batch_tokens as set and ALT_BUDGET:
@@ -229,7 +277,9 @@ def _alternatives(
                 trial = _with(trial, {("sampler", "gpu_memory_utilization"): util})
             rollout = rollout_phase(trial, sh, gpus, capacity, "tgrpo")
             pool = vllm_pool(trial, sh, gpus, capacity)
-            times = step_times(trial, sh, gpus, dev, wl)
+            times = step_times(
+                trial, sh, gpus, dev, wl, _network(trial, sh, gpus, wl, nodes, network_gbps)
+            )
             out.append(
                 Alternative(
                     f"sampler.tensor_parallel = {tp}",
@@ -251,8 +301,9 @@ def _alternatives(
         update = next(
             p for p in step_phases(trial, sh, gpus, capacity, "tgrpo") if p.name == "update"
         )
-        times = step_times(trial, sh, gpus, dev, wl)
-        u = update_parts(trial, sh, gpus, dev, wl)
+        net = _network(trial, sh, gpus, wl, nodes, network_gbps)
+        times = step_times(trial, sh, gpus, dev, wl, net)
+        u = update_parts(trial, sh, gpus, dev, wl, net.get("update", 0.0))
         shown = (
             f"{u['micro-batches']:,.0f} micro-batches of "
             + (f"{budget:,} tokens" if budget else f"{cfg.optim.micro_batch} rows")

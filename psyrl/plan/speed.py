@@ -559,20 +559,33 @@ def validation_micro_batches(cfg: Config, gpus: int) -> float:
     return max(1.0, math.ceil(validation_items(cfg) / gpus / cfg.optim.logprob_micro_batch))
 
 
-def experience_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload) -> float:
-    """Gradient-free forwards over this rank's sequences: the reference model's (loss.kl_coef > 0)
-    and pi_old's of every mini-batch after the first (the first's is the update's own), in
-    micro-batches of optim.logprob_micro_batch(_tokens); FSDP2 all-gathers the bf16 weights once per
-    micro-batch, overlapped with the compute."""
+def experience_parts(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload) -> dict:
+    """The experience's terms over all its passes (`experience_seconds`): compute, the all-gathers
+    over the GPU-to-GPU link, and the eager overhead."""
     rows = cfg.rollout.prompts * cfg.rollout.samples / gpus
     micro, passes = experience_micro_batches(cfg, gpus, wl)
     tokens, attention = _tokens(cfg, sh, wl, rows, micro)
     scored = rows * wl.response_mean
     compute = logprob_forward_seconds(sh, dev, tokens, scored, attention * _causal(dev))
     compute += head_traffic_seconds(sh, dev, scored, backward=False)
-    gather = micro * _all_gather_seconds(sh, gpus, dev, DTYPE_BYTES[cfg.model.dtype])
-    overhead = micro * _eager_seconds(sh, dev)
-    return passes * (max(compute, gather) + overhead)
+    b = DTYPE_BYTES[cfg.model.dtype]
+    return {
+        "compute": passes * compute,
+        "collectives": passes * (micro * _all_gather_seconds(sh, gpus, dev, b)),
+        "overhead": passes * (micro * _eager_seconds(sh, dev)),
+    }
+
+
+def experience_seconds(
+    cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload, network: float = 0.0
+) -> float:
+    """Gradient-free forwards over this rank's sequences: the reference model's (loss.kl_coef > 0)
+    and pi_old's of every mini-batch after the first (the first's is the update's own), in
+    micro-batches of optim.logprob_micro_batch(_tokens); FSDP2 all-gathers the bf16 weights once per
+    micro-batch, overlapped with the compute. `network`: the seconds those all-gathers take on the
+    network between nodes (psyrl.plan.network): a ring runs at its slowest link."""
+    e = experience_parts(cfg, sh, gpus, dev, wl)
+    return max(e["compute"], e["collectives"], network) + e["overhead"]
 
 
 def _causal(dev: Device) -> float:
@@ -587,9 +600,12 @@ def _all_gather_seconds(sh: Shapes, gpus: int, dev: Device, b: int) -> float:
     return b * sh.shard(gpus) * (gpus - 1) / (dev.peer * dev.link_util)
 
 
-def update_parts(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload) -> dict:
-    """The update's terms (`update_seconds`): micro-batches per rank, compute, collectives, eager
-    overhead and AdamW seconds."""
+def update_parts(
+    cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload, network: float = 0.0
+) -> dict:
+    """The update's terms (`update_seconds`): micro-batches per rank, compute, collectives (over the
+    GPU-to-GPU link, or `network`'s seconds between nodes when slower: a ring runs at its slowest
+    link), eager overhead and AdamW seconds."""
     rows = cfg.rollout.prompts * cfg.rollout.samples / gpus
     micro, updates = update_micro_batches(cfg, gpus, wl)
     tokens, attention = _tokens(cfg, sh, wl, rows, micro)
@@ -602,22 +618,28 @@ def update_parts(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload) 
             sh, dev, tokens, rows * wl.response_mean, attention * _causal(dev)
         )
         + head_traffic_seconds(sh, dev, rows * wl.response_mean, backward=True),
-        "collectives": micro
-        * (2 * _all_gather_seconds(sh, gpus, dev, b) + _all_gather_seconds(sh, gpus, dev, 4)),
+        "collectives": max(
+            micro
+            * (2 * _all_gather_seconds(sh, gpus, dev, b) + _all_gather_seconds(sh, gpus, dev, 4)),
+            network,
+        ),
         "overhead": micro * _eager_seconds(sh, dev, passes),
         "adamw": updates * 28 * sh.shard(gpus) / (dev.memory_bw * dev.bw_util),
     }
 
 
-def update_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload) -> float:
+def update_seconds(
+    cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload, network: float = 0.0
+) -> float:
     """Forward and backward over this rank's sequences: 6 N per token + 3 x the attention (8 N and
     4 x with gradient checkpointing, which recomputes each layer's forward); per micro-batch FSDP2
     all-gathers the weights twice (forward, and backward after the reshard) in bf16 and
     reduce-scatters float32 gradients, overlapped with the compute (the larger counts: a larger
     token budget, fewer micro-batches, only shows when the collectives are the larger); then one
     AdamW step per mini-batch over the float32 shard (reads parameter, gradient and two moments,
-    writes three: 28 B per parameter at memory bandwidth)."""
-    u = update_parts(cfg, sh, gpus, dev, wl)
+    writes three: 28 B per parameter at memory bandwidth). `network`: the collectives' seconds
+    between nodes."""
+    u = update_parts(cfg, sh, gpus, dev, wl, network)
     return max(u["compute"], u["collectives"]) + u["overhead"] + u["adamw"]
 
 
@@ -629,10 +651,11 @@ def offload_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device) -> float:
     return 2 * 12 * sh.shard(gpus) / (dev.host_link * dev.link_util)
 
 
-def sync_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device) -> float:
-    """Weight sync: the bf16 weights all-gathered in buckets over the GPU-to-GPU link, the engine's
-    weights woken from the host (vLLM sleep level 1) over the host link, every tensor loaded into
-    the engine (read and written at memory bandwidth)."""
+def sync_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device, network: float = 0.0) -> float:
+    """Weight sync: the bf16 weights all-gathered in buckets over the GPU-to-GPU link (or
+    `network`'s seconds between nodes, when slower), the engine's weights woken from the host (vLLM
+    sleep level 1) over the host link, every tensor loaded into the engine (read and written at
+    memory bandwidth)."""
     b = DTYPE_BYTES[cfg.model.dtype]
     full = b * sh.params
     tp = cfg.sampler.tensor_parallel if cfg.sampler.engine == "vllm" else 1
@@ -642,12 +665,15 @@ def sync_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device) -> float:
         else 0.0
     )
     load = 2 * full / (dev.memory_bw * dev.bw_util)
-    return _all_gather_seconds(sh, gpus, dev, b) + wake + load
+    return max(_all_gather_seconds(sh, gpus, dev, b), network) + wake + load
 
 
-def validation_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload) -> float:
+def validation_seconds(
+    cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload, network: float = 0.0
+) -> float:
     """One validation: a response to each of data.valid_items held-out prompts (0: assumed 1,024,
-    A.3's validation batch) at this rank's share, then the gradient-free loss pass over them."""
+    A.3's validation batch) at this rank's share, then the gradient-free loss pass over them (its
+    all-gathers overlapped with it, counted only as `network`'s seconds between nodes)."""
     if not cfg.data.valid_file:
         return 0.0
     items = validation_items(cfg)
@@ -658,7 +684,9 @@ def validation_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Work
     micro = validation_micro_batches(cfg, gpus)
     tokens, attention = _tokens(cfg, sh, wl, rows, micro)
     scored = rows * wl.response_mean
-    return generate + logprob_forward_seconds(sh, dev, tokens, scored, attention * _causal(dev))
+    return generate + max(
+        logprob_forward_seconds(sh, dev, tokens, scored, attention * _causal(dev)), network
+    )
 
 
 def _with_rollout(cfg: Config, rollout) -> Config:
@@ -669,25 +697,38 @@ def _with_rollout(cfg: Config, rollout) -> Config:
     return new
 
 
-def checkpoint_seconds(cfg: Config, sh: Shapes, gpus: int, dev: Device) -> float:
-    """One checkpoint: rank 0 gathers the float32 parameters over the GPU-to-GPU link, then writes
-    the state (float32 parameters and AdamW's two moments) and the export in
-    checkpoint.export_dtype at DISK_BYTES_PER_S."""
+def checkpoint_seconds(
+    cfg: Config, sh: Shapes, gpus: int, dev: Device, network: float = 0.0
+) -> float:
+    """One checkpoint: rank 0 gathers the float32 parameters over the GPU-to-GPU link (or
+    `network`'s seconds into its node, when slower), then writes the state (float32 parameters and
+    AdamW's two moments) and the export in checkpoint.export_dtype at DISK_BYTES_PER_S."""
     gather = 4 * sh.params * (gpus - 1) / gpus / (dev.peer * dev.link_util) if gpus > 1 else 0.0
+    gather = max(gather, network)
     written = (12 + DTYPE_BYTES[cfg.checkpoint.export_dtype]) * sh.params
     return gather + written / DISK_BYTES_PER_S
 
 
-def step_times(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload) -> Times:
+def step_times(
+    cfg: Config,
+    sh: Shapes,
+    gpus: int,
+    dev: Device,
+    wl: Workload,
+    network: dict[str, float] | None = None,
+) -> Times:
     """Every phase's predicted seconds for a T-GRPO step of `cfg` on `gpus` devices, and the run's
     total (validations every checkpoint.every steps and at the start, checkpoints every
-    checkpoint.every steps)."""
+    checkpoint.every steps). `network`: on several nodes, each phase's seconds of collectives on
+    the network between them (psyrl.plan.network `network_seconds`); a collective runs at its
+    ring's slowest link, the network or the GPU-to-GPU one."""
+    net = network or {}
     step = {
         "rollout": rollout_seconds(cfg, sh, gpus, dev, wl),
-        "experience": experience_seconds(cfg, sh, gpus, dev, wl),
-        "update": update_seconds(cfg, sh, gpus, dev, wl),
+        "experience": experience_seconds(cfg, sh, gpus, dev, wl, net.get("experience", 0.0)),
+        "update": update_seconds(cfg, sh, gpus, dev, wl, net.get("update", 0.0)),
         "offload": offload_seconds(cfg, sh, gpus, dev),
-        "sync": sync_seconds(cfg, sh, gpus, dev),
+        "sync": sync_seconds(cfg, sh, gpus, dev, net.get("sync", 0.0)),
     }
     steps = cfg.run.steps
     every = cfg.checkpoint.every
@@ -699,8 +740,8 @@ def step_times(cfg: Config, sh: Shapes, gpus: int, dev: Device, wl: Workload) ->
     ]
     return Times(
         step,
-        validation_seconds(cfg, sh, gpus, dev, wl),
-        checkpoint_seconds(cfg, sh, gpus, dev),
+        validation_seconds(cfg, sh, gpus, dev, wl, net.get("validation", 0.0)),
+        checkpoint_seconds(cfg, sh, gpus, dev, net.get("checkpoint", 0.0)),
         steps,
         validations,
         checkpoints,

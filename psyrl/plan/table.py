@@ -4,6 +4,7 @@ and the assumptions stated under it all."""
 
 from __future__ import annotations
 
+from psyrl.plan.network import NETWORK_GBPS
 from psyrl.plan.phases import (
     CUDA_CONTEXT_GIB,
     GIB,
@@ -154,7 +155,9 @@ def format_network(p: Plan) -> list[str]:
     ]
     if not p.network:
         return out + ["  not planned: T-GRPO's micro-batch counts need the time model's workload"]
-    head = ["phase", "collective", "GiB per call", "calls", "GiB per node", ""]
+    gbps = f"{p.network_gbps:g} Gbit/s"
+    head = ["phase", "collective", "GiB per call", "calls", "GiB per node", f"s at {gbps}", ""]
+    rate = p.network_gbps * 1e9 / 8
     per = {"validation": "each validation", "checkpoint": "each checkpoint, into rank 0's node"}
     rows = [
         [
@@ -163,17 +166,20 @@ def format_network(p: Plan) -> list[str]:
             f"{c.size / GIB:.2f}",
             f"{c.calls:,g}",
             f"{c.node_bytes(world, nodes) / GIB:,.2f}",
+            f"{c.node_bytes(world, nodes) / rate:,.1f}",
             per.get(c.phase, "per step"),
         ]
         for c in p.network
     ]
     step = sum(c.node_bytes(world, nodes) for c in p.network if c.phase not in per)
-    rows.append(["step", "", "", "", f"{step / GIB:,.2f}", "per step, in all"])
+    rows.append(
+        ["step", "", "", "", f"{step / GIB:,.2f}", f"{step / rate:,.1f}", "per step, in all"]
+    )
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     out += [
         "  "
         + "  ".join(
-            c.ljust(w) if i in (0, 1, 5) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
+            c.ljust(w) if i in (0, 1, 6) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
         ).rstrip()
         for r in [head, *rows]
     ]
@@ -184,10 +190,36 @@ def format_network(p: Plan) -> list[str]:
         "gradient norm and metrics (all-reduces); once a run: rank 0's weights broadcast at "
         "start-up"
     )
+    out.append(
+        f"  seconds: each node's bytes at {gbps} per direction (--network-gbps, default "
+        f"{NETWORK_GBPS:g}: 25 GbE), line rate with one link per node, so a lower bound"
+    )
     if p.times:
+        out += format_network_bound(p)
+    return out
+
+
+def format_network_bound(p: Plan) -> list[str]:
+    """Whether the network or the compute bounds each phase whose collectives FSDP2 overlaps with
+    its compute, and so the step (a ring runs at its slowest link: the time model takes the
+    network's seconds where they exceed the GPU-to-GPU link's)."""
+    out = []
+    for phase in ("experience", "update"):
+        net, compute = p.network_seconds.get(phase, 0.0), p.compute_seconds[phase]
+        bound = "the network bounds it" if p.network_bound(phase) else "compute bounds it"
         out.append(
-            "  the time model runs these at --device's GPU-to-GPU link, not the network's speed"
+            f"  {phase}: {net:,.1f} s of network against {compute:,.1f} s of compute "
+            f"({net / compute:.2f}x): {bound}"
         )
+    bound = [ph for ph in ("experience", "update") if p.network_bound(ph)]
+    out.append(
+        f"  the network bounds the step (in the {' and the '.join(bound)}): predicted "
+        f"{p.times.step_total:,.1f} s at {p.network_gbps:g} Gbit/s"
+        if bound
+        else f"  compute bounds the step; predicted {p.times.step_total:,.1f} s at "
+        f"{p.network_gbps:g} Gbit/s (the sync's all-gather is not hidden: "
+        f"{p.network_seconds.get('sync', 0.0):,.1f} s)"
+    )
     return out
 
 

@@ -1,5 +1,6 @@
-"""`psyrl plan --nodes N`: host RAM per node and the bytes each phase sends between nodes, worked
-out by hand for SMALL; one node prints what it printed before; a vLLM tensor-parallel group larger
+"""`psyrl plan --nodes N`: host RAM per node, the bytes each phase sends between nodes and their
+seconds at --network-gbps, worked out by hand for SMALL, and whether the network or the compute
+bounds the step; one node prints what it printed before; a vLLM tensor-parallel group larger
 than a node, --nodes 0 and GPUs that do not divide over the nodes are refused with one message; and
 the trainers' start-up check judges host RAM per node under torchrun across nodes."""
 
@@ -13,9 +14,13 @@ from plan_models import SETTINGS, SMALL, SMALL_PARAMS
 
 from psyrl.cli.main import main
 from psyrl.core.config import load_config
+from psyrl.plan import speed
+from psyrl.plan.architecture import shapes
+from psyrl.plan.network import NETWORK_GBPS
 from psyrl.plan.phases import GIB, MIB
 from psyrl.plan.planner import plan
 from psyrl.plan.speed import workload
+from psyrl.plan.table import format_plan
 from psyrl.run import launch
 from psyrl.runtime.distributed import Dist
 
@@ -163,3 +168,79 @@ def test_start_up_judges_host_ram_per_node(monkeypatch, capsys):
     assert p.nodes == 2 and p.gpus == 4 and p.gpus_fit and p.host_fits is False
     assert p.host["baseline (3 GiB per rank, assumption)"] == 2 * 3 * GIB
     assert "memory plan: host RAM needs" in capsys.readouterr().out
+
+
+def test_network_seconds_by_hand():
+    """Each node's bytes (test_cross_node_bytes_by_hand) at 10 Gbit/s = 1.25e9 B/s, line rate."""
+    cfg = load_config("configs/tgrpo/tiny.toml", HAND)
+    wl = workload(cfg, 512, None, 512)
+    p = plan(cfg, SMALL, 4, 48, None, "tgrpo", wl=wl, nodes=2, network_gbps=10)
+    assert p.network_seconds == pytest.approx(
+        {
+            "experience": 4.5 * P / 1.25e9,  # 0.680 s
+            "update": 24 * P / 1.25e9,  # 12 P all-gathered + 12 P reduce-scattered: 3.624 s
+            "sync": 1.5 * P / 1.25e9,
+            "validation": 3 * P / 1.25e9,
+            "checkpoint": 2 * P / 1.25e9,
+        },
+        rel=1e-12,
+    )
+    assert p.network_seconds["update"] == pytest.approx(3.6244488192)
+    # one node: nothing on a network, whatever its speed
+    one = plan(cfg, SMALL, 4, 48, None, "tgrpo", wl=wl, nodes=1, network_gbps=10)
+    assert one.network_seconds == {}
+
+
+def test_network_or_compute_bounds_the_step():
+    """A100s (NVLink) on 2 nodes: at 1 Gbit/s the update's 24 P of network (36.2 s) exceeds its
+    compute, and the time model runs the update at the network's speed; at 10,000 Gbit/s the
+    network is faster than NVLink and the step is predicted as on one fabric."""
+    cfg = load_config("configs/tgrpo/tiny.toml", HAND)
+    wl = workload(cfg, 512, None, 512)
+    dev = speed.DEVICES["a100-80"]
+    sh = shapes(SMALL)
+    slow = plan(cfg, SMALL, 4, 48, None, "tgrpo", dev=dev, wl=wl, nodes=2, network_gbps=1)
+    assert slow.network_seconds["update"] == pytest.approx(24 * P / 1.25e8)
+    compute = speed.update_parts(cfg, sh, 4, dev, wl)["compute"]
+    assert slow.compute_seconds["update"] == compute < slow.network_seconds["update"]
+    assert slow.network_bound("update")
+    u = speed.update_parts(cfg, sh, 4, dev, wl)
+    assert slow.times.step["update"] == pytest.approx(
+        slow.network_seconds["update"] + u["overhead"] + u["adamw"]
+    )
+    text = format_plan(slow)
+    assert "update: 36.2 s of network against" in text
+    assert "the network bounds the step (in the " in text
+    fast = plan(cfg, SMALL, 4, 48, None, "tgrpo", dev=dev, wl=wl, nodes=2, network_gbps=10_000)
+    assert not fast.network_bound("update") and not fast.network_bound("experience")
+    assert fast.times == speed.step_times(cfg, sh, 4, dev, wl)  # NVLink is the slower link
+    assert "compute bounds the step; predicted" in format_plan(fast)
+
+
+def test_the_issues_3b_figures():
+    """Issue 39: the 3B update moves ~1.2 TiB per node per step: at 25 Gbit/s at least 415 s
+    against ~399 s of compute on A6000s, at 10 Gbit/s ~2.6 x the compute."""
+    args = ["plan", "--config", "configs/tgrpo/qwen2.5-3b.toml", "--gpus", "8", "--nodes", "2"]
+    out = CliRunner().invoke(main, args).output
+    assert (
+        "update: 414.8 s of network against 398.8 s of compute (1.04x): the network bounds" in out
+    )
+    assert "s at 25 Gbit/s" in out and "default 25: 25 GbE" in out
+    ten = CliRunner().invoke(main, [*args, "--network-gbps", "10"]).output
+    assert "update: 1,036.9 s of network against 398.8 s of compute (2.60x)" in ten
+
+
+def test_bad_network_speeds_are_refused():
+    args = ["plan", "--config", "configs/tgrpo/qwen2.5-3b.toml", "--gpus", "8", "--nodes", "2"]
+    for bad in ("0", "-25", "inf", "fast"):
+        result = CliRunner().invoke(main, [*args, "--network-gbps", bad])
+        assert result.exit_code == 2 and "Invalid value for '--network-gbps'" in result.output
+    nan = CliRunner().invoke(main, [*args, "--network-gbps", "nan"])  # click's range lets nan by
+    assert nan.exit_code == 1 and nan.output.count("Error:") == 1
+    assert "--network-gbps must be a positive number of Gbit/s, got nan" in nan.output
+    with pytest.raises(ValueError, match="--network-gbps must be a positive number"):
+        plan(load_config("configs/tgrpo/tiny.toml", HAND), SMALL, 4, 48, network_gbps=0)
+    # the option's default is the module's, and --help says it
+    option = next(o for o in main.commands["plan"].params if o.name == "network_gbps")
+    assert option.default == NETWORK_GBPS == 25.0
+    assert "25 GbE" in CliRunner().invoke(main, ["plan", "--help"]).output
