@@ -1,5 +1,6 @@
-"""Shared test setup: tests marked `gpu` are skipped cleanly where there is no CUDA device; the
-T-GRPO tests' starting model is trained once per session."""
+"""Shared test setup: tests marked `gpu` are skipped cleanly where there is no CUDA device; bf16
+attention that this CPU's forced kernel level cannot run is skipped with the reason; the T-GRPO
+tests' starting model is trained once per session."""
 
 import json
 import subprocess
@@ -17,6 +18,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def bf16_attention_fails() -> str:
+    """Why bf16 attention cannot run on this CPU as torch's kernels are set, or "". Under a forced
+    ATEN_CPU_CAPABILITY below the machine's (avx2 or default on an AVX-512 machine), torch 2.13's
+    bf16 CPU SDPA takes the AVX-512 matmul path its detection of the CPU allows, then refuses its
+    packing at the forced level (measured: "pack_vnni2 is only supported when avx512 is supported",
+    at 300 tokens x 64 dims, not at 8 x 16); a machine that really has only AVX2 never takes that
+    path. float32 runs at every level."""
+    q = torch.randn(1, 2, 300, 64, dtype=torch.bfloat16)  # [batch, heads, seq, head_dim]
+    try:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    except RuntimeError as e:
+        return (
+            f"bf16 attention at ATEN_CPU_CAPABILITY={torch.backends.cpu.get_cpu_capability()}: {e}"
+        )
+    return ""
 
 
 @pytest.fixture(scope="session")

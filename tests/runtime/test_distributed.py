@@ -3,6 +3,7 @@ offload and bf16; exports load back identically; resume is bitwise; cut-short ch
 skipped; write errors and bad input stop every rank with a clear message."""
 
 import json
+import math
 import os
 import resource
 import shutil
@@ -46,11 +47,21 @@ VALID = [
 
 
 def sft(
-    output_dir: Path, *extra: str, ranks: int = 2, resume: bool = False, limit_file_bytes: int = 0
+    output_dir: Path,
+    *extra: str,
+    ranks: int = 2,
+    resume: bool = False,
+    limit_file_bytes: int = 0,
+    gradient_to: Path | None = None,
 ):
+    """train_sft.py's command; `gradient_to`: through tests/workers/first_gradient.py, which also
+    writes the first step's gradient there."""
     sets = [f"run.output_dir={json.dumps(str(output_dir))}", *SMALL, *extra]
     launcher = TORCHRUN if ranks == 2 else [sys.executable]
-    args = [*launcher, "train_sft.py", "--config", "configs/sft/tiny.toml"] + [
+    script = (
+        ["tests/workers/first_gradient.py", str(gradient_to)] if gradient_to else ["train_sft.py"]
+    )
+    args = [*launcher, *script, "--config", "configs/sft/tiny.toml"] + [
         a for s in sets for a in ("--set", s)
     ]
     args += ["--resume"] if resume else []
@@ -73,22 +84,22 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, bf16_attention_fails):
     """One process (float32, bf16 autocast) and 2 ranks (plain FSDP2, + CPU offload, + bf16), same
     data."""
     out = tmp_path_factory.mktemp("runs")
     bf16, offload = "model.dtype=bfloat16", "fsdp.offload=always"
     valid = VALID
-    variants = {
-        "one": (valid, 1),
-        "one-bf16": ([bf16], 1),
-        "fsdp": (valid, 2),
-        "offload": ([offload], 2),
-        "fsdp-bf16": ([bf16], 2),
-        "offload-bf16": ([offload, bf16], 2),
-    }
+    variants = {"one": (valid, 1), "fsdp": (valid, 2), "offload": ([offload], 2)}
+    if not bf16_attention_fails:
+        variants |= {
+            "one-bf16": ([bf16], 1),
+            "fsdp-bf16": ([bf16], 2),
+            "offload-bf16": ([offload, bf16], 2),
+        }
     for name, (extra, ranks) in variants.items():
-        result = sft(out, f"run.name={name}", *extra, ranks=ranks)
+        gradient = out / f"{name}-first-gradient.pt" if name in ("one", "fsdp", "offload") else None
+        result = sft(out, f"run.name={name}", *extra, ranks=ranks, gradient_to=gradient)
         assert result.returncode == 0, (
             f"{name}:\n{result.stdout[-1500:]}\n{result.stderr[:2000]}"
             f"\n...\n{result.stderr[-2000:]}"
@@ -96,18 +107,66 @@ def runs(tmp_path_factory):
     return out
 
 
+def adamw_move_bound(lrs: list[float], beta1: float, beta2: float) -> float:
+    """The most two AdamW runs' weights can differ by, element by element, after the steps taken at
+    `lrs`, whatever their gradients: each step moves an element by lr * |m_hat| / (sqrt(v_hat) +
+    eps), and Cauchy-Schwarz over m_t = (1 - b1) sum_k b1^k g_(t-k) against v_t = (1 - b2)
+    sum_k b2^k g_(t-k)^2 bounds |m_hat| / sqrt(v_hat) by
+    (1 - b1) / (1 - b1^t) * sqrt((1 - b2^t) / (1 - b2)) * sqrt(sum_(k<t) (b1^2 / b2)^k)
+    (1 at t = 1: the first step moves every element by lr * sign(g) unless |g| is near eps)."""
+    bound = 0.0
+    for t, lr in enumerate(lrs, start=1):
+        geometric = sum((beta1**2 / beta2) ** k for k in range(t))
+        ratio = (1 - beta1) / (1 - beta1**t) * math.sqrt((1 - beta2**t) / (1 - beta2) * geometric)
+        bound += 2 * lr * ratio  # both runs moved by up to lr * ratio, in opposite directions
+    return bound
+
+
+def test_adamw_move_bound_by_hand():
+    # t = 1: 0.1 / 0.1 * sqrt(0.001 / 0.001 * 1) = 1, so 2 * lr
+    assert adamw_move_bound([3e-3], 0.9, 0.999) == pytest.approx(6e-3)
+    # t = 2: 0.1 / 0.19 * sqrt(0.001999 / 0.001 * (1 + 0.81 / 0.999)) = 0.99868...
+    second = 0.1 / 0.19 * math.sqrt(1.999 * (1 + 0.81 / 0.999))
+    assert adamw_move_bound([1e-3, 1e-3], 0.9, 0.999) == pytest.approx(2e-3 * (1 + second))
+
+
 @pytest.mark.slow
 def test_fsdp_losses_equal_one_process(runs):
+    """FSDP2 (± CPU offload) against one process, float32, at tolerances that hold on every CPU
+    (docs/install.md, "What holds across machines"). Only the order of float32 sums differs, so:
+    the first step's gradient per parameter to 1e-5 relative (measured 3.5e-7 on an AVX-512 Xeon);
+    the loss of every step, which reads the weights the updates made, to 1e-6 (measured 1.2e-7);
+    the weights after 6 AdamW steps in the root mean square to 1e-6 (measured 5.2e-8), and element
+    by element only within AdamW's bound: an element whose gradient is near zero is divided by
+    sqrt(v) + eps, and the last bits of its gradient move it by up to ~lr (measured 1.29e-5 on the
+    Xeon, 1.17e-5 on another Intel machine, under 1e-5 on an AMD EPYC)."""
     one = losses(runs / "one")
     assert len(one) == 6 and one[-1] < one[0] - 0.5  # it trains
-    for name in ("fsdp", "offload"):  # float32: only the order of the gradient sums differs
+    first = torch.load(runs / "one-first-gradient.pt")
+    reference = weights(runs / "one")
+    lrs = [r["train/lr"] for r in read_metrics(runs / "one" / "metrics.jsonl") if "train/lr" in r]
+    bound = adamw_move_bound(lrs, 0.9, 0.999)  # tiny.toml's betas
+    for name in ("fsdp", "offload"):
+        gradient = torch.load(runs / f"{name}-first-gradient.pt")
+        assert gradient.keys() == first.keys()
+        for key, value in gradient.items():
+            relative = ((value - first[key]).norm() / first[key].norm()).item()
+            assert relative < 1e-5, (name, key, relative)
         assert losses(runs / name) == pytest.approx(one, rel=1e-6, abs=0), name
-        reference = weights(runs / "one")
-        for key, value in weights(runs / name).items():
-            torch.testing.assert_close(value, reference[key], rtol=0, atol=1e-5)
-    # float32 above: measured here 6e-8 relative. bf16: FSDP2 computes with bf16 parameters, one
-    # process with bf16
-    # autocast (fp32 parameters); measured here 2.2e-4 relative between them, 2.4e-4 from float32
+        moved = weights(runs / name)
+        assert moved.keys() == reference.keys()
+        difference = torch.cat([(moved[k] - reference[k]).flatten() for k in reference])
+        assert difference.pow(2).mean().sqrt().item() < 1e-6, name
+        assert difference.abs().max().item() <= bound, name
+
+
+@pytest.mark.slow
+def test_fsdp_bf16_losses_near_one_process(runs, bf16_attention_fails):
+    if bf16_attention_fails:
+        pytest.skip(bf16_attention_fails)
+    one = losses(runs / "one")
+    # bf16: FSDP2 computes with bf16 parameters, one process with bf16 autocast (fp32 parameters);
+    # measured here 2.2e-4 relative between them, 2.4e-4 from float32
     for name in ("fsdp-bf16", "offload-bf16"):
         assert losses(runs / name) == pytest.approx(losses(runs / "one-bf16"), rel=2e-3), name
         assert losses(runs / name) == pytest.approx(one, rel=2e-3), name
