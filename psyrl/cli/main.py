@@ -13,6 +13,7 @@ from __future__ import annotations
 import click
 
 from psyrl.cli.build import build_group
+from psyrl.cli.checkpoint import checkpoint_group
 from psyrl.cli.config import config_group, plan_command
 from psyrl.cli.data import data_group, demo_data_command, tiny_tokenizer_command
 from psyrl.cli.demo import demo_command
@@ -32,6 +33,7 @@ for command in (
     train_tgrpo,
     evaluate,
     select_checkpoint_command,
+    checkpoint_group,
     self_label_command,
     build_group,
     data_group,

@@ -1,8 +1,13 @@
 """The checkpoints a run leaves on disk, read without torch: which `checkpoints/step-N/` exist,
-which are complete (their `manifest.json`: the size of every file, written last), which still hold a
-training state to resume from, and appendix B's choice among them by validation F1. Writing and
-loading them is `psyrl.runtime.checkpoint`; `psyrl select-checkpoint`, `psyrl report` and `psyrl
-experiment` only read, so they never import torch.
+which are complete (their `manifest.json`, written last: the size of every file and its checksum),
+which still hold a training state to resume from, and appendix B's choice among them by validation
+F1. Writing and loading them is `psyrl.runtime.checkpoint`; `psyrl select-checkpoint`, `psyrl
+report` and `psyrl experiment` only read, so they never import torch.
+
+The checksum is zlib's CRC-32 (`CHECKSUM`), chosen by measurement (docs/measurements.md): each rank
+computes it over the bytes it writes as it writes them, and `verify_checksums` recomputes it. A
+manifest written before psyrl recorded checksums has sizes only: such a checkpoint is complete but
+its contents cannot be checked.
 """
 
 from __future__ import annotations
@@ -10,7 +15,8 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from psyrl.core.atomic import write_text
@@ -18,14 +24,58 @@ from psyrl.core.atomic import write_text
 CHECKPOINT_GLOB = "step-*"
 MANIFEST = "manifest.json"
 STATE_PARTS = ("state", "rng")  # what `keep_state` prunes from older checkpoints
+CHECKSUM = "crc32"  # the manifest's name for `new_checksum`'s digest
+CHUNK = 8 << 20  # bytes read at a time when a file is hashed from disk
 
 
-def _manifest(directory: Path) -> dict[str, int]:
+class Crc32:
+    """zlib.crc32 behind hashlib's `update`/`hexdigest` (zlib releases the GIL over 5 KiB: CPython
+    Modules/zlibmodule.c, zlib_crc32_impl)."""
+
+    def __init__(self):
+        self.value = 0
+
+    def update(self, data) -> None:
+        self.value = zlib.crc32(data, self.value)
+
+    def hexdigest(self) -> str:
+        return f"{self.value:08x}"
+
+
+def new_checksum() -> Crc32:
+    """A running checksum of `CHECKSUM`'s kind."""
+    return Crc32()
+
+
+def file_checksum(path: Path) -> str:
+    """The checksum of a file's bytes, read in CHUNK-sized pieces into one buffer."""
+    digest, buffer = new_checksum(), bytearray(CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            digest.update(view[:n])
+    return digest.hexdigest()
+
+
+def write_hashed(path: Path, data: bytes) -> str:
+    """Write `data` to `path` and return its checksum (computed from the bytes in memory: the file
+    is not read back)."""
+    digest = new_checksum()
+    digest.update(data)
+    path.write_bytes(data)
+    return digest.hexdigest()
+
+
+def _sizes(directory: Path) -> dict[str, int]:
     return {
         str(p.relative_to(directory)): p.stat().st_size
         for p in sorted(directory.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
+        if p.is_file() and p != directory / MANIFEST
     }
+
+
+def read_manifest(directory: str | Path) -> dict:
+    return json.loads((Path(directory) / MANIFEST).read_text(encoding="utf-8"))
 
 
 def verify(directory: str | Path) -> str | None:
@@ -33,7 +83,7 @@ def verify(directory: str | Path) -> str | None:
     file, wrong size)."""
     directory = Path(directory)
     try:
-        manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
+        manifest = read_manifest(directory)
     except (OSError, ValueError) as e:
         return f"no readable {MANIFEST} ({type(e).__name__})"
     for name, size in manifest["files"].items():
@@ -45,12 +95,74 @@ def verify(directory: str | Path) -> str | None:
     return None
 
 
-def write_manifest(directory: Path, manifest: dict | None = None) -> None:
-    """Atomically (temporary file, then rename) write `manifest`, by default the sizes of every file
-    now there."""
+def verify_checksums(directory: str | Path, names: Iterable[str] | None = None) -> str | None:
+    """Recompute the checksums of the manifest's files `names` (all by default): None if every one
+    matches (or the manifest has no checksums: see `has_checksums`), else what is wrong, naming the
+    first file that differs."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    sums = manifest.get("checksums")
+    if sums is None:
+        return None
+    if manifest.get("checksum") != CHECKSUM:
+        return f"checksums of an unknown kind {manifest.get('checksum')!r}, {CHECKSUM!r} expected"
+    for name in sorted(sums) if names is None else names:
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        try:
+            found, expected = file_checksum(path), sums[name]["value"]
+        except OSError as e:  # a disk that fails to read is as bad as one that changes bytes
+            return f"{name} cannot be read ({e})"
+        if found != expected:
+            return f"{name} has {CHECKSUM} {found}, {expected} expected: its bytes changed"
+    return None
+
+
+def has_checksums(directory: str | Path) -> bool:
+    """Whether the manifest records checksums (checkpoints written before psyrl did: sizes only)."""
+    return "checksums" in read_manifest(directory)
+
+
+def verified_dirs(directory: str | Path) -> list[Path]:
+    """What `psyrl checkpoint verify DIR` checks: DIR itself when it holds a manifest (a checkpoint
+    or an HF export), else a run directory's checkpoints and final export."""
+    directory = Path(directory)
+    if (directory / MANIFEST).is_file():
+        return [directory]
+    found = [d for _, d in checkpoint_dirs(directory)]
+    return found + ([directory / "hf"] if (directory / "hf" / MANIFEST).is_file() else [])
+
+
+def check(directory: str | Path) -> str | None:
+    """None if every file of `directory` is there with its size and checksum, else the first
+    problem (sizes first: they cost no read)."""
+    return verify(directory) or verify_checksums(directory)
+
+
+def write_manifest(
+    directory: Path,
+    manifest: dict | None = None,
+    checksums: dict[str, tuple[int, str]] | None = None,
+) -> dict:
+    """Atomically (temporary file, then rename) write `manifest`, by default: the size of every file
+    now there, whether a training state is among them, and the checksum of each with the rank that
+    computed it: `checksums` (name -> (rank, digest)) as the ranks computed them while writing, the
+    others read back here by this process (rank 0). Returns the manifest."""
     if manifest is None:
-        manifest = {"files": _manifest(directory), "resumable": (directory / "state").is_dir()}
+        sizes, checksums = _sizes(directory), checksums or {}
+        sums = {}
+        for name in sizes:
+            rank, value = checksums.get(name) or (0, file_checksum(directory / name))
+            sums[name] = {"rank": rank, "value": value}
+        manifest = {
+            "files": sizes,
+            "resumable": (directory / "state").is_dir(),
+            "checksum": CHECKSUM,
+            "checksums": sums,
+        }
     write_text(directory / MANIFEST, json_text(manifest))
+    return manifest
 
 
 def checkpoint_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
@@ -68,7 +180,7 @@ def _resumable(directory: Path) -> bool:
     first)."""
     if verify(directory) is not None:
         return False
-    return json.loads((directory / MANIFEST).read_text(encoding="utf-8")).get("resumable", False)
+    return read_manifest(directory).get("resumable", False)
 
 
 def prune_states(checkpoints: Path, keep: int) -> None:
@@ -82,10 +194,14 @@ def prune_states(checkpoints: Path, keep: int) -> None:
         # a failure here (full disk) costs only disk space: the checkpoint stays complete and
         # resumable
         try:
-            manifest = json.loads((d / MANIFEST).read_text(encoding="utf-8"))
-            manifest["files"] = {
-                k: v for k, v in manifest["files"].items() if k.split("/")[0] not in STATE_PARTS
-            }
+            manifest = read_manifest(d)
+            for part in ("files", "checksums"):
+                if part in manifest:  # checkpoints written before checksums have no "checksums"
+                    manifest[part] = {
+                        k: v
+                        for k, v in manifest[part].items()
+                        if k.split("/")[0] not in STATE_PARTS
+                    }
             write_manifest(d, {**manifest, "resumable": False})
         except (OSError, ValueError, KeyError):
             continue
@@ -93,10 +209,16 @@ def prune_states(checkpoints: Path, keep: int) -> None:
             shutil.rmtree(d / part, ignore_errors=True)
 
 
-def find_resumable(run_dir: str | Path, warn: Callable[[str], None]) -> Path | None:
-    """The newest complete checkpoint holding a training state; incomplete ones are reported through
-    `warn` and skipped (the previous one is used)."""
+def find_resumable(
+    run_dir: str | Path, warn: Callable[[str], None], skip: Iterable[Path] = ()
+) -> Path | None:
+    """The newest complete checkpoint holding a training state, not among `skip` (those whose
+    checksums failed); incomplete ones are reported through `warn` and skipped (the previous one is
+    used). Sizes only: the checksums are `verify_checksums`'s, read by every rank."""
+    skip = set(skip)
     for _, d in reversed(checkpoint_dirs(run_dir)):
+        if d in skip:
+            continue
         problem = verify(d)
         if problem:
             warn(f"warning: skipping {d}: incomplete checkpoint ({problem})")

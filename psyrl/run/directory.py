@@ -22,14 +22,14 @@ import torch
 from tqdm import tqdm
 
 from psyrl.core.atomic import tidy
-from psyrl.core.checkpoints import find_resumable, json_text
+from psyrl.core.checkpoints import find_resumable, has_checksums, json_text
 from psyrl.core.config import Config, ConfigError, config_changes, dump_config, load_config
 from psyrl.core.errors import Preempted, RunError
 from psyrl.core.runlog import MetricsFile, last_step, read_metrics, step_line, truncate_metrics
 from psyrl.run.card import model_card
 from psyrl.run.samples import sample_rows, write_samples
 from psyrl.run.trackers import TrackedRun, Trackers
-from psyrl.runtime.checkpoint import export_hf, load_checkpoint, save_checkpoint
+from psyrl.runtime.checkpoint import export_hf, load_checkpoint, save_checkpoint, verify_files
 from psyrl.runtime.distributed import (
     Dist,
     all_gather_lists,
@@ -188,10 +188,30 @@ class Run:
     def _resumable(self, required: bool = True) -> Path | None:
         """The checkpoint to resume from, after checking the run's config has not changed in a way
         that matters; without one: a RunError when `required`, else None."""
-        dist = self.dist
-        found = find_resumable(self.dir, lambda line: print0(line, dist)) if dist.is_main else None
-        # rank 0 decides: nodes may see a shared filesystem differently
-        checkpoint = broadcast_object(found, dist)
+        dist, corrupted = self.dist, []
+        while True:
+            found = None
+            if dist.is_main:
+                found = find_resumable(self.dir, lambda line: print0(line, dist), corrupted)
+            # rank 0 decides: nodes may see a shared filesystem differently
+            checkpoint = broadcast_object(found, dist)
+            if checkpoint is None or not (problem := verify_files(checkpoint, dist)):
+                break
+            # its files are complete but not the bytes written (bit rot, a bad copy)
+            message = f"{checkpoint}: corrupted checkpoint ({problem})"
+            if required:
+                raise RunError(
+                    f"--resume: {message}; --resume auto would skip it and continue from the "
+                    "checkpoint before it"
+                )
+            print0(f"warning: skipping {message}", dist)
+            corrupted.append(checkpoint)
+        if checkpoint is not None and not has_checksums(checkpoint):
+            print0(
+                f"note: {checkpoint} was written before psyrl recorded checksums: its files' "
+                "sizes were checked, not their contents",
+                dist,
+            )
         if checkpoint is None:
             if not required:
                 return None

@@ -8,6 +8,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from psyrl.core.checkpoints import write_manifest
 from psyrl.core.config import dump_config, load_config
 from psyrl.core.errors import RunError
 from psyrl.run.directory import Run
@@ -65,3 +66,46 @@ def test_the_resume_option_takes_auto_or_nothing(monkeypatch):
         assert seen.pop() == expected
     result = CliRunner().invoke(train.train_sft, ["--config", "x.toml", "--resume", "always"])
     assert result.exit_code == 2 and "'always' is not one of 'on', 'auto'" in result.output
+
+
+def checkpointed(tmp_path, cfg, steps=(1, 2)):
+    """A run with a complete checkpoint at each of `steps` (a 16 KiB stand-in for the DCP shard)."""
+    run = tmp_path / cfg.run.name
+    for step in steps:
+        d = run / "checkpoints" / f"step-{step}"
+        (d / "state").mkdir(parents=True)
+        (d / "state" / "__0_0.distcp").write_bytes(bytes(range(256)) * 64)
+        (d / "config.resolved.toml").write_text(dump_config(cfg))
+        write_manifest(d)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "train/loss": 1.0}) + "\n")
+    return run
+
+
+def test_a_corrupted_checkpoint_is_skipped_by_auto_and_refused_by_on(tmp_path, capsys):
+    cfg = config(tmp_path)
+    run = checkpointed(tmp_path, cfg)
+    shard = run / "checkpoints" / "step-2" / "state" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0x01  # one bit flipped, the size kept
+    shard.write_bytes(bytes(data))
+    expected = (
+        f"{run / 'checkpoints' / 'step-2'}: corrupted checkpoint (state/__0_0.distcp has crc32"
+    )
+    resumed = Run(cfg, ONE_PROCESS, "sft", [], overwrite=False, resume="auto")
+    assert resumed.checkpoint == run / "checkpoints" / "step-1"
+    said = capsys.readouterr().out
+    assert f"warning: skipping {expected}" in said and "its bytes changed" in said
+    with pytest.raises(RunError) as refused:
+        Run(cfg, ONE_PROCESS, "sft", [], overwrite=False, resume="on")
+    assert str(refused.value).startswith(f"--resume: {expected}")
+    assert "--resume auto would skip it" in str(refused.value)
+
+
+def test_a_checkpoint_from_before_checksums_resumes_with_a_note(tmp_path, capsys):
+    cfg = config(tmp_path)
+    run = checkpointed(tmp_path, cfg, steps=(1,))
+    d = run / "checkpoints" / "step-1"
+    manifest = json.loads((d / "manifest.json").read_text())
+    write_manifest(d, {"files": manifest["files"], "resumable": True})  # sizes only, as before
+    assert Run(cfg, ONE_PROCESS, "sft", [], overwrite=False, resume="on").checkpoint == d
+    assert f"note: {d} was written before psyrl recorded checksums" in capsys.readouterr().out

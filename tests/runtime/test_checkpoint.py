@@ -3,6 +3,7 @@ choice."""
 
 import errno
 import json
+import zlib
 
 import pytest
 import torch
@@ -11,15 +12,29 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from psyrl.core.atomic import tidy
 from psyrl.core.checkpoints import (
+    CHECKSUM,
+    check,
+    file_checksum,
     find_resumable,
+    has_checksums,
     json_text,
+    new_checksum,
+    read_manifest,
     select_checkpoint,
     verify,
+    verify_checksums,
+    write_hashed,
     write_manifest,
 )
 from psyrl.core.config import ModelConfig, OptimConfig
 from psyrl.runtime import checkpoint as ckpt
-from psyrl.runtime.checkpoint import CheckpointError, export_hf, load_checkpoint, save_checkpoint
+from psyrl.runtime.checkpoint import (
+    CheckpointError,
+    export_hf,
+    load_checkpoint,
+    save_checkpoint,
+    verify_files,
+)
 from psyrl.runtime.model import Policy, load_model, load_tokenizer
 from psyrl.runtime.optim import build_optimizer
 
@@ -73,8 +88,10 @@ def test_export_reloads_with_identical_logits(tmp_path):
     model = load_model(TINY, tokenizer, seed=3)
     out = export_hf(Policy(model), tokenizer, tmp_path / "hf")
     # replacing an export works and leaves no temporary directory
-    export_hf(Policy(model), tokenizer, tmp_path / "hf")
+    export_hf(Policy(model), tokenizer, tmp_path / "hf", files={"README.md": "# card\n"})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+    # its files under a manifest with their checksums, the model card too
+    assert "README.md" in read_manifest(out)["checksums"] and check(out) is None
     reloaded = AutoModelForCausalLM.from_pretrained(out)
     ids = torch.tensor([tokenizer("I felt proud of my sister.")["input_ids"]])
     with torch.no_grad():
@@ -183,7 +200,7 @@ def test_write_error_leaves_no_checkpoint_and_the_previous_intact(tmp_path, monk
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ckpt, "save_file", disk_full)  # the RNG files are written after the weights
+    monkeypatch.setattr(ckpt, "write_hashed", disk_full)  # the RNG files come after the weights
     with pytest.raises(
         CheckpointError, match=r"step-2 \(RNG state, rank 0: OSError: .*No space left on device\)"
     ):
@@ -214,3 +231,90 @@ def test_a_checkpoint_whose_pruning_was_interrupted_is_not_resumed(tmp_path):
     # pruning withdrew the state, then crashed
     write_manifest(second, {**manifest, "resumable": False})
     assert verify(second) is None and find_resumable(tmp_path, print) == first
+
+
+def test_crc32_check_value_and_file_checksum(tmp_path):
+    # CRC-32's published check value: crc32("123456789") = cbf43926
+    digest = new_checksum()
+    digest.update(b"12345")
+    digest.update(memoryview(b"6789"))  # in pieces, as the writers feed it
+    assert (CHECKSUM, digest.hexdigest()) == ("crc32", "cbf43926")
+    (tmp_path / "f").write_bytes(b"123456789")
+    assert file_checksum(tmp_path / "f") == "cbf43926"
+    assert write_hashed(tmp_path / "g", b"") == "00000000" and (tmp_path / "g").read_bytes() == b""
+
+
+def test_the_manifest_holds_every_files_checksum_as_written(tmp_path):
+    policy, optimizer, tokenizer = trained_policy()
+    path = save_checkpoint(tmp_path, 1, policy, optimizer, tokenizer, {"trainer.json": "{}\n"})
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["checksum"] == "crc32"
+    assert manifest["checksums"].keys() == manifest["files"].keys()
+    # hashed while written (DCP's shards and index, the RNG and text files) or read back (hf/):
+    # each the CRC-32 of the bytes now on disk, computed here independently
+    for name, entry in manifest["checksums"].items():
+        assert entry == {"rank": 0, "value": f"{zlib.crc32((path / name).read_bytes()):08x}"}, name
+    assert {"state/.metadata", "state/__0_0.distcp", "rng/rank-0.safetensors"} <= set(
+        manifest["files"]
+    )
+    # zlib.crc32 of the 3 bytes b"{}" + newline, the trainer.json given
+    assert manifest["checksums"]["trainer.json"]["value"] == "dda1b006"
+    # the HF export inside carries its own manifest, as the final export does
+    assert verify(path / "hf") is None and verify_checksums(path / "hf") is None
+    assert "model.safetensors" in read_manifest(path / "hf")["checksums"]
+    assert verify_checksums(path) is None and verify_files(path) is None
+
+
+def flip(path, offset=4096, count=4096):
+    """Invert `count` bytes in place from `offset` (the issue's `b ^= 0xFF`): the size is kept."""
+    data = bytearray(path.read_bytes())
+    data[offset : offset + count] = bytes(b ^ 0xFF for b in data[offset : offset + count])
+    path.write_bytes(bytes(data))
+
+
+def test_flipped_truncated_and_missing_shards_are_all_caught(tmp_path):
+    policy, optimizer, tokenizer = trained_policy()
+    path = save_checkpoint(tmp_path, 1, policy, optimizer, tokenizer, {})
+    shard = path / "state" / "__0_0.distcp"
+    size, expected = shard.stat().st_size, read_manifest(path)["checksums"]["state/__0_0.distcp"]
+    flip(shard)
+    assert shard.stat().st_size == size and verify(path) is None  # the sizes cannot see it
+    found = f"{zlib.crc32(shard.read_bytes()):08x}"
+    assert verify_checksums(path) == (
+        f"state/__0_0.distcp has crc32 {found}, {expected['value']} expected: its bytes changed"
+    )
+    assert verify_files(path) == verify_checksums(path)
+    flip(shard)  # flipped back: the same bytes again
+    assert verify_checksums(path) is None
+    shard.write_bytes(shard.read_bytes()[:-1])
+    assert verify(path) == f"state/__0_0.distcp has {size - 1} bytes, {size} expected"
+    shard.unlink()
+    assert verify(path) == "state/__0_0.distcp is missing"
+    assert verify_checksums(path) == "state/__0_0.distcp is missing"
+    # only the files a rank is given: the others' damage is theirs to find
+    assert (
+        verify_checksums(path, ["trainer.json"] if (path / "trainer.json").exists() else []) is None
+    )
+
+
+def test_pruning_keeps_the_checksums_of_what_stays(tmp_path):
+    policy, optimizer, tokenizer = trained_policy()
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, policy, optimizer, tokenizer, {}, keep_state=1)
+    manifest = read_manifest(tmp_path / "checkpoints" / "step-1")
+    assert manifest["checksums"].keys() == manifest["files"].keys()
+    assert not any(k.startswith(("state/", "rng/")) for k in manifest["checksums"])
+    assert verify_checksums(tmp_path / "checkpoints" / "step-1") is None
+
+
+def test_a_checkpoint_without_checksums_is_complete_but_unchecked(tmp_path):
+    # as psyrl wrote them before checksums: sizes only
+    policy, optimizer, tokenizer = trained_policy()
+    path = save_checkpoint(tmp_path, 1, policy, optimizer, tokenizer, {})
+    manifest = read_manifest(path)
+    write_manifest(path, {"files": manifest["files"], "resumable": True})
+    flip(path / "state" / "__0_0.distcp")
+    assert not has_checksums(path) and verify(path) is None and verify_checksums(path) is None
+    assert find_resumable(tmp_path, print) == path
+    write_manifest(path, {**manifest, "checksum": "md5"})
+    assert verify_checksums(path) == "checksums of an unknown kind 'md5', 'crc32' expected"
