@@ -14,7 +14,9 @@ docs/gpu-node.md quotes its output format.
   [3/4] T-GRPO: three steps of train_tgrpo.py with sampler.engine = "vllm" under torchrun on N GPUs
   (tensor
         parallel 2 when N >= 2), FSDP2 with CPU offload; per step the sampler/trainer gap, ppo_kl,
-        times, memory.
+        times, memory (the device's in use inside the sample and sync phases too), and after the
+        runs the attention kernel the update's packed micro-batches took on this device
+        (bench/attention_kernel.py).
   [4/4] throughput of sampling (generated tokens/s) and of the weight sync (GB/s of float32 master
   weights).
 
@@ -39,7 +41,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from psyrl.core.config import ModelConfig  # noqa: E402
+from attention_kernel import attention_kernel  # noqa: E402  (bench/, the script's directory)
+
+from psyrl.core.config import ModelConfig, load_config  # noqa: E402
 from psyrl.runtime.distributed import ONE_PROCESS, Dist, gather_full_state_dict  # noqa: E402
 from psyrl.runtime.model import (  # noqa: E402
     autocast,
@@ -159,15 +163,10 @@ def engine_part(args: dict) -> dict:
     return result
 
 
-def tgrpo_part(
-    args: dict, out: Path, extra: tuple[str, ...] = (), tp: int | None = None
-) -> tuple[list[dict], float, str]:
-    """Three T-GRPO steps under torchrun; `extra`: more --set overrides (a variant), `tp`: the
-    sampler's tensor parallel size (default: A.3's 2 where the GPUs allow it)."""
+def tgrpo_sets(args: dict, out: Path, extra: tuple[str, ...] = (), tp: int = 1) -> list[str]:
+    """Part 3's --set overrides of configs/tgrpo/tiny.toml."""
     gpus = args["gpus"]
-    if tp is None:
-        tp = 2 if gpus >= 2 and gpus % 2 == 0 else 1
-    sets = [
+    return [
         f"run.output_dir={json.dumps(str(out))}",
         "run.name=tgrpo",
         'model.path=""',
@@ -199,6 +198,17 @@ def tgrpo_part(
         f"run.device={args['device']}",
         *extra,
     ]
+
+
+def tgrpo_part(
+    args: dict, out: Path, extra: tuple[str, ...] = (), tp: int | None = None
+) -> tuple[list[dict], float, str]:
+    """Three T-GRPO steps under torchrun; `extra`: more --set overrides (a variant), `tp`: the
+    sampler's tensor parallel size (default: A.3's 2 where the GPUs allow it)."""
+    gpus = args["gpus"]
+    if tp is None:
+        tp = 2 if gpus >= 2 and gpus % 2 == 0 else 1
+    sets = tgrpo_sets(args, out, extra, tp)
     if gpus > 1:
         launcher = [
             sys.executable,
@@ -228,6 +238,17 @@ def tgrpo_part(
         )
     rows = [json.loads(line) for line in (out / "tgrpo" / "metrics.jsonl").read_text().splitlines()]
     return rows, wall, f"{gpus} rank(s), tensor parallel {tp}"
+
+
+def inside(row: dict) -> str:
+    """The vLLM sampler's readings inside the sample and sync phases (CUDA only: else empty)."""
+    moments = {"sample": "sample_before_sleep", "sync": "sync_before_free"}
+    found = [
+        f"{phase} {row[key]:.2f} GiB"
+        for phase, moment in moments.items()
+        if (key := f"perf/device_used_gib/{moment}") in row
+    ]
+    return f", in use inside {' and '.join(found)}" if found else ""
 
 
 @click.command()
@@ -386,6 +407,7 @@ def main(
                 if "perf/device_used_gib" in row
                 else f"peak RSS {row['perf/peak_mem_gib']:.2f} GiB"
             )
+            + inside(row)
         )
     if compare if compare is not None else device == "cuda":
         variants = [
@@ -404,6 +426,10 @@ def main(
                 f"{statistics.median(r[f'time/{k}'] for r in later):.2f} s" for k in parts
             )
             print(f"      {name}: {times}")
+    # after the runs: the probe's CUDA memory must not count in their device readings
+    model_cfg = load_config(ROOT / "configs/tgrpo/tiny.toml", tgrpo_sets(args, Path(out))).model
+    kernel = attention_kernel(model_cfg, torch.device(device), sharded=args["gpus"] > 1)
+    print(f"      attention kernel of the update's packed micro-batches on {device}: {kernel}")
     print(
         f"[4/4] throughput: sampling {r['sample_tokens'] / r['sample_s']:,.0f} tokens/s ({prompts} "
         f"x {samples} samples, {r['sample_tokens']:,} tokens in {r['sample_s']:.2f} s, with "

@@ -4,15 +4,20 @@ same GPUs: the check that puts the memory and time models against a GPU (issue 2
 Run it on a GPU node:
 
     python bench/phase_memory.py [--gpus N] [--modes phase,always] [--packing both] [--predict h200]
+                                 [--engine vllm]
 
 The model is a random Qwen2 shaped like Qwen2.5-0.5B-Instruct (896 wide, 24 layers, 14 heads, 2 KV
 heads, MLP 4864, tied head) with the shipped Qwen2.5 tokenizer: nothing is downloaded. Each mode
-runs 2 T-GRPO steps in bf16 with the torch engine (what needs no vLLM) on the demo set, then the
-table compares `metrics.jsonl`'s `perf/trainer_alloc_peak_gib/<phase>` (the trainer's CUDA
-allocator, reset at each phase, vLLM's pool excluded) and `perf/device_used_gib/<phase>` (the
-device's memory in use) and `time/<phase>` with the plan's phase totals. `fsdp.offload =
-"always"` needs 2 GPUs or more (one process keeps the model in place); on 1 GPU the modes compared
-are `phase` and `none`.
+runs 2 T-GRPO steps in bf16 with the torch engine (what needs no vLLM; `--engine vllm` for the
+colocated engine) on the demo set, then the table compares `metrics.jsonl`'s
+`perf/trainer_alloc_peak_gib/<phase>` (the trainer's CUDA allocator, reset at each phase, vLLM's
+pool excluded) and `perf/device_used_gib/<phase>` (the device's memory in use) and `time/<phase>`
+with the plan's phase totals; with vLLM also the device's memory in use inside the sample and sync
+phases, which their ends miss (`perf/device_used_gib/sample_before_sleep`, `.../sync_before_free`:
+psyrl/runtime/vllm_sampler.py `memory_row`). `fsdp.offload = "always"` needs 2 GPUs or more (one
+process keeps the model in place); on 1 GPU the modes compared are `phase` and `none`. After the
+runs it names the attention kernel the update's packed (and padded) micro-batches took, measured
+on this device in the runs' dtypes (bench/attention_kernel.py).
 `--device cpu --small` runs the same plumbing on a CPU (no memory figures).
 """
 
@@ -28,6 +33,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from attention_kernel import attention_kernel  # noqa: E402  (bench/, the script's directory)
 
 from psyrl.core.config import load_config  # noqa: E402
 from psyrl.core.runlog import read_metrics  # noqa: E402
@@ -56,11 +63,21 @@ SMALL = [
 ]
 # psyrl plan's phase -> the trainer's time/ key
 PHASES = {"rollout": "sample", "experience": "logprobs", "update": "update", "sync": "sync"}
+# the vLLM sampler's readings inside a phase (its memory_row), beside that phase's plan row
+INSIDE = {"rollout": "sample_before_sleep", "sync": "sync_before_free"}
 
 
 def settings(
-    mode: str, out: Path, device: str, shape: list[str], tokens: int, packing: bool
+    mode: str,
+    out: Path,
+    device: str,
+    shape: list[str],
+    tokens: int,
+    packing: bool,
+    engine: str = "torch",
+    memory: float = 0.5,
 ) -> list[str]:
+    vllm = [f"sampler.gpu_memory_utilization={memory}", "sampler.max_num_seqs=80"]
     return [
         *shape,
         "model.path=",
@@ -68,7 +85,8 @@ def settings(
         "model.dtype=" + ("bfloat16" if device == "cuda" else "float32"),
         "model.gradient_checkpointing=true",
         f"fsdp.offload={mode}",
-        "sampler.engine=torch",
+        f"sampler.engine={engine}",
+        *(vllm if engine == "vllm" else []),
         "sampler.batch=40",
         "run.steps=2",
         "rollout.prompts=16",
@@ -133,7 +151,21 @@ def device_table(name: str) -> str:
     help="psyrl plan's device table for the predicted seconds (default: from the GPU's name; cpu "
     "measures this machine).",
 )
-def main(gpus, modes, out, device, small, tokens, packing, predict):
+@click.option(
+    "--engine",
+    type=click.Choice(["torch", "vllm"]),
+    default="torch",
+    show_default=True,
+    help="sampler.engine: vllm (pip install -e '.[vllm]') also logs the device memory in use "
+    "inside the sample and sync phases.",
+)
+@click.option(
+    "--memory",
+    default=0.5,
+    show_default=True,
+    help="sampler.gpu_memory_utilization with --engine vllm.",
+)
+def main(gpus, modes, out, device, small, tokens, packing, predict, engine, memory):
     """Step time and peak memory per phase of 2 T-GRPO steps per offload mode, packed and padded,
     against psyrl plan's memory and predicted seconds."""
     gpus = gpus or (torch.cuda.device_count() if device == "cuda" else 1)
@@ -146,17 +178,19 @@ def main(gpus, modes, out, device, small, tokens, packing, predict):
     lines = [
         f"psyrl phase memory: {gpus} x {device} ({gpu_gib:.1f} GiB each), torch "
         f"{torch.__version__}, {'small' if small else '0.5B-shaped'} random Qwen2, {tokens} new "
-        "tokens"
+        f"tokens, {engine} engine"
     ]
     if predict is None:
         predict = device_table(torch.cuda.get_device_name(0)) if device == "cuda" else "cpu"
+    kernels = {}  # packing -> the model config whose attention kernel is probed after the runs
     runs = [
         (m, p)
         for m in modes
         for p in {"both": (True, False), "on": (True,), "off": (False,)}[packing]
     ]
     for mode, packed in runs:
-        sets = settings(mode, Path(out), device, shape, tokens, packed)
+        sets = settings(mode, Path(out), device, shape, tokens, packed, engine, memory)
+        kernels.setdefault(packed, load_config(ROOT / "configs/tgrpo/tiny.toml", sets).model)
         args = [
             *launcher,
             str(ROOT / "train_tgrpo.py"),
@@ -193,7 +227,28 @@ def main(gpus, modes, out, device, small, tokens, packing, predict):
                 f"{'n/a' if used is None else f'{used:6.2f} GiB'}   plan "
                 f"{predicted[phase]:6.2f} GiB, {seconds[phase]:7.2f} s"
             )
+            if phase in INSIDE:
+                lines.append(f"  {'':<10} {inside(row, INSIDE[phase], engine)}")
+    # after the runs: the probe's CUDA memory must not count in their device readings
+    for packed, model in kernels.items():
+        kernel = attention_kernel(model, torch.device(device), sharded=gpus > 1)
+        lines.append(
+            f"attention kernel of the update's {'packed' if packed else 'padded'} micro-batches "
+            f"on {device}: {kernel}"
+        )
     print("\n".join(lines))
+
+
+def inside(row: dict, moment: str, engine: str) -> str:
+    """The vLLM sampler's reading inside a phase, or why there is none."""
+    key = f"perf/device_used_gib/{moment}"
+    if key in row:
+        return f"inside the phase: device in use {row[key]:6.2f} GiB ({key})"
+    if engine == "torch":
+        return (
+            "inside the phase: n/a (the torch engine frees nothing there: its end reading holds it)"
+        )
+    return f"inside the phase: n/a ({key} is read on CUDA only)"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,65 @@
+"""bench/attention_kernel.py, the attention kernel the GPU benches report: the op counts read from
+torch's profiler on this CPU (where a packed row always takes the per-sequence SDPA loop), and the
+names it gives the counts a GPU would produce."""
+
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from psyrl.core.config import ModelConfig
+
+TINY = ModelConfig(
+    tokenizer="tiny",
+    hidden_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=128,
+)
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location(
+        "bench_attention_kernel", Path("bench/attention_kernel.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_attention_kernel"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_packed_row_on_the_cpu_runs_sdpa_once_per_sequence_and_layer(bench):
+    # 3 sequences x 2 layers = 6 SDPA calls, no varlen
+    calls, layers = bench.forward_calls(TINY, CPU, sharded=False, lengths=(9, 5, 7))
+    assert calls == {"varlen": 0, "sdpa": 6} and layers == 2
+    assert bench.attention_kernel(TINY, CPU, sharded=False, lengths=(9, 5, 7)) == (
+        "per-sequence SDPA loop (6 calls: 3 sequences x 2 layers); one process, float32"
+    )
+
+
+def test_a_padded_batch_runs_sdpa_once_per_layer(bench):
+    padded = dataclasses.replace(TINY, packing=False, dtype="bfloat16")
+    assert bench.attention_kernel(padded, CPU, sharded=True, lengths=(9, 5, 7)) == (
+        "padded batch, transformers' SDPA with the padding mask (2 calls, 1 per layer); FSDP2 "
+        "parameters in bfloat16"
+    )
+
+
+def test_the_names_of_what_a_gpu_would_count(bench):
+    # 24 layers, 4 sequences: varlen once per layer; the loop once per sequence and layer
+    assert bench.describe({"varlen": 24, "sdpa": 0}, 24, 4, True, True) == (
+        "varlen (FlashAttention-2 varlen, 24 calls, 1 per layer)"
+    )
+    assert bench.describe({"varlen": 0, "sdpa": 96}, 24, 4, True, True) == (
+        "per-sequence SDPA loop (96 calls: 4 sequences x 24 layers, a device sync per layer)"
+    )
+    # a mix is never taken for either
+    assert bench.describe({"varlen": 24, "sdpa": 96}, 24, 4, True, True).startswith("unexpected")
+    assert bench.describe({"varlen": 0, "sdpa": 24}, 24, 4, True, True).startswith("unexpected")
+    assert bench.passes("bfloat16", False) == "one process, bfloat16 autocast over float32 weights"
