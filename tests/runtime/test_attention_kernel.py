@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from psyrl.core.config import ModelConfig
+from psyrl.runtime.model import varlen_causal
 
 TINY = ModelConfig(
     tokenizer="tiny",
@@ -63,3 +64,13 @@ def test_the_names_of_what_a_gpu_would_count(bench):
     assert bench.describe({"varlen": 24, "sdpa": 96}, 24, 4, True, True).startswith("unexpected")
     assert bench.describe({"varlen": 0, "sdpa": 24}, 24, 4, True, True).startswith("unexpected")
     assert bench.passes("bfloat16", False) == "one process, bfloat16 autocast over float32 weights"
+
+
+def test_the_varlen_op_is_counted_under_its_profiler_name(bench):
+    """No GPU here: psyrl's varlen call on meta tensors dispatches the same op, whose profiler
+    event the census counts."""
+    query = torch.empty(1, 4, 10, 16, device="meta", dtype=torch.bfloat16)  # [1, heads, N, d]
+    key = torch.empty(1, 2, 10, 16, device="meta", dtype=torch.bfloat16)
+    starts = torch.tensor([0, 3, 10], dtype=torch.int32, device="meta")
+    calls = bench.attention_calls(lambda: varlen_causal(query, key, key, starts, 7, 0.25))
+    assert calls == {"varlen": 1, "sdpa": 0}
