@@ -286,11 +286,13 @@ if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
 
 
-def test_start_up_memory_check_refuses_what_cannot_fit(monkeypatch, capsys):
-
+def test_start_up_memory_check_refuses_what_cannot_fit(monkeypatch, capsys, tmp_path):
     from psyrl.core.errors import RunError
     from psyrl.run import launch as run
     from psyrl.runtime.distributed import Dist
+
+    # the node's RAM comes from os.sysconf below alone: no cgroup limit of the machine running this
+    monkeypatch.setattr(run, "PROC_CGROUP", tmp_path / "no-cgroup")
 
     gib = {"value": 8}
     monkeypatch.setattr(

@@ -144,8 +144,6 @@ def test_fsdp_losses_equal_one_process(runs):
     assert len(one) == 6 and one[-1] < one[0] - 0.5  # it trains
     first = torch.load(runs / "one-first-gradient.pt")
     reference = weights(runs / "one")
-    lrs = [r["train/lr"] for r in read_metrics(runs / "one" / "metrics.jsonl") if "train/lr" in r]
-    bound = adamw_move_bound(lrs, 0.9, 0.999)  # tiny.toml's betas
     for name in ("fsdp", "offload"):
         gradient = torch.load(runs / f"{name}-first-gradient.pt")
         assert gradient.keys() == first.keys()
@@ -153,11 +151,18 @@ def test_fsdp_losses_equal_one_process(runs):
             relative = ((value - first[key]).norm() / first[key].norm()).item()
             assert relative < 1e-5, (name, key, relative)
         assert losses(runs / name) == pytest.approx(one, rel=1e-6, abs=0), name
-        moved = weights(runs / name)
-        assert moved.keys() == reference.keys()
-        difference = torch.cat([(moved[k] - reference[k]).flatten() for k in reference])
-        assert difference.pow(2).mean().sqrt().item() < 1e-6, name
-        assert difference.abs().max().item() <= bound, name
+        assert_adamw_weights_close(weights(runs / name), reference, runs / "one")
+
+
+def assert_adamw_weights_close(moved: dict, reference: dict, run: Path) -> None:
+    """Two runs' weights after AdamW from equal gradients but for float32 summation order: in the
+    root mean square to 1e-6, element by element only within `adamw_move_bound` over `run`'s
+    learning rates (tiny.toml's betas)."""
+    lrs = [r["train/lr"] for r in read_metrics(run / "metrics.jsonl") if "train/lr" in r]
+    assert moved.keys() == reference.keys()
+    difference = torch.cat([(moved[k] - reference[k]).flatten() for k in reference])
+    assert difference.pow(2).mean().sqrt().item() < 1e-6
+    assert difference.abs().max().item() <= adamw_move_bound(lrs, 0.9, 0.999)
 
 
 @pytest.mark.slow
@@ -224,9 +229,8 @@ def test_a_two_rank_checkpoint_resumes_in_one_process(runs, tmp_path):
     result = sft(tmp_path, "run.name=fsdp", *VALID, ranks=1, resume=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert losses(tmp_path / "fsdp") == pytest.approx(losses(runs / "fsdp"), rel=1e-6)
-    expected = weights(runs / "fsdp")
-    for key, value in weights(tmp_path / "fsdp").items():
-        torch.testing.assert_close(value, expected[key], rtol=0, atol=1e-5)
+    # steps 3-6 in one process against 2 ranks: AdamW's tolerance, as in the test above
+    assert_adamw_weights_close(weights(tmp_path / "fsdp"), weights(runs / "fsdp"), runs / "fsdp")
 
 
 @pytest.mark.slow
