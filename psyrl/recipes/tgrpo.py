@@ -264,18 +264,23 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
                 }
                 # the largest rank's memory: on CUDA the device's in use and the trainer allocator's
                 # peak, never one read as the other (psyrl.runtime.timing); on a CPU the peak RSS
+                # the sampler's readings inside its phases (CUDA only), which the phase ends miss
+                inside = sampler.memory_row()
                 if timer.cuda:
+                    used = [v for k, v in inside.items() if k.startswith("perf/device_used_gib/")]
                     peaks = {
-                        "perf/device_used_gib": max(timer.device_used.values()),
+                        "perf/device_used_gib": max([*timer.device_used.values(), *used]),
                         "perf/trainer_alloc_peak_gib": max(timer.alloc_peaks.values()),
                     }
                 else:
                     peaks = {"perf/peak_mem_gib": peak_memory_gib(dist.device)}
                 for key, value in peaks.items():
                     row[key] = float(all_reduce(torch.tensor(value), dist, "max"))
-                # GiB free before the vLLM engine's latest wakes, the least over ranks (CUDA only)
-                for key, value in sampler.memory_row().items():
-                    row[key] = float(all_reduce(torch.tensor(value), dist, "min"))
+                # GiB free before the engine's latest wakes: the least over ranks; in use inside the
+                # sample and sync phases: the largest
+                for key, value in inside.items():
+                    op = "min" if key.startswith("perf/free_gib") else "max"
+                    row[key] = float(all_reduce(torch.tensor(value), dist, op))
                 run.end_step(
                     step,
                     row,
