@@ -83,8 +83,8 @@ def generation_options(
 
 
 def trainer_options(kind: str, state: str) -> Callable[[Callable], Callable]:
-    """The options of both trainers, in --help's order: --config, --set, --overwrite, --resume
-    (`kind`: sft or tgrpo, the trainer's presets; `state`: what a checkpoint restores, for
+    """The options of both trainers, in --help's order: --config, --set, --overwrite, --resume,
+    --extend (`kind`: sft or tgrpo, the trainer's presets; `state`: what a checkpoint restores, for
     --resume's help)."""
     options = [
         click.option(
@@ -117,6 +117,12 @@ def trainer_options(kind: str, state: str) -> Callable[[Callable], Callable]:
             "--resume auto (run.resume): continue when there is a checkpoint, start afresh when "
             "there is no run, start over when the run stopped before its first checkpoint; for "
             "torchrun --max-restarts, whose restarts run the same command.",
+        ),
+        click.option(
+            "--extend",
+            is_flag=True,
+            help="With --resume: let run.steps grow beyond the steps the run was planned for "
+            "(--set run.steps=N), and nothing else change (run.extend).",
         ),
     ]
 

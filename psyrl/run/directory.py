@@ -38,6 +38,7 @@ from psyrl.runtime.distributed import (
     broadcast_object,
     print0,
 )
+from psyrl.runtime.optim import lr_factor, warmup_steps
 from psyrl.runtime.preemption import Preemption
 
 # may change on --resume: same numbers
@@ -47,6 +48,7 @@ RESUME_FREE = (
     "run.preempt_signals",
     "run.preempt_now",
     "run.resume",
+    "run.extend",
     "log",
     "checkpoint",
     "fsdp",
@@ -148,6 +150,9 @@ class Run:
             raise RunError(f"--resume: {self.dir} holds no run")
         self.wipe = overwrite and exists
         self.checkpoint = None
+        self.planned = cfg.run.steps  # the run.steps of the checkpoint resumed (less: --extend)
+        if cfg.run.extend and resume == "off":
+            raise RunError("--extend (run.extend) continues a run: pass --resume with it")
         if resume == "on" or (resume == "auto" and exists):
             self.checkpoint = self._resumable(required=resume == "on")
         if resume == "auto" and exists and self.checkpoint is None:
@@ -168,10 +173,12 @@ class Run:
         self.bar = None
         self.preemption: Preemption | None = None
         self.saved = -1  # the step of the newest checkpoint, -1 for none
+        # (step, planned steps) of every --extend of this run, in order (trainer.json)
+        self.extensions: list[list[int]] = []
 
     def _changed(self, saved_config: Path, what: str) -> list[str]:
         """The keys in which this config differs from the run's `saved_config` in a way that
-        matters (RESUME_FREE aside)."""
+        matters (RESUME_FREE aside; run.steps growing under --extend, which sets `planned`)."""
         try:
             saved = load_config(saved_config)
         except ConfigError as e:
@@ -179,11 +186,20 @@ class Run:
                 f"{what}: cannot read the config the run was started with ({e}); a run "
                 "started by an older psyrl may use keys this version no longer has"
             ) from None
-        return [
+        changed = [
             k
             for k in config_changes(saved, self.cfg)
             if k not in RESUME_FREE and k.split(".")[0] not in RESUME_FREE
         ]
+        if self.cfg.run.extend and "run.steps" in changed:
+            if self.cfg.run.steps < saved.run.steps:
+                raise RunError(
+                    f"--extend lets run.steps grow, not shrink: {saved_config} planned "
+                    f"{saved.run.steps} steps, this config {self.cfg.run.steps}"
+                )
+            changed.remove("run.steps")
+            self.planned = saved.run.steps
+        return changed
 
     def _resumable(self, required: bool = True) -> Path | None:
         """The checkpoint to resume from, after checking the run's config has not changed in a way
@@ -221,11 +237,28 @@ class Run:
             )
         changed = self._changed(checkpoint / "config.resolved.toml", "--resume")
         if changed:
+            extend = "" if self.cfg.run.extend else " (--extend lets run.steps grow)"
             raise RunError(
                 f"--resume: the config differs from {checkpoint / 'config.resolved.toml'} "
-                f"in {', '.join(changed)}; resuming would not continue the same run"
+                f"in {', '.join(changed)}; resuming would not continue the same run{extend}"
             )
+        if self.planned != self.cfg.run.steps:
+            self._check_extension(int(checkpoint.name.split("-")[1]))
         return checkpoint
+
+    def _check_extension(self, step: int) -> None:
+        """--extend after `step`: the trainers compute the schedule over run.steps with no record
+        of the extension (`lr_factor(k, cfg.optim, run.steps)`), so an extension is allowed where
+        that equals the extension rule (`lr_factor(..., extensions)`) at every update to come: a
+        constant schedule past the warm-up of both plans. Elsewhere the learning rate would jump."""
+        optim, steps = self.cfg.optim, self.cfg.run.steps
+        if not (optim.schedule == "constant" and step >= optim.warmup_ratio * steps):
+            raise RunError(
+                f"--extend after step {step}: the trainers would re-plan optim.schedule = "
+                f"'{optim.schedule}' (warm-up {warmup_steps(optim, steps)} steps) over "
+                f"run.steps = {steps} and its learning rate would jump; only a constant schedule "
+                "past its warm-up extends for now"
+            )
 
     def _start_over(self) -> None:
         """run.resume = auto on a run that holds steps but no checkpoint to resume (cut short
@@ -234,6 +267,7 @@ class Run:
         # rank 0 reads: one answer for every node
         readable = broadcast_object(saved.is_file(), self.dist)
         changed = self._changed(saved, "--resume auto") if readable else ["(no config)"]
+        self.planned = self.cfg.run.steps  # a start over extends nothing
         if changed:
             raise RunError(
                 f"--resume auto: {self.dir} holds a run with no complete checkpoint and its "
@@ -304,6 +338,9 @@ class Run:
         )
         self.first = self.state["step"] + 1
         self.saved = self.state["step"]
+        self.extensions = list(self.state.get("lr_extensions", []))
+        if self.planned != self.cfg.run.steps:
+            self.extensions.append([self.state["step"], self.planned])
         if dist.is_main:
             self.sent = last_step(self.dir / "metrics.jsonl")
             broken = truncate_metrics(self.dir / "metrics.jsonl", self.state["step"])
@@ -315,11 +352,23 @@ class Run:
                 )
         return self.state
 
+    def lr_factor(self, update: int, per_step: int = 1) -> float:
+        """The learning-rate factor of the 0-based `update` (`per_step` updates a step) over
+        run.steps, with this run's extensions (`psyrl.runtime.optim.lr_factor`)."""
+        extensions = [(step * per_step, planned * per_step) for step, planned in self.extensions]
+        return lr_factor(update, self.cfg.optim, self.cfg.run.steps * per_step, extensions)
+
     def banner(self, text: str) -> None:
         """The start-up line: `text`, then the run directory and where a resume starts."""
         resuming = ""
         if self.checkpoint:
             resuming = f"; resuming after step {self.first - 1} from {self.checkpoint}"
+        if self.planned != self.cfg.run.steps:
+            resuming += (
+                f"; extended from {self.planned} to {self.cfg.run.steps} steps (--extend): the "
+                f"learning rate stays constant, the data position and the trajectory cache "
+                f"continue from step {self.first - 1}"
+            )
         print0(f"{self.name}: {text}; run directory {self.dir}{resuming}", self.dist)
 
     def __enter__(self) -> Run:
@@ -392,7 +441,14 @@ class Run:
         failed write raises CheckpointError (the previous checkpoints are intact)."""
         files = {
             "config.resolved.toml": self.resolved,
-            "trainer.json": json_text({"step": step, "data": self.data, **state}),
+            "trainer.json": json_text(
+                {
+                    "step": step,
+                    "data": self.data,
+                    **({"lr_extensions": self.extensions} if self.extensions else {}),
+                    **state,
+                }
+            ),
             **files,
         }
         if validation is not None:

@@ -109,3 +109,42 @@ def test_a_checkpoint_from_before_checksums_resumes_with_a_note(tmp_path, capsys
     write_manifest(d, {"files": manifest["files"], "resumable": True})  # sizes only, as before
     assert Run(cfg, ONE_PROCESS, "sft", [], overwrite=False, resume="on").checkpoint == d
     assert f"note: {d} was written before psyrl recorded checksums" in capsys.readouterr().out
+
+
+CONSTANT = ['optim.schedule="constant"', "optim.warmup_ratio=0.0"]
+
+
+def test_extend_lets_run_steps_grow_and_nothing_else(tmp_path):
+    checkpointed(tmp_path, config(tmp_path, "run.steps=4", *CONSTANT), steps=(4,))
+    longer = config(tmp_path, "run.steps=6", "run.extend=true", *CONSTANT)
+    run = Run(longer, ONE_PROCESS, "sft", [], overwrite=False, resume="on")
+    assert run.checkpoint.name == "step-4" and run.planned == 4
+    with pytest.raises(RunError, match=r"differs .* in run.steps; .* \(--extend lets run.steps"):
+        Run(config(tmp_path, "run.steps=6", *CONSTANT), ONE_PROCESS, "sft", [], False, "on")
+    with pytest.raises(RunError, match="grow, not shrink: .* planned 4 steps, this config 3"):
+        Run(
+            config(tmp_path, "run.steps=3", "run.extend=true", *CONSTANT),
+            ONE_PROCESS,
+            "sft",
+            [],
+            False,
+            "on",
+        )
+    with pytest.raises(RunError, match=r"differs from .* in optim.lr; resuming would not"):
+        cfg = config(tmp_path, "run.steps=6", "run.extend=true", "optim.lr=0.5", *CONSTANT)
+        Run(cfg, ONE_PROCESS, "sft", [], False, "on")
+    with pytest.raises(RunError, match="--extend .* pass --resume with it"):
+        Run(longer, ONE_PROCESS, "sft", [], overwrite=True, resume="off")
+
+
+def test_extend_refuses_a_schedule_whose_learning_rate_would_jump(tmp_path):
+    # the trainers compute the schedule over run.steps: a cosine re-planned over 6 would jump from
+    # its rate at 4 of 4 (0) back up; so would a constant one still in its warm-up
+    checkpointed(tmp_path, config(tmp_path, "run.steps=4"), steps=(4,))
+    with pytest.raises(RunError, match="after step 4: .* 'cosine' .* would jump"):
+        Run(config(tmp_path, "run.steps=6", "run.extend=true"), ONE_PROCESS, "sft", [], False, "on")
+    warm = ['optim.schedule="constant"', "optim.warmup_ratio=0.9"]
+    checkpointed(tmp_path / "w", config(tmp_path / "w", "run.steps=4", *warm), steps=(4,))
+    with pytest.raises(RunError, match=r"'constant' \(warm-up 5 steps\) over run.steps = 6"):
+        cfg = config(tmp_path / "w", "run.steps=6", "run.extend=true", *warm)
+        Run(cfg, ONE_PROCESS, "sft", [], False, "on")
