@@ -7,7 +7,8 @@ import torch
 
 from psyrl.core.config import ConfigError, RewardConfig, load_config
 from psyrl.core.records import StimuliRecord
-from psyrl.rl.rewards import VARIANTS, answer_components, final_rewards, load_reward_plugin
+from psyrl.rl.reward_plugin import load_reward_plugin
+from psyrl.rl.rewards import VARIANTS, answer_components, final_rewards
 
 RESPONSES = [
     "<think>she lost it</think><answer>Annoyed.</answer>",

@@ -19,7 +19,6 @@ from psyrl.rl.rewards import (
     length_reward,
     repetition_penalty,
     reward_metrics,
-    score_batch,
     short_reward,
 )
 
@@ -193,7 +192,7 @@ def test_final_rewards_every_variant_by_hand():
         assert c["br"].tolist() == [0.1, 0.0] and c["ratio"].tolist() == [0.5, 1.5]
 
 
-def test_score_batch_under_reward_hacking_outputs():
+def test_both_halves_under_reward_hacking_outputs():
     gold = "joy"
     responses = [
         "<think>she smiled</think><answer>joy</answer>",  # honest: f1 1, fmt 1
@@ -209,9 +208,8 @@ def test_score_batch_under_reward_hacking_outputs():
         # ~1 MB of unclosed think tags (a lazy regex is quadratic here)
         "<think>" * 150_000 + "joy",
     ]
-    final, c = score_batch(
-        responses, [gold] * len(responses), [10] * len(responses), 10.0, 0.5, CFG
-    )
+    parts = answer_components(responses, [gold] * len(responses), "cot", CFG)
+    final, c = final_rewards(parts, [10] * len(responses), 10.0, 0.5, CFG)
     assert c["f1"].tolist() == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0]
     assert c["fmt"].tolist() == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0]
     # 1 MB think: 200,000 words repeating a 4-word cycle: 4 unique 4-grams of 199,997 -> capped at
@@ -234,7 +232,7 @@ def test_answer_components_length_mismatch():
     with pytest.raises(ValueError, match="2 responses but 1 gold"):
         answer_components(["a", "b"], ["a"], "cot", CFG)
     with pytest.raises(ValueError, match="3 lengths for 1 responses"):
-        score_batch(["a"], ["a"], [1, 2, 3], 2.0, 0.5, CFG)
+        final_rewards(answer_components(["a"], ["a"], "cot", CFG), [1, 2, 3], 2.0, 0.5, CFG)
 
 
 def test_reward_metrics_fractions():
