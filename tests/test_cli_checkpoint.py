@@ -31,9 +31,9 @@ def test_verify_a_run_a_checkpoint_and_an_export(tmp_path):
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines == [
-        f"ok       {run / 'checkpoints' / 'step-1'} (2 files, 1.0 MiB, crc32)",
-        f"ok       {run / 'checkpoints' / 'step-2'} (2 files, 1.0 MiB, crc32)",
-        f"ok       {run / 'hf'} (2 files, 1.0 MiB, crc32)",
+        f"ok       {run / 'checkpoints' / 'step-1'} (2 files, 1.0 MiB, xxh3_64)",
+        f"ok       {run / 'checkpoints' / 'step-2'} (2 files, 1.0 MiB, xxh3_64)",
+        f"ok       {run / 'hf'} (2 files, 1.0 MiB, xxh3_64)",
     ]
     assert verify(run / "hf").output == lines[2] + "\n"
 
@@ -48,7 +48,8 @@ def test_a_flipped_byte_and_a_missing_file_are_named(tmp_path):
     result = verify(run)
     assert result.exit_code == 1
     assert (
-        f"damaged  {run / 'checkpoints' / 'step-2'}: model.safetensors has crc32 " in result.output
+        f"damaged  {run / 'checkpoints' / 'step-2'}: model.safetensors has xxh3_64 "
+        in result.output
     )
     assert f"damaged  {run / 'hf'}: config.json is missing" in result.output
     assert f"Error: 2 of 3 directories in {run} are damaged" in result.output

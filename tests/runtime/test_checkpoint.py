@@ -3,10 +3,10 @@ choice."""
 
 import errno
 import json
-import zlib
 
 import pytest
 import torch
+import xxhash
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -233,32 +233,35 @@ def test_a_checkpoint_whose_pruning_was_interrupted_is_not_resumed(tmp_path):
     assert verify(second) is None and find_resumable(tmp_path, print) == first
 
 
-def test_crc32_check_value_and_file_checksum(tmp_path):
-    # CRC-32's published check value: crc32("123456789") = cbf43926
+def test_xxh3_reference_values_and_file_checksum(tmp_path):
+    # XXH3_64bits(""), seed 0: 2d06800538d394c2, the xxHash reference's sanity value
+    assert (CHECKSUM, new_checksum().hexdigest()) == ("xxh3_64", "2d06800538d394c2")
     digest = new_checksum()
     digest.update(b"12345")
     digest.update(memoryview(b"6789"))  # in pieces, as the writers feed it
-    assert (CHECKSUM, digest.hexdigest()) == ("crc32", "cbf43926")
+    assert digest.hexdigest() == xxhash.xxh3_64(b"123456789").hexdigest()
     (tmp_path / "f").write_bytes(b"123456789")
-    assert file_checksum(tmp_path / "f") == "cbf43926"
-    assert write_hashed(tmp_path / "g", b"") == "00000000" and (tmp_path / "g").read_bytes() == b""
+    assert file_checksum(tmp_path / "f") == digest.hexdigest()
+    assert write_hashed(tmp_path / "g", b"") == "2d06800538d394c2"
+    assert (tmp_path / "g").read_bytes() == b""
 
 
 def test_the_manifest_holds_every_files_checksum_as_written(tmp_path):
     policy, optimizer, tokenizer = trained_policy()
     path = save_checkpoint(tmp_path, 1, policy, optimizer, tokenizer, {"trainer.json": "{}\n"})
     manifest = json.loads((path / "manifest.json").read_text())
-    assert manifest["checksum"] == "crc32"
+    assert manifest["checksum"] == "xxh3_64"
     assert manifest["checksums"].keys() == manifest["files"].keys()
     # hashed while written (DCP's shards and index, the RNG and text files) or read back (hf/):
-    # each the CRC-32 of the bytes now on disk, computed here independently
+    # each the XXH3-64 of the bytes now on disk, computed here independently
     for name, entry in manifest["checksums"].items():
-        assert entry == {"rank": 0, "value": f"{zlib.crc32((path / name).read_bytes()):08x}"}, name
+        value = xxhash.xxh3_64((path / name).read_bytes()).hexdigest()
+        assert entry == {"rank": 0, "value": value}, name
     assert {"state/.metadata", "state/__0_0.distcp", "rng/rank-0.safetensors"} <= set(
         manifest["files"]
     )
-    # zlib.crc32 of the 3 bytes b"{}" + newline, the trainer.json given
-    assert manifest["checksums"]["trainer.json"]["value"] == "dda1b006"
+    # xxh3_64 of the 3 bytes b"{}" + newline, the trainer.json given
+    assert manifest["checksums"]["trainer.json"]["value"] == "daa13e4f205dc5ba"
     # the HF export inside carries its own manifest, as the final export does
     assert verify(path / "hf") is None and verify_checksums(path / "hf") is None
     assert "model.safetensors" in read_manifest(path / "hf")["checksums"]
@@ -279,9 +282,9 @@ def test_flipped_truncated_and_missing_shards_are_all_caught(tmp_path):
     size, expected = shard.stat().st_size, read_manifest(path)["checksums"]["state/__0_0.distcp"]
     flip(shard)
     assert shard.stat().st_size == size and verify(path) is None  # the sizes cannot see it
-    found = f"{zlib.crc32(shard.read_bytes()):08x}"
+    found = xxhash.xxh3_64(shard.read_bytes()).hexdigest()
     assert verify_checksums(path) == (
-        f"state/__0_0.distcp has crc32 {found}, {expected['value']} expected: its bytes changed"
+        f"state/__0_0.distcp has xxh3_64 {found}, {expected['value']} expected: its bytes changed"
     )
     assert verify_files(path) == verify_checksums(path)
     flip(shard)  # flipped back: the same bytes again
@@ -317,4 +320,4 @@ def test_a_checkpoint_without_checksums_is_complete_but_unchecked(tmp_path):
     assert not has_checksums(path) and verify(path) is None and verify_checksums(path) is None
     assert find_resumable(tmp_path, print) == path
     write_manifest(path, {**manifest, "checksum": "md5"})
-    assert verify_checksums(path) == "checksums of an unknown kind 'md5', 'crc32' expected"
+    assert verify_checksums(path) == "checksums of an unknown kind 'md5', 'xxh3_64' expected"
