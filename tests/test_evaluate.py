@@ -2,6 +2,7 @@
 lengths, self-label into train_sft.py, and the refusals of bad input."""
 
 import json
+import os
 import subprocess
 import sys
 from functools import partial
@@ -158,6 +159,28 @@ def test_every_benchmark_on_two_ranks_then_resume(tiny_model, tmp_path):
     figure = evaluate("lengths", out, "--out", tmp_path / "fig6.png")
     assert figure.returncode == 0, figure.stderr
     assert (tmp_path / "fig6.png").stat().st_size > 0 and "index 1" in figure.stdout
+
+
+@pytest.mark.slow
+def test_a_failed_write_on_rank_0_stops_every_rank(tiny_model, tmp_path):
+    """Rank 0 cannot append the first round to predictions.jsonl (a full disk, planted): it raises
+    its error, and rank 1 learns of it and stops too instead of waiting in the next round's
+    collective (torchrun's timeout would be the only end)."""
+    worker = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
+    root = Path(__file__).resolve().parents[1]  # this checkout's psyrl, whatever is installed
+    done = run(
+        [*worker, "2", "tests/workers/evaluate_write_failure.py", str(tiny_model), str(tmp_path)],
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    predictions = tmp_path / "eval" / "predictions.jsonl"
+    raised = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert raised == [
+        {"type": "OSError", "message": f"[Errno 28] No space left on device: '{predictions}'"},
+        {"type": "OSError", "message": f"rank 0 could not write {predictions}"},
+    ]
+    assert predictions.read_text() == ""  # start_output's empty file; no round was written
 
 
 @pytest.mark.slow

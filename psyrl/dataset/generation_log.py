@@ -11,23 +11,17 @@ the samples do not depend on the ranks, the batch or a resume.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
 from psyrl.core.atomic import write_text
-from psyrl.core.config import RunConfig
-from psyrl.core.errors import Preempted
 from psyrl.core.records import DataError, read_jsonl
 from psyrl.eval.benchmarks import item_seed
-from psyrl.runtime.distributed import Dist, agree, all_gather_lists, broadcast_object
-from psyrl.runtime.preemption import Preemption
+from psyrl.eval.rounds import generation_rounds, jsonl_text
+from psyrl.runtime.distributed import Dist, broadcast_object
 
 
 @dataclass(frozen=True)
@@ -101,10 +95,6 @@ def _log_row(row) -> dict:
     return row
 
 
-def _lines(rows) -> str:
-    return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-
-
 def load_log(dist: Dist, log: Path) -> dict[str, dict]:
     """Every row of `log`, by key, on every rank (rank 0 reads it and rewrites it without a torn
     last line). Collective."""
@@ -113,7 +103,7 @@ def load_log(dist: Dist, log: Path) -> dict[str, dict]:
         try:
             rows = read_log(log)
             log.parent.mkdir(parents=True, exist_ok=True)
-            write_text(log, _lines(rows.values()))
+            write_text(log, jsonl_text(rows.values(), ensure_ascii=False))
         except (DataError, OSError) as e:
             problem = str(e)
     problem, rows = broadcast_object((problem, rows), dist)
@@ -135,8 +125,8 @@ def generate(
 ) -> dict[str, dict]:
     """Every job's log row, by key, on every rank: from `logged` (see load_log; the new rows are
     added to it) when done with the same prompt, generated and appended to `log` otherwise.
-    Collective under torchrun. SIGTERM or SIGUSR1 on any rank stops it after the round in flight
-    (Preempted)."""
+    Collective under torchrun (psyrl.eval.rounds): a failed write on rank 0 stops every rank
+    (OSError); SIGTERM or SIGUSR1 on any rank stops it after the round in flight (Preempted)."""
     keys = [job.key for job in jobs]
     if len(set(keys)) != len(keys):
         raise ValueError("two jobs share a key")
@@ -147,68 +137,40 @@ def generate(
     }
     # less padding per batch
     pending = sorted((j for j in jobs if j.key not in done), key=lambda j: len(j.prompt))
-    per_round = sampling.batch * dist.world
-    bar = tqdm(
+
+    def rows(mine: list[Job]) -> list[dict]:
+        groups = sampler.generate(  # collective
+            [chat_ids(tokenizer, j.messages()) for j in mine],
+            sampling.samples,
+            sampling.temperature,
+            sampling.top_p,
+            sampling.max_new_tokens,
+            [item_seed(sampling.seed, j.key) for j in mine],
+        )
+        return [
+            {
+                "key": j.key,
+                "prompt_sha": j.sha,
+                "outputs": [
+                    {"text": s.text, "finish_reason": s.finish_reason, "tokens": len(s.token_ids)}
+                    for s in group
+                ],
+            }
+            for j, group in zip(mine, groups)
+        ]
+
+    new = generation_rounds(
+        dist,
+        pending,
+        sampling.batch,
+        rows,
+        log,
         total=len(jobs),
-        initial=len(done),
         desc=desc,
         unit="prompt",
-        dynamic_ncols=True,
-        disable=not (progress and dist.is_main and pending),
+        progress=progress,
+        ensure_ascii=False,  # the log keeps its text readable
     )
-    with (
-        log.open("a", encoding="utf-8") if dist.is_main else contextlib.nullcontext() as sink,
-        Preemption(RunConfig().preempt_signals) as preemption,
-    ):
-        for start in range(0, len(pending), per_round):
-            # strided: each rank gets short and long
-            mine = pending[start : start + per_round][dist.rank :: dist.world]
-            groups = sampler.generate(  # collective
-                [chat_ids(tokenizer, j.messages()) for j in mine],
-                sampling.samples,
-                sampling.temperature,
-                sampling.top_p,
-                sampling.max_new_tokens,
-                [item_seed(sampling.seed, j.key) for j in mine],
-            )
-            rows = all_gather_lists(
-                [
-                    {
-                        "key": j.key,
-                        "prompt_sha": j.sha,
-                        "outputs": [
-                            {
-                                "text": s.text,
-                                "finish_reason": s.finish_reason,
-                                "tokens": len(s.token_ids),
-                            }
-                            for s in group
-                        ],
-                    }
-                    for j, group in zip(mine, groups)
-                ],
-                dist,
-            )
-            failure = None
-            if dist.is_main:  # on disk at once: a crash loses at most the round in flight
-                try:
-                    sink.write(_lines(rows))
-                    sink.flush()
-                    os.fsync(sink.fileno())
-                except OSError as e:
-                    failure = e
-            # a full disk on rank 0 stops every rank, none left waiting
-            if not agree(failure is None, dist):
-                raise failure or OSError(f"rank 0 could not write {log}")
-            done.update((row["key"], row) for row in rows)
-            logged.update((row["key"], row) for row in rows)
-            bar.update(len(rows))
-            # a scheduler's signal on any rank: stop here, with every finished round on disk
-            if (stop := preemption.requested(dist)) and start + per_round < len(pending):
-                bar.close()
-                raise Preempted(
-                    f"{desc}: preempted by {stop} after {len(done)} of {len(jobs)} "
-                    f"prompts, all in {log}; run the same command to resume"
-                )
-    bar.close()
+    done.update((row["key"], row) for row in new)
+    logged.update((row["key"], row) for row in new)
     return {j.key: done[j.key] for j in jobs}

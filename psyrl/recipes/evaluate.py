@@ -24,7 +24,6 @@ instead (psyrl.eval.openai_engine) and keeps the same files and resume. ToMbench
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -53,6 +52,7 @@ from psyrl.eval.benchmarks import (
 from psyrl.eval.lengths import counts_markdown, lengths_by_index
 from psyrl.eval.openai_engine import ApiOptions, Client, complete_all, request_body
 from psyrl.eval.report import results_markdown
+from psyrl.eval.rounds import append_rows, generation_rounds, jsonl_text, preempted
 from psyrl.runtime.distributed import Dist, all_gather_lists, broadcast_object, cleanup, print0
 from psyrl.runtime.generation import load_generation, start_generation
 from psyrl.runtime.model import model_config, weight_files
@@ -185,64 +185,46 @@ def evaluate(dist: Dist, gen: GenerationOptions, chosen: Selection, out: Path) -
 
         # --------------------------------------------------- generate and score, appending as we go
         stats = {"rank": dist.rank, "items": 0, "response_tokens": 0, "generate_s": 0.0}
+
+        def scored(mine: list) -> list[dict]:
+            texts = [prompts.render(tokenizer, r, prompt_cfg) for _, r in mine]
+            ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+            t = time.perf_counter()
+            seeds = [item_seed(gen.seed, r.id) for _, r in mine]
+            samples = sampler.generate(  # collective: even with no item
+                ids, 1, gen.temperature, gen.top_p, gen.max_new_tokens, seeds
+            )
+            stats["generate_s"] += time.perf_counter() - t
+            rows = []
+            for (source, record), text, group in zip(mine, texts, samples):
+                s = group[0]
+                row = score_response(
+                    record,
+                    source.name,
+                    s.text,
+                    len(s.token_ids),
+                    s.finish_reason,
+                    sum(s.logprobs) / len(s.logprobs),
+                    mode,
+                )
+                rows.append({**row, "prompt": text})
+                stats["items"] += 1
+                stats["response_tokens"] += len(s.token_ids)
+            return rows
+
         t0 = time.perf_counter()
-        per_round = gen.batch * dist.world
-        bar = tqdm(
+        new = generation_rounds(
+            dist,
+            pending,
+            gen.batch,
+            scored,
+            predictions,
             total=len(items),
-            initial=len(done_ids),
             desc="evaluate",
             unit="item",
-            dynamic_ncols=True,
-            disable=not (gen.progress and dist.is_main),
+            progress=gen.progress,
         )
-        with (
-            predictions.open("a", encoding="utf-8")
-            if dist.is_main
-            else contextlib.nullcontext() as sink,
-            Preemption(RunConfig().preempt_signals) as preemption,
-        ):
-            for start in range(0, len(pending), per_round):
-                # strided: each rank gets short and long
-                mine = pending[start : start + per_round][dist.rank :: dist.world]
-                texts = [prompts.render(tokenizer, r, prompt_cfg) for _, r in mine]
-                ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-                t = time.perf_counter()
-                seeds = [item_seed(gen.seed, r.id) for _, r in mine]
-                samples = sampler.generate(  # collective: even with no item
-                    ids, 1, gen.temperature, gen.top_p, gen.max_new_tokens, seeds
-                )
-                stats["generate_s"] += time.perf_counter() - t
-                rows = []
-                for (source, record), text, group in zip(mine, texts, samples):
-                    s = group[0]
-                    row = score_response(
-                        record,
-                        source.name,
-                        s.text,
-                        len(s.token_ids),
-                        s.finish_reason,
-                        sum(s.logprobs) / len(s.logprobs),
-                        mode,
-                    )
-                    rows.append({**row, "prompt": text})
-                    stats["items"] += 1
-                    stats["response_tokens"] += len(s.token_ids)
-                rows = all_gather_lists(rows, dist)
-                if dist.is_main:  # on disk at once: a crash loses at most the round in flight
-                    sink.write("".join(json.dumps(row) + "\n" for row in rows))
-                    sink.flush()
-                    os.fsync(sink.fileno())
-                    done.update((row["id"], row) for row in rows)  # only rank 0 writes the results
-                bar.update(len(rows))
-                # a scheduler's signal on any rank: stop here, every finished round on disk
-                if (stop := preemption.requested(dist)) and start + per_round < len(pending):
-                    bar.close()
-                    raise Preempted(
-                        f"evaluate: preempted by {stop} after {len(done_ids) + start + per_round} "
-                        f"of {len(items)} items, all in {predictions}; run the same command to "
-                        "resume"
-                    )
-        bar.close()
+        done.update((row["id"], row) for row in new)  # rank 0 writes the results from them
         wall = time.perf_counter() - t0
         per_rank = all_gather_lists([stats], dist)
     if not dist.is_main:
@@ -325,7 +307,6 @@ def evaluate_api(
     stats = {"items": 0, "response_tokens": 0}
     t0 = time.perf_counter()
     with (
-        predictions.open("a", encoding="utf-8") as sink,
         Preemption(RunConfig().preempt_signals) as preemption,
         tqdm(
             total=len(items),
@@ -343,10 +324,7 @@ def evaluate_api(
                 record, source.name, answer.text, answer.tokens, answer.finish, None, mode
             )  # no log-probs: not every API returns them
             row["prompt"] = json.dumps(messages, ensure_ascii=False)  # what was sent
-            # on disk at once: a crash loses only the requests in flight
-            sink.write(json.dumps(row) + "\n")
-            sink.flush()
-            os.fsync(sink.fileno())
+            append_rows(predictions, [row])  # on disk at once: a crash loses only those in flight
             done[record.id] = row
             stats["items"] += 1
             stats["response_tokens"] += answer.tokens
@@ -354,10 +332,8 @@ def evaluate_api(
         stop = preemption.received
     wall = time.perf_counter() - t0
     if stop and len(done) < len(items):
-        raise Preempted(
-            f"evaluate: preempted by {signal.Signals(stop).name} after {len(done)} of "
-            f"{len(items)} items, all in {predictions}; run the same command to resume"
-        )
+        name = signal.Signals(stop).name
+        raise preempted("evaluate", name, len(done), len(items), "item", predictions)
 
     # -------------------------------------------------------------------------------------- results
     perf = {
@@ -414,7 +390,7 @@ def start_output(out: Path, settings: dict, items: list, overwrite: bool) -> dic
     for name in OUTPUT_FILES if overwrite else ():
         (out / name).unlink(missing_ok=True)
     write_text(out / "eval.json", json.dumps(settings, indent=2) + "\n")
-    write_text(out / "predictions.jsonl", "".join(json.dumps(row) + "\n" for row in done.values()))
+    write_text(out / "predictions.jsonl", jsonl_text(done.values()))
     return done
 
 
@@ -424,7 +400,7 @@ def write_results(
     """predictions.jsonl in item order (the same file for any ranks, batch, engine order or resume),
     results.json, results.md (printed)."""
     rows = [done[r.id] for _, r in items]
-    write_text(out / "predictions.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    write_text(out / "predictions.jsonl", jsonl_text(rows))
     results = aggregate(rows)
     write_text(
         out / "results.json",
