@@ -72,22 +72,13 @@ def load(root: type, path: str | Path | None, overrides: Sequence[str] = ()):
         source = str(path)
         if not source:
             raise ConfigError("the config path is empty")
-        try:
-            text = Path(path).read_text(encoding="utf-8-sig")  # -sig: a byte-order mark is not TOML
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{source}: cannot read config file: {e}") from None
-        try:
-            raw = tomli.loads(text)
-        except tomli.TOMLDecodeError as e:
-            raise ConfigError(
-                f"{source}:{e.lineno}: invalid TOML: {e.msg} (column {e.colno})"
-            ) from None
+        raw, text = read_toml(path, "config file", ConfigError)
     where = {}  # (table, key) -> "--set ..." for overridden values
 
     def locate(table: str, key: str | None) -> str:
         if (table, key) in where:
             return where[table, key]
-        line = _find_line(text, table, key)
+        line = find_line(text, (table,) if key is None else (table, key))
         if line is None and key is None:  # a table that only an override created
             line_from_set = next((v for (t, _), v in where.items() if t == table), None)
             if line_from_set:
@@ -205,19 +196,37 @@ def _suggest(name: str, valid) -> str:
     return f"{hint} (valid: {', '.join(valid)})"
 
 
-def _find_line(text: str, table: str, key: str | None) -> int | None:
-    """First line whose prefix of the file, parsed as TOML, defines `table` (or `table.key`): exact
-    for every TOML spelling (headers, dotted keys, inline tables). Runs only on errors."""
+def read_toml(path: str | Path, what: str, error: type[Exception]) -> tuple[dict, str]:
+    """(the document, its text) of the TOML file `path`; `error` naming the file, and the line of a
+    syntax error, when it cannot be read or parsed. `what` names the file in the message."""
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")  # -sig: a byte-order mark is not TOML
+    except (OSError, UnicodeDecodeError) as e:
+        raise error(f"{path}: cannot read {what}: {e}") from None
+    try:
+        return tomli.loads(text), text
+    except tomli.TOMLDecodeError as e:
+        raise error(f"{path}:{e.lineno}: invalid TOML: {e.msg} (column {e.colno})") from None
+
+
+def find_line(text: str, path: tuple) -> int | None:
+    """First line whose prefix of the file, parsed as TOML, holds the nested key `path` (a table
+    index for an array of tables): exact for every TOML spelling (headers, dotted keys, inline
+    tables). Runs only on errors."""
     lines = text.splitlines(keepends=True)
     for number in range(1, len(lines) + 1):
         try:
-            doc = tomli.loads("".join(lines[:number]))
+            node = tomli.loads("".join(lines[:number]))
         except tomli.TOMLDecodeError:
             continue  # cut inside a multi-line value
-        node = doc.get(table)
-        if key is None and table in doc:
-            return number
-        if key is not None and isinstance(node, dict) and key in node:
+        for part in path:
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+                node = node[part]
+            else:
+                break
+        else:
             return number
     return None
 

@@ -22,10 +22,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tomli
-
 from psyrl.core.errors import PsyrlError
 from psyrl.core.presets import PresetError, config_presets, is_preset, resolve_config
+from psyrl.core.tomlconf import find_line, read_toml
 
 KINDS = ("sft", "tgrpo", "evaluate", "psyrl", "join")
 RULES = ("median", "best", "last")
@@ -183,40 +182,10 @@ class Unit:
 # ---------------------------------------------------------------- reading
 
 
-def find_line(text: str, path: tuple) -> int | None:
-    """First line whose prefix of the file, parsed as TOML, holds the nested key `path` (a table
-    index for an array of tables): exact for every TOML spelling. Runs only on errors."""
-    lines = text.splitlines(keepends=True)
-    for number in range(1, len(lines) + 1):
-        try:
-            node = tomli.loads("".join(lines[:number]))
-        except tomli.TOMLDecodeError:
-            continue
-        for part in path:
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-                node = node[part]
-            else:
-                break
-        else:
-            return number
-    return None
-
-
 def load_experiment(path: str | Path, output_dir: str | None = None) -> Experiment:
     """Read and check an experiment file; every problem is one ExperimentError with file:line."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ExperimentError(f"{path}: cannot read the experiment file: {e}") from None
-    try:
-        raw = tomli.loads(text)
-    except tomli.TOMLDecodeError as e:
-        raise ExperimentError(
-            f"{path}:{e.lineno}: invalid TOML: {e.msg} (column {e.colno})"
-        ) from None
+    raw, text = read_toml(path, "the experiment file", ExperimentError)
 
     def fail(where: tuple, message: str):
         line = find_line(text, where)
