@@ -73,18 +73,9 @@ def load_catalogue(path: str | Path) -> dict[str, Variable]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such catalogue file")
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = path.read_bytes()[: e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not UTF-8 ({e.reason} at byte {e.start})") from None
+    text = read_text(path)
     if path.suffix.lower() == ".json":
-        try:
-            top = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(
-                f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})"
-            ) from None
+        top = parse_json(path, text)
         # {"variable": [...]} or the list alone
         entries = top.get("variable") if isinstance(top, dict) else top
         starts = (
@@ -199,6 +190,26 @@ def _variable(entry) -> Variable:
         entry.get("category", entry["subdimension"]).strip(),
         tuple(t.strip() for t in topics),
     )
+
+
+def read_text(path: Path) -> str:
+    """The file as UTF-8 (a byte-order mark dropped); a bad byte is a DataError naming its line."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line, column = raw[: e.start].count(b"\n") + 1, e.start - raw.rfind(b"\n", 0, e.start)
+        raise DataError(
+            f"{path}:{line}: not valid UTF-8 (byte {column} of the line); save it as UTF-8"
+        ) from None
+
+
+def parse_json(path: Path, text: str):
+    """The JSON document `text`, read from `path`; a syntax error is a DataError naming its line."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
 
 
 def line_of(text: str, offset: int) -> int:

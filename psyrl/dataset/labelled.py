@@ -17,7 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from psyrl.core.records import DataError, parse_numbered, raise_line_errors, read_jsonl
-from psyrl.dataset.catalogue import Variable, json_element_lines, line_of, number_text
+from psyrl.dataset.catalogue import (
+    Variable,
+    json_element_lines,
+    line_of,
+    number_text,
+    parse_json,
+    read_text,
+)
 
 # looked for in this order when --text-column is not given
 TEXT_COLUMNS = ("stimuli", "stimulus", "text", "story")
@@ -130,22 +137,10 @@ def _stimulus(
     return LabelledStimulus(ident.strip(), text.strip(), values)
 
 
-def _text(path: Path) -> str:
-    """The file as UTF-8 (a byte-order mark dropped); a bad byte is reported with its line."""
-    raw = path.read_bytes()
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line, column = raw[: e.start].count(b"\n") + 1, e.start - raw.rfind(b"\n", 0, e.start)
-        raise DataError(
-            f"{path}:{line}: not valid UTF-8 (byte {column} of the line); save it as UTF-8"
-        ) from None
-
-
 def csv_rows(path: Path) -> list[tuple[int, dict]]:
     """(first line, {column: cell}) per data row; the delimiter is the header line's most frequent
     of `,` `;` tab. Ragged rows and repeated column names are errors."""
-    text = _text(path)
+    text = read_text(path)
     first = text.split("\n", 1)[0]
     delimiter = max(",;\t", key=first.count)
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
@@ -177,14 +172,9 @@ def csv_rows(path: Path) -> list[tuple[int, dict]]:
 def json_rows(path: Path) -> list[tuple[int, dict]]:
     """(line, object) per row of a JSONL file, or of a .json file holding one JSON array of
     objects."""
-    if path.suffix.lower() == ".json" and _text(path).lstrip().startswith("["):
-        text = _text(path)
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(
-                f"{path}:{e.lineno}: invalid JSON ({e.msg} at column {e.colno})"
-            ) from None
+    text = read_text(path) if path.suffix.lower() == ".json" else ""
+    if text.lstrip().startswith("["):
+        rows = parse_json(path, text)
         return [
             (line_of(text, offset), row)
             for offset, row in zip(json_element_lines(text, True), rows)

@@ -145,6 +145,11 @@ def test_catalogue_errors_in_json_and_syntax(tmp_path):
         load_catalogue(write(tmp_path, "c.json", '{"variable": [\n  {"code": }]}'))
     with pytest.raises(DataError, match=r"invalid TOML: .*line 2"):
         load_catalogue(write(tmp_path, "c.toml", "[[variable]]\ncode = \n"))
+    # a bad byte: the same message as a data table's (labelled.py), its line and its byte there
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes("[[variable]]\nlabel = 'caf\u00e9'\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin.toml:2: not valid UTF-8 \(byte 13 of the line\)"):
+        load_catalogue(latin)
     with pytest.raises(DataError, match=r"expected one or more \[\[variable\]\] tables"):
         load_catalogue(write(tmp_path, "c.toml", "[variables]\ncode = 'x'\n"))
     with pytest.raises(DataError, match="no such catalogue file"):
