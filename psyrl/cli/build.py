@@ -84,6 +84,17 @@ def run_build(body):
     return command
 
 
+def catalogue_option(help_text: str):
+    """--catalogue, the variable catalogue every command but `reasoning` reads."""
+    return click.option(
+        "--catalogue",
+        "catalogue_path",
+        required=True,
+        type=click.Path(dir_okay=False),
+        help=help_text,
+    )
+
+
 def qc_and_split_options(command):
     for option in reversed(
         [
@@ -128,13 +139,7 @@ def qc_and_split_options(command):
 
 
 @build_group.command("qa")
-@click.option(
-    "--catalogue",
-    "catalogue_path",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="Variable catalogue, TOML or JSON (see data/build/catalogue.toml).",
-)
+@catalogue_option("Variable catalogue, TOML or JSON (see data/build/catalogue.toml).")
 @click.option(
     "--table",
     "table_path",
@@ -169,13 +174,7 @@ def qa_command(run, **kwargs):
 
 
 @build_group.command("comparison")
-@click.option(
-    "--catalogue",
-    "catalogue_path",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="Variable catalogue, TOML or JSON.",
-)
+@catalogue_option("Variable catalogue, TOML or JSON.")
 @click.option(
     "--topics",
     "topics_path",
@@ -205,13 +204,7 @@ def comparison_command(run, **kwargs):
 
 
 @build_group.command("topics")
-@click.option(
-    "--catalogue",
-    "catalogue_path",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="Variable catalogue, TOML or JSON, with `topics = [...]` seeds.",
-)
+@catalogue_option("Variable catalogue, TOML or JSON, with `topics = [...]` seeds.")
 @click.option(
     "--max-topics",
     type=click.IntRange(min=1),

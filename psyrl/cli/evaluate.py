@@ -235,6 +235,14 @@ def api_problems(gen: GenerationOptions, api) -> None:
         )
 
 
+labels_option = click.option(
+    "--label",
+    "labels",
+    multiple=True,
+    help="A label per run, in order (default: the folder names).",
+)
+
+
 def run_labels(labels, run_dirs) -> list[str]:
     """One --label per run, in order, or the folder names."""
     if labels and len(labels) != len(run_dirs):
@@ -244,12 +252,7 @@ def run_labels(labels, run_dirs) -> list[str]:
 
 @evaluate.command("compare")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True))
-@click.option(
-    "--label",
-    "labels",
-    multiple=True,
-    help="A row label per run, in order (default: the folder names).",
-)
+@labels_option
 def compare_command(run_dirs, labels):
     """Compare evaluate.py runs (their --out directories): Table 3's layout (F1 and accuracy per
     benchmark) and Table 2's (F1 per StimuliQA subdimension), one row per run, deltas against the
@@ -263,12 +266,7 @@ def compare_command(run_dirs, labels):
 
 @evaluate.command("lengths")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@click.option(
-    "--label",
-    "labels",
-    multiple=True,
-    help="A label per run, in order (default: the folder names).",
-)
+@labels_option
 @click.option(
     "--out",
     type=click.Path(dir_okay=False),

@@ -10,6 +10,22 @@ import click
 
 from psyrl.cli.errors import reported
 
+# options of more than one command: plot and report, summary and report
+smooth_option = click.option(
+    "--smooth",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Trailing mean over this many steps for the per-step curves (1 = raw only).",
+)
+window_option = click.option(
+    "--window",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="Steps averaged at the start and at the end of the per-step metrics (the summary table).",
+)
+
 
 @click.command("select-checkpoint")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
@@ -40,13 +56,7 @@ def select_checkpoint_command(run_dir, rule):
     default=None,
     help="PNG to write (default: RUN_DIR/curves.png for one run, curves.png here for several).",
 )
-@click.option(
-    "--smooth",
-    type=click.IntRange(min=1),
-    default=5,
-    show_default=True,
-    help="Trailing mean over this many steps for the per-step curves (1 = raw only).",
-)
+@smooth_option
 def plot_command(run_dirs, out, smooth):
     """Training curves of one or several runs overlaid, as one PNG: reward components, held-out F1,
     response length and KL over steps (the paper's Fig. 5 compares the base and bilateral rewards
@@ -68,13 +78,7 @@ def plot_command(run_dirs, out, smooth):
 
 @click.command("summary")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@click.option(
-    "--window",
-    type=click.IntRange(min=1),
-    default=5,
-    show_default=True,
-    help="Steps averaged at the start and at the end of the per-step metrics.",
-)
+@window_option
 def summary_command(run_dirs, window):
     """A Markdown table comparing the start and the end of T-GRPO runs: held-out F1 and final reward
     at the first and the last validation, and the mean training reward, F1 and response length over
@@ -94,20 +98,8 @@ def summary_command(run_dirs, window):
     help="HTML file to write (default: RUN_DIR/report.html for one run, report.html here for "
     "several).",
 )
-@click.option(
-    "--smooth",
-    type=click.IntRange(min=1),
-    default=5,
-    show_default=True,
-    help="Trailing mean over this many steps for the per-step curves (1 = raw only).",
-)
-@click.option(
-    "--window",
-    type=click.IntRange(min=1),
-    default=5,
-    show_default=True,
-    help="Steps averaged at the start and at the end in the summary table.",
-)
+@smooth_option
+@window_option
 @click.option(
     "--sample-steps",
     type=click.IntRange(min=0),
