@@ -98,8 +98,8 @@ def main() -> None:
     parser.add_argument("--old", type=Path, default=None, help="a psyrl tree without checksums")
     parser.add_argument("--work", type=Path, default=Path("/tmp/psyrl-checkpoint-hash"))
     args = parser.parse_args()
-    if args.old:  # the old tree's save_checkpoint, in a process of its own
-        sys.path.insert(0, str(args.old))
+    # this checkout's psyrl (or the old tree's), not wherever the environment installed one
+    sys.path.insert(0, str(args.old or Path(__file__).resolve().parents[1]))
     import psyrl.core.checkpoints as checkpoints
     import psyrl.runtime.checkpoint as runtime_checkpoint
 

@@ -4,10 +4,11 @@ which still hold a training state to resume from, and appendix B's choice among 
 F1. Writing and loading them is `psyrl.runtime.checkpoint`; `psyrl select-checkpoint`, `psyrl
 report` and `psyrl experiment` only read, so they never import torch.
 
-The checksum is XXH3-64 (`CHECKSUM`, the xxhash package), chosen by measurement
-(docs/measurements.md#checkpoint-checksums): each rank computes it over the bytes it writes as it
-writes them, and `verify_checksums` recomputes it. A manifest written before psyrl recorded
-checksums has sizes only: such a checkpoint is complete but its contents cannot be checked.
+The checksum is XXH3-64 (`CHECKSUM`, the xxhash package), chosen by measurement (docs/
+measurements.md, "what the checkpoint checksums cost"): each rank computes it over the bytes it
+writes as it writes them, and `verify_checksums` recomputes it. A manifest written before psyrl
+recorded checksums has sizes only: such a checkpoint is complete but its contents cannot be
+checked.
 """
 
 from __future__ import annotations
@@ -31,8 +32,7 @@ CHUNK = 8 << 20  # bytes read at a time when a file is hashed from disk
 
 def new_checksum() -> xxhash.xxh3_64:
     """A running checksum of `CHECKSUM`'s kind: XXH3, 64 bits, seed 0 (hashlib's `update` and
-    `hexdigest`); measured at the speed of a memory copy here, 4x zlib's CRC-32
-    (docs/measurements.md)."""
+    `hexdigest`); the fastest measured: +11 % of a 0.5B checkpoint's save, zlib's CRC-32 +64 %."""
     return xxhash.xxh3_64()
 
 
