@@ -8,14 +8,18 @@ First a small start model is taught the answer format (as tests/test_train_tgrpo
 then the reference run goes through uninterrupted. The soaked run is launched again and again; each
 launch is killed (SIGKILL to torchrun and both workers at once, as a node failure would) at a moment
 aimed at a step drawn uniformly over the whole run (the N draws sorted, one per launch), of one of
-three kinds taken in turn:
+four kinds taken in turn:
   - time: a random moment inside that step, timed from the reference run's start-up and steps;
   - checkpoint: while the first checkpoint at or after that step is being written (its
     `.step-N.tmp-*` directory exists), after a random 0-300 ms;
   - metrics: inside that step's metrics.jsonl append: the worker writes a random part of the row's
-    line, flushes it and kills the whole job (a torn last line, as a crash mid-write leaves).
-After each kill the run is resumed with --resume (with --overwrite while no checkpoint exists yet:
-there is nothing to resume). After the N kills the last launch runs to the end. Then: the final
+    line, flushes it and kills the whole job (a torn last line, as a crash mid-write leaves);
+  - corrupt: as `time`, then silent corruption of the newest resumable checkpoint: 1-8 random bits
+    flipped in its files (a file drawn with probability proportional to its size, the sizes kept),
+    as bit rot or a bad copy would leave it. The next launch must skip that checkpoint, naming the
+    file ("corrupted checkpoint"); one that resumes from it is a silent load.
+After each kill the run is resumed with --resume auto (a checkpoint: continue from it; none yet:
+start over). After the N kills the last launch runs to the end. Then: the final
 weights, the final checkpoint's optimiser state (every tensor), trajectory cache and trainer state
 (data cursor, step), and every metrics.jsonl row without its timings must equal the reference's.
 Results are in docs/measurements.md.
@@ -123,6 +127,8 @@ def environment(tear: int = 0) -> dict[str, str]:
         "OMP_NUM_THREADS": "1",
         "SOAK_TEAR": str(tear),
         "SOAK_BENCH": str(ROOT / "bench"),
+        # the worker lives in --work: psyrl from this checkout, not wherever it is installed
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
     }
 
 
@@ -203,6 +209,29 @@ def resumable_step(run: Path) -> int:
 
     found = find_resumable(run, lambda line: None) if run.exists() else None
     return int(found.name.split("-")[1]) if found else 0
+
+
+def corrupt(run: Path, rng: random.Random) -> tuple[int, str] | None:
+    """Flip 1-8 random bits in the newest resumable checkpoint's files, sizes kept; (its step, the
+    files flipped), or None without a checkpoint."""
+    from psyrl.core.checkpoints import find_resumable, read_manifest
+
+    found = find_resumable(run, lambda line: None) if run.exists() else None
+    if found is None:
+        return None
+    sizes = {name: size for name, size in read_manifest(found)["files"].items() if size}
+    names = list(sizes)
+    flipped = set()
+    for _ in range(rng.randint(1, 8)):
+        name = rng.choices(names, weights=[sizes[n] for n in names])[0]
+        with open(found / name, "r+b") as f:
+            offset = rng.randrange(sizes[name])
+            f.seek(offset)
+            byte = f.read(1)[0]
+            f.seek(offset)
+            f.write(bytes([byte ^ (1 << rng.randrange(8))]))
+        flipped.add(name)
+    return int(found.name.split("-")[1]), ", ".join(sorted(flipped))
 
 
 def checkpoint_in_write(run: Path) -> int:
@@ -310,18 +339,16 @@ def main() -> None:
     # ------------------------------------------------------------ the soaked run: kill, resume
     soaked = args.work / "soaked"
     sets = settings(args.trainer, args.work, "soaked", steps)
-    kinds = {"time": 0, "checkpoint": 0, "metrics": 0}
+    kinds = {"time": 0, "checkpoint": 0, "metrics": 0, "corrupt": 0}
+    corrupted = None  # (step, files) flipped after the last kill
+    detected = silent = flips = 0
     # the moments, spread over the whole run: the step each kill aims at, in order
     targets = sorted(rng.randrange(1, steps + 1) for _ in range(args.kills))
     kills = launches = cut = 0
     while True:
         done = resumable_step(soaked)
-        extra = (
-            ["--resume"]
-            if done
-            else (["--overwrite"] if (soaked / "metrics.jsonl").exists() else [])
-        )
-        kind = ("time", "checkpoint", "metrics")[kills % 3] if kills < args.kills else None
+        extra = ["--resume", "auto"]
+        kind = KINDS[kills % len(KINDS)] if kills < args.kills else None
         target = max(targets[kills], done + 1) if kind else 0
         # time: somewhere inside the target step; metrics: that step's row; checkpoint: the first
         # checkpoint write at or after it
@@ -332,7 +359,7 @@ def main() -> None:
         process = launch(command(args.trainer, args.ranks, sets, extra), log, tear)
         began, killed = time.perf_counter(), False
         while process.poll() is None:
-            if kind == "time" and time.perf_counter() - began >= deadline:
+            if kind in ("time", "corrupt") and time.perf_counter() - began >= deadline:
                 kill(process)
                 killed = True
             elif kind == "checkpoint" and checkpoint_in_write(soaked) >= target:
@@ -343,6 +370,18 @@ def main() -> None:
                 cut += checkpoint_in_write(soaked) >= target
             time.sleep(0.005)
         killed = killed or (kind == "metrics" and process.returncode == -signal.SIGKILL)
+        if corrupted:  # did this launch find the flipped bits, or load them?
+            said, step = log.read_text(), corrupted[0]
+            found = f"step-{step}: corrupted checkpoint" in said
+            loaded = f"resuming after step {step} " in said
+            detected, silent = detected + found, silent + loaded
+            if found or loaded:  # else killed before it looked: the next launch will
+                corrupted = None
+        if killed and kind == "corrupt" and not corrupted:
+            corrupted = corrupt(soaked, rng)
+            flips += corrupted is not None
+            if corrupted:
+                print(f"corrupted step-{corrupted[0]}: {corrupted[1]}", flush=True)
         if killed:
             kills += 1
             kinds[kind] += 1
@@ -366,15 +405,18 @@ def main() -> None:
         f"{args.trainer}: {kills} kills ({kinds['time']} at random times, "
         f"{kinds['checkpoint']} while a checkpoint was written ({cut} cut it short, the "
         f"others came after its rename), {kinds['metrics']} inside "
-        f"metrics.jsonl appends), {launches - 1} resumes, {len(differences)} differences"
+        f"metrics.jsonl appends, {kinds['corrupt']} at random times followed by flipped bits "
+        f"in the newest checkpoint ({flips} had one): {detected} detected, {silent} silent "
+        f"loads), {launches - 1} resumes, {len(differences)} differences"
         f"{': ' + ', '.join(differences[:10]) if differences else ''}; "
         f"{time.perf_counter() - t0:.0f} s in all (work: {args.work})",
         flush=True,
     )
-    sys.exit(1 if differences else 0)
+    sys.exit(1 if differences or silent else 0)
 
 
 WORKER_PATH = Path()
+KINDS = ("time", "checkpoint", "metrics", "corrupt")
 
 if __name__ == "__main__":
     main()
