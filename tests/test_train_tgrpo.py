@@ -25,7 +25,7 @@ from psyrl.core.records import load_stimuliqa
 from psyrl.core.runlog import read_metrics
 from psyrl.recipes import tgrpo as program
 from psyrl.rl import update
-from psyrl.rl.rewards import final_rewards, reward_metrics, score_batch
+from psyrl.rl.rewards import answer_components, final_rewards, reward_metrics
 from psyrl.rl.scoring import Sample, answer_tensors
 from psyrl.rl.tgrpo import advantages
 from psyrl.rl.trajectory_cache import TrajectoryCache
@@ -182,13 +182,11 @@ def test_every_variant_logs_what_psyrl_rewards_computes(start, tmp_path, variant
     f1 = [s["f1"] for s in samples]
     cfg = load_config(run / "config.resolved.toml")
     # step 1: the cache holds this step only, so L-bar and r-bar_F1 are this step's means
-    final, parts = score_batch(
-        [s["response"] for s in samples],
-        [golds[s["id"]] for s in samples],
-        lengths,
-        statistics.fmean(lengths),
-        statistics.fmean(f1),
-        cfg.reward,
+    answers = answer_components(
+        [s["response"] for s in samples], [golds[s["id"]] for s in samples], "cot", cfg.reward
+    )
+    final, parts = final_rewards(
+        answers, lengths, statistics.fmean(lengths), statistics.fmean(f1), cfg.reward
     )
     for key in ("f1", "fmt", "rep", "br", "len", "short", "final"):
         assert [s[key] for s in samples] == pytest.approx(parts[key].tolist(), abs=1e-12), key

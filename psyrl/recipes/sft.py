@@ -31,7 +31,7 @@ from psyrl.core.checkpoints import select_checkpoint
 from psyrl.core.config import Config
 from psyrl.core.errors import RunError
 from psyrl.core.records import Cursor, DataError, load_records, load_stimuliqa, next_indices
-from psyrl.rl.rewards import load_reward_plugin
+from psyrl.rl.reward_plugin import load_reward_plugin
 from psyrl.run.directory import Run
 from psyrl.run.launch import check_memory_plan, setup_errors
 from psyrl.run.validation import longest_prompt, sample_items, validate

@@ -35,7 +35,8 @@ from psyrl.core.checkpoints import json_text
 from psyrl.core.config import Config
 from psyrl.core.errors import RunError
 from psyrl.core.records import Cursor, DataError, load_records, load_stimuliqa, next_indices
-from psyrl.rl.rewards import final_rewards, load_reward_plugin
+from psyrl.rl.reward_plugin import load_reward_plugin
+from psyrl.rl.rewards import final_rewards
 from psyrl.rl.rollout import build_prompts, rank_positions, rollout_batch, sample_seed
 from psyrl.rl.scoring import answer_tensors, gather_samples, score_responses, step_metrics
 from psyrl.rl.tgrpo import advantages

@@ -5,7 +5,7 @@ include the current step (SPEC §3):
   1. `answer_components(responses, golds, mode, cfg)`: r_F1, r_fmt, p_rep per sample (no cache);
   2. `final_rewards(components, lengths, mean_length, mean_f1, cfg)`: r_BR, r_len, r_short and the
      configured variant's final reward, with L-bar and r-bar_F1 read from the cache.
-`score_batch` chains both when the statistics are already known. Tensors are float64, shape [N].
+Tensors are float64, shape [N].
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from psyrl.core.text import (  # format_reward (eq. 6) is text-only: eval scores
 )
 
 # the trainers (recipes/) still import the loader from here
-from psyrl.rl.reward_plugin import load_reward_plugin as load_reward_plugin
 from psyrl.rl.reward_plugin import plugin_scores
 
 Components = dict[str, torch.Tensor]  # name -> [N] per-sample values
@@ -135,22 +134,6 @@ def final_rewards(
     c["short"] = short_reward(c["f1"], c["ratio"], mean_f1, cfg)
     c["final"] = VARIANTS[cfg.variant](c, cfg)
     return c["final"], c
-
-
-def score_batch(
-    responses: Sequence[str],
-    golds: Sequence[str],
-    lengths,
-    mean_length: float,
-    mean_f1: float,
-    cfg: RewardConfig,
-    mode: str = "cot",
-) -> tuple[torch.Tensor, Components]:
-    """Score N responses against their gold answers given token lengths and cache statistics:
-    returns (final rewards [N], every component [N])."""
-    return final_rewards(
-        answer_components(responses, golds, mode, cfg), lengths, mean_length, mean_f1, cfg
-    )
 
 
 def reward_metrics(components: Components) -> dict[str, float]:

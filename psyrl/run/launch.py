@@ -135,6 +135,7 @@ def check_memory_plan(cfg: Config, dist: Dist, trainer: str) -> None:
     if dist.device.type != "cuda":
         return
     # lazy: the planner is tooling (2,300 lines), and importing a trainer loads none of it
+    from psyrl.plan import planner
     from psyrl.plan.architecture import load_architecture
 
     try:
@@ -152,7 +153,9 @@ def check_memory_plan(cfg: Config, dist: Dist, trainer: str) -> None:
                 dist,
             )
         nodes = dist.world // dist.local_world
-        memory = plan(cfg, architecture, dist.world, gpu_gib, host_gib, trainer, nodes=nodes)
+        memory = planner.plan(
+            cfg, architecture, dist.world, gpu_gib, host_gib, trainer, nodes=nodes
+        )
     except ValueError as e:  # e.g. an architecture the planner does not model
         print0(f"memory plan: not available ({e})", dist)
         return
@@ -161,15 +164,6 @@ def check_memory_plan(cfg: Config, dist: Dist, trainer: str) -> None:
     # host RAM rests on a per-rank assumption: a warning only
     if not memory.gpus_fit and cfg.run.memory_check:
         raise RunError(f"{memory.verdict()}; set run.memory_check = false to start anyway")
-
-
-def plan(*args, **kwargs):
-    """`psyrl plan`'s planner (psyrl.plan.planner.plan), imported when the start-up check calls it;
-    a name of this module, so that a test can record what the check planned."""
-    # lazy: the planner is tooling (2,300 lines), and importing a trainer loads none of it
-    from psyrl.plan.planner import plan as planner_plan
-
-    return planner_plan(*args, **kwargs)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from plan_models import SETTINGS, SMALL, SMALL_PARAMS
 
 from psyrl.cli.main import main
 from psyrl.core.config import load_config
-from psyrl.plan import speed
+from psyrl.plan import planner, speed
 from psyrl.plan.architecture import shapes
 from psyrl.plan.network import NETWORK_GBPS
 from psyrl.plan.phases import GIB, MIB
@@ -151,13 +151,13 @@ def test_start_up_judges_host_ram_per_node(monkeypatch, capsys):
         "configs/tgrpo/qwen2.5-0.5b.toml", ["fsdp.offload=phase", "sampler.tensor_parallel=1"]
     )
     seen = {}
-    real = launch.plan
+    real = planner.plan
 
     def recording(*args, **kwargs):
         seen["plan"] = real(*args, **kwargs)
         return seen["plan"]
 
-    monkeypatch.setattr(launch, "plan", recording)
+    monkeypatch.setattr(planner, "plan", recording)  # the start-up check looks it up at each call
     gpu = types.SimpleNamespace(total_memory=48 * GIB)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: gpu)
     # a node of one 4 KiB page: its RAM cannot fit, and the run still starts (a warning only)
