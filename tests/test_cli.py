@@ -122,9 +122,9 @@ import os, signal
 os.environ["RANK"] = "1"
 signal.signal(signal.SIGTERM, lambda *_: None)
 from psyrl.cli.errors import fail
-from psyrl.core.errors import UsageError
+from psyrl.core.errors import RunError
 print("waiting", flush=True)
-fail(UsageError("optim.lr: expected > 0, got -1"), "train_sft.py")
+fail(RunError("optim.lr: expected > 0, got -1"), "train_sft.py")
 """
 
 

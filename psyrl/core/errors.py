@@ -15,12 +15,6 @@ class PsyrlError(Exception):
     exit_code = 1
 
 
-class UsageError(PsyrlError):
-    """Options that do not go together (exit status 2, as the command line's own usage errors)."""
-
-    exit_code = 2
-
-
 class RunError(PsyrlError):
     """A training run that cannot start or go on: its run directory, a resume, batch sizes that do
     not divide, a memory plan that does not fit."""
