@@ -1,9 +1,10 @@
 """A finished run extended on purpose (--extend, run.extend): with a constant learning rate, N
 steps extended to N + M end where a run planned for N + M from the start ends: the same weights,
-metrics rows, data position and (T-GRPO) trajectory cache. The cosine rule and its difference from
-the planned run are tests/runtime/test_schedule_extension.py's."""
+metrics rows, data position and (T-GRPO) trajectory cache. A cosine run extended decays on from its
+last rate with no jump (the rule by hand: tests/runtime/test_schedule_extension.py)."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -11,6 +12,8 @@ import pytest
 import torch
 from test_restarts import rows_without_timing, weights
 from test_train_tgrpo import run_cli
+
+from psyrl.core.runlog import read_metrics
 
 SFT = [
     "run.name=sft",
@@ -27,8 +30,8 @@ SFT = [
 ]
 
 
-def sft(out, steps, *args):
-    sets = [f"run.output_dir={json.dumps(str(out))}", *SFT, f"run.steps={steps}"]
+def sft(out, steps, *args, extra=()):
+    sets = [f"run.output_dir={json.dumps(str(out))}", *SFT, f"run.steps={steps}", *extra]
     command = [sys.executable, "train_sft.py", "--config", "configs/sft/tiny.toml"]
     command += [a for s in sets for a in ("--set", s)] + list(args)
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
@@ -77,3 +80,18 @@ def test_tgrpo_of_2_steps_extended_to_3_equals_3_planned_cache_included(start, t
     assert_same_end(planned / "rl", extended / "rl", 3, [2, 2])
     cache = "checkpoints/step-3/trajectory_cache.json"
     assert (planned / "rl" / cache).read_text() == (extended / "rl" / cache).read_text()
+
+
+@pytest.mark.slow
+def test_a_finished_cosine_sft_extended_decays_on_without_a_jump(tmp_path):
+    cosine = ('optim.schedule="cosine"',)
+    sft(tmp_path, 4, extra=cosine)
+    said = sft(tmp_path, 6, "--resume", "--extend", extra=cosine)
+    assert "the learning rate decays on from its last rate to 0 at the new end" in said
+    lr = [r["train/lr"] for r in read_metrics(tmp_path / "sft" / "metrics.jsonl")]
+    # 4 planned steps, no warm-up: 0.5 * (1 + cos(pi * k / 4)) at k = 0..3, last 0.14645; then
+    # 0.14645 * 0.5 * (1 + cos(pi * j / 3)) at j = 1, 2: 0.10984, 0.03661 (no jump back up)
+    last = 0.5 * (1 + math.cos(3 * math.pi / 4))
+    factors = [0.5 * (1 + math.cos(math.pi * k / 4)) for k in range(4)]
+    factors += [last * 0.5 * (1 + math.cos(math.pi * j / 3)) for j in (1, 2)]
+    assert lr == pytest.approx([1e-3 * f for f in factors], rel=1e-12)  # tiny.toml's lr

@@ -68,11 +68,11 @@ class RunConfig:
     for torchrun's `--max-restarts`: every restart of the workers runs the same command."""
     extend: bool = False
     """On a resume (the command line's `--extend`): let run.steps grow beyond the steps the run was
-    planned for, and nothing else change. The data position and the trajectory cache continue, and
-    so does a constant learning rate: the extended run equals one planned that long from the start.
-    Refused for a schedule that the trainers, computing it over run.steps, would make jump: cosine,
-    or a warm-up not over (the rule that continues them, `psyrl.runtime.optim.lr_factor`'s
-    `extensions`, is `Run.lr_factor`'s, which the trainers do not call yet)."""
+    planned for, and nothing else change. The data position and the trajectory cache continue. The
+    learning rate never jumps (`psyrl.runtime.optim.lr_factor`'s `extensions`): the warm-up keeps
+    its first length; after it a constant schedule stays constant (the extended run equals one
+    planned that long from the start) and cosine decays on from its last rate to 0 at the new end
+    (lower than a run planned that long, which would not have decayed as far yet)."""
 
     def __post_init__(self):
         unknown = [s for s in self.preempt_signals if s not in PREEMPT_SIGNALS]

@@ -37,7 +37,7 @@ from psyrl.run.launch import check_memory_plan, setup_errors
 from psyrl.run.validation import longest_prompt, sample_items, validate
 from psyrl.runtime.distributed import Dist, all_reduce, print0, rank_share
 from psyrl.runtime.model import autocast, load_tokenizer
-from psyrl.runtime.optim import build_optimizer, clipped_step, lr_factor, set_lr
+from psyrl.runtime.optim import build_optimizer, clipped_step, set_lr
 from psyrl.runtime.policy import build_policy, build_sampler, sync_weights
 from psyrl.runtime.timing import peak_memory_gib
 from psyrl.sft.loss import build_examples, micro_batch_losses, response_tokens
@@ -125,7 +125,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
             for step in range(run.first, steps + 1):
                 # --------------------------------------------------------------- one optimiser step
                 t0 = time.perf_counter()
-                lr = cfg.optim.lr * lr_factor(step - 1, cfg.optim, steps)
+                lr = cfg.optim.lr * run.lr_factor(step - 1)  # with --extend's rule
                 set_lr(optimizer, lr)
                 indices, cursor = next_indices(
                     cursor, len(examples), batch, cfg.run.seed, cfg.data.shuffle

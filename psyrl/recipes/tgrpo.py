@@ -47,7 +47,7 @@ from psyrl.run.launch import check_memory_plan, setup_errors
 from psyrl.run.validation import longest_prompt, sample_items, validate
 from psyrl.runtime.distributed import Dist, PhaseOffload, all_reduce, print0
 from psyrl.runtime.model import autocast, load_tokenizer
-from psyrl.runtime.optim import build_optimizer, lr_factor, set_lr
+from psyrl.runtime.optim import build_optimizer, set_lr
 from psyrl.runtime.policy import build_policy, build_reference, build_sampler, sync_weights
 from psyrl.runtime.timing import PhaseTimer, peak_memory_gib
 
@@ -225,9 +225,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
                     sums, grad_norms = [], []
                     for u, minibatch in enumerate(minibatches):
                         update_index = (step - 1) * updates_per_step + u
-                        lr = cfg.optim.lr * lr_factor(
-                            update_index, cfg.optim, steps * updates_per_step
-                        )
+                        lr = cfg.optim.lr * run.lr_factor(update_index, updates_per_step)
                         set_lr(optimizer, lr)
                         grad_norm, applied, update_sums = update(
                             policy, optimizer, minibatch, pad_id, cfg, dist, amp

@@ -38,7 +38,7 @@ from psyrl.runtime.distributed import (
     broadcast_object,
     print0,
 )
-from psyrl.runtime.optim import lr_factor, warmup_steps
+from psyrl.runtime.optim import lr_factor
 from psyrl.runtime.preemption import Preemption
 
 # may change on --resume: same numbers
@@ -242,23 +242,7 @@ class Run:
                 f"--resume: the config differs from {checkpoint / 'config.resolved.toml'} "
                 f"in {', '.join(changed)}; resuming would not continue the same run{extend}"
             )
-        if self.planned != self.cfg.run.steps:
-            self._check_extension(int(checkpoint.name.split("-")[1]))
         return checkpoint
-
-    def _check_extension(self, step: int) -> None:
-        """--extend after `step`: the trainers compute the schedule over run.steps with no record
-        of the extension (`lr_factor(k, cfg.optim, run.steps)`), so an extension is allowed where
-        that equals the extension rule (`lr_factor(..., extensions)`) at every update to come: a
-        constant schedule past the warm-up of both plans. Elsewhere the learning rate would jump."""
-        optim, steps = self.cfg.optim, self.cfg.run.steps
-        if not (optim.schedule == "constant" and step >= optim.warmup_ratio * steps):
-            raise RunError(
-                f"--extend after step {step}: the trainers would re-plan optim.schedule = "
-                f"'{optim.schedule}' (warm-up {warmup_steps(optim, steps)} steps) over "
-                f"run.steps = {steps} and its learning rate would jump; only a constant schedule "
-                "past its warm-up extends for now"
-            )
 
     def _start_over(self) -> None:
         """run.resume = auto on a run that holds steps but no checkpoint to resume (cut short
@@ -364,10 +348,15 @@ class Run:
         if self.checkpoint:
             resuming = f"; resuming after step {self.first - 1} from {self.checkpoint}"
         if self.planned != self.cfg.run.steps:
+            schedule = (
+                "stays constant"
+                if self.cfg.optim.schedule == "constant"
+                else "decays on from its last rate to 0 at the new end, with no jump"
+            )
             resuming += (
                 f"; extended from {self.planned} to {self.cfg.run.steps} steps (--extend): the "
-                f"learning rate stays constant, the data position and the trajectory cache "
-                f"continue from step {self.first - 1}"
+                f"learning rate {schedule} (after the warm-up first planned); the data position "
+                f"and the trajectory cache continue from step {self.first - 1}"
             )
         print0(f"{self.name}: {text}; run directory {self.dir}{resuming}", self.dist)
 

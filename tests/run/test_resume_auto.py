@@ -135,16 +135,3 @@ def test_extend_lets_run_steps_grow_and_nothing_else(tmp_path):
         Run(cfg, ONE_PROCESS, "sft", [], False, "on")
     with pytest.raises(RunError, match="--extend .* pass --resume with it"):
         Run(longer, ONE_PROCESS, "sft", [], overwrite=True, resume="off")
-
-
-def test_extend_refuses_a_schedule_whose_learning_rate_would_jump(tmp_path):
-    # the trainers compute the schedule over run.steps: a cosine re-planned over 6 would jump from
-    # its rate at 4 of 4 (0) back up; so would a constant one still in its warm-up
-    checkpointed(tmp_path, config(tmp_path, "run.steps=4"), steps=(4,))
-    with pytest.raises(RunError, match="after step 4: .* 'cosine' .* would jump"):
-        Run(config(tmp_path, "run.steps=6", "run.extend=true"), ONE_PROCESS, "sft", [], False, "on")
-    warm = ['optim.schedule="constant"', "optim.warmup_ratio=0.9"]
-    checkpointed(tmp_path / "w", config(tmp_path / "w", "run.steps=4", *warm), steps=(4,))
-    with pytest.raises(RunError, match=r"'constant' \(warm-up 5 steps\) over run.steps = 6"):
-        cfg = config(tmp_path / "w", "run.steps=6", "run.extend=true", *warm)
-        Run(cfg, ONE_PROCESS, "sft", [], False, "on")
