@@ -22,7 +22,6 @@ over-long examples are dropped, not truncated.
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 
 import torch
@@ -171,12 +170,21 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
                     "perf/peak_mem_gib": float(peak),
                 }
                 row["perf/tokens_per_s"] = row["train/tokens"] / elapsed
-                run.end_step(
-                    step,
-                    row,
-                    functools.partial(save, cursor=cursor),
-                    held_out if valid_records else None,
-                )
+                # the end of the step: validate when a checkpoint or the last step is due, log the
+                # row (before the checkpoint: a crash right after a save must not lose its row),
+                # save, stop when a rank got a preemption signal during the step or its save
+                checkpoint = run.should_save(step)
+                validation = None
+                if valid_records and (checkpoint or step == steps):
+                    validation = held_out()
+                    row.update(validation[0])
+                run.log(row)
+                signal = run.preempted_after(step)
+                if checkpoint or signal:
+                    save(step, validation if checkpoint else None, cursor)
+                run.advance(step, row)
+                if signal or (checkpoint and (signal := run.preempted_after(step))):
+                    raise run.stop(signal)
 
         # ----------------------------------------------------------------------------- final export
         run.finish(policy, tokenizer)

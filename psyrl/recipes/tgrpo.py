@@ -26,7 +26,6 @@ the step), with a checkpoint and exit status 75.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 
 import torch
@@ -186,7 +185,12 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
                         cfg.rollout.max_new_tokens,
                         seeds,
                     )
-                run.preempt_now(step, functools.partial(save, step - 1, None, before))
+                # run.preempt_now: a signal stops the run here, nothing of this step kept yet (the
+                # cache, model and data position are the previous step's; seeds are per step)
+                if cfg.run.preempt_now and (signal := run.preempted()):
+                    if 0 < step - 1 != run.saved:
+                        save(step - 1, None, before)
+                    raise run.stop(signal)
 
                 with timer("score"):
                     # ----------------------------- 2. score every response (eq. 4-6, 9), all ranks'
@@ -280,12 +284,21 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
                 for key, value in inside.items():
                     op = "min" if key.startswith("perf/free_gib") else "max"
                     row[key] = float(all_reduce(torch.tensor(value), dist, op))
-                run.end_step(
-                    step,
-                    row,
-                    functools.partial(save, cursor=cursor),
-                    held_out if valid_records else None,
-                )
+                # the end of the step: validate when a checkpoint or the last step is due, log the
+                # row (before the checkpoint: a crash right after a save must not lose its row),
+                # save, stop when a rank got a preemption signal during the step or its save
+                checkpoint = run.should_save(step)
+                validation = None
+                if valid_records and (checkpoint or step == steps):
+                    validation = held_out()
+                    row.update(validation[0])
+                run.log(row)
+                signal = run.preempted_after(step)
+                if checkpoint or signal:
+                    save(step, validation if checkpoint else None, cursor)
+                run.advance(step, row)
+                if signal or (checkpoint and (signal := run.preempted_after(step))):
+                    raise run.stop(signal)
 
         # ----------------------------------------------------------------------------- final export
         run.finish(policy, tokenizer)

@@ -15,7 +15,6 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -121,9 +120,9 @@ class Run:
     `Run(...)` refuses to clobber a run or to resume nothing and finds the checkpoint to resume;
     `check_data` ties the checkpoint to its data; `start` writes the resolved config; `resume`
     restores the model, optimiser and metrics; inside `with run:` (metrics.jsonl, trackers, progress
-    bar and signal handlers open), `end_step` ends every step (log, validate, checkpoint, and
-    Preempted when a scheduler's signal came; `preempt_now` right after a T-GRPO step's sampling)
-    and `write_samples` dumps a T-GRPO step's responses; `finish` exports the final model."""
+    bar and signal handlers open), the loops end each step with its parts in plain lines
+    (`should_save`, `log`, `save`, `preempted_after`, `advance`, `stop`) and `write_samples` dumps a
+    T-GRPO step's responses; `finish` exports the final model."""
 
     def __init__(
         self,
@@ -483,16 +482,6 @@ class Run:
             "--resume to continue"
         )
 
-    def preempt_now(self, step: int, save_previous: Callable[[], None]) -> None:
-        """run.preempt_now, right after a step's sampling (collective): when a preemption signal
-        came, checkpoint the previous step with `save_previous()` (nothing of this one is kept yet:
-        cache, model and data position are as after the previous step, and the sampler's seeds are
-        per step) unless it is saved already, then raise Preempted."""
-        if self.cfg.run.preempt_now and (signal := self.preempted()):
-            if 0 < step - 1 != self.saved:
-                save_previous()
-            raise self.stop(signal)
-
     def write_samples(
         self, step: int, samples: list, components: dict, advantages, means: dict, records: list
     ) -> None:
@@ -507,35 +496,6 @@ class Run:
         markdown = write_samples(self.dir / "samples", step, rows, means, records, shown, variant)
         if self.trackers is not None:
             self.trackers.samples(step, rows, markdown)
-
-    def end_step(
-        self,
-        step: int,
-        row: dict,
-        save: Callable[[int, tuple | None], None],
-        validate: Callable[[], tuple[dict, list]] | None,
-    ) -> None:
-        """Log, validate, checkpoint: the end of every step of both trainers. `validate()` (None
-        without held-out items) runs at every checkpoint and at the last step and adds its metrics
-        to `row`; the row goes to metrics.jsonl before the checkpoint (a crash right after the save
-        must not lose the row of a step it kept); `save(step, validation)` writes the checkpoint,
-        every checkpoint.every steps with the validation's (metrics, outputs), or now without them
-        when a preemption signal reached a rank during the step; then the console line. A signal
-        during the step or its save raises Preempted (not after the last step: the run finishes
-        instead)."""
-        checkpoint = self.should_save(step)
-        validation = None
-        if validate is not None and (checkpoint or step == self.cfg.run.steps):
-            metrics, outputs = validate()
-            row.update(metrics)
-            validation = (metrics, outputs) if checkpoint else None
-        self.log(row)
-        signal = self.preempted_after(step)
-        if checkpoint or signal:
-            save(step, validation)
-        self.advance(step, row)
-        if signal or (checkpoint and (signal := self.preempted_after(step))):
-            raise self.stop(signal)
 
     def advance(self, step: int, row: dict) -> None:
         """The step is done: move the bar, and print its line every log.every steps and at the
