@@ -9,18 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_model_packing import TINY  # the packing tests' tiny model
 
-from psyrl.core.config import ModelConfig
 from psyrl.runtime.model import varlen_causal
 
-TINY = ModelConfig(
-    tokenizer="tiny",
-    hidden_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    intermediate_size=128,
-)
 CPU = torch.device("cpu")
 
 
