@@ -1,7 +1,7 @@
 """The options the command line shares: the generating tools' generation options (evaluate.py,
-`psyrl build`), whose type, default and --help come from the config keys they stand for
-(`psyrl.core.generation_options.OPTION_KEYS`), and the trainers' --config, --set, --overwrite,
---resume."""
+`psyrl build`), whose type and default come from the config keys they stand for and whose help is
+written beside them (`psyrl.core.generation_options.OPTION_KEYS`), and the trainers' --config,
+--set, --overwrite, --resume."""
 
 from __future__ import annotations
 
@@ -13,15 +13,11 @@ from collections.abc import Callable
 import click
 
 from psyrl.core.generation_options import OPTION_KEYS, TOOL_DEFAULTS, GenerationOptions, flag
-from psyrl.core.tomlconf import field_docs
 
 
 def _option(name: str, default, note: str, required: bool, engines: tuple[str, ...] = ()):
     spec = OPTION_KEYS[name]
-    doc = field_docs(spec.table)[spec.key]
-    if spec.cut:  # a ValueError at import if the docstring changed
-        doc = doc[: doc.index(spec.cut)].removesuffix(".") + "."
-    help_text = " ".join(text for text in (doc, spec.note, note) if text)
+    help_text = " ".join(text for text in (spec.help, note) if text)
     hint = typing.get_type_hints(spec.table)[spec.key]
     if hint is bool:
         return click.option(
