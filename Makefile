@@ -105,7 +105,7 @@ self-train: $(STAMP)
 
 # Regenerates the config reference docs/config.md from the dataclass docstrings.
 docs: $(STAMP)
-	$(PY) -m psyrl config reference --write-readme docs/config.md
+	$(PY) tools/config_reference.py docs/config.md
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis

@@ -2,9 +2,9 @@
 
 `load_config` reads a TOML file plus `--set table.key=value` overrides and returns a `Config`; every
 bad input raises one `ConfigError` naming the file, the line and the key. The config reference
-(docs/config.md) is generated from the docstrings below, in the order of `Config`'s tables (the
-T-GRPO ones: reward, cache, advantage, loss, rollout, sampler; SPEC §2-4); the TOML plumbing itself
-is in `psyrl.core.tomlconf`.
+(docs/config.md) is generated from the docstrings below by tools/config_reference.py, in the order
+of `Config`'s tables (the T-GRPO ones: reward, cache, advantage, loss, rollout, sampler; SPEC §2-4);
+the TOML plumbing itself is in `psyrl.core.tomlconf`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ __all__ = [
     "load_config",
     "dump_config",
     "config_changes",
-    "config_reference",
 ]
 
 
@@ -701,8 +700,3 @@ def config_changes(old: Config, new: Config) -> list[str]:
     """`table.key` of every value that differs between two configs."""
     a, b = dataclasses.asdict(old), dataclasses.asdict(new)
     return [f"{t}.{k}" for t in a for k in a[t] if a[t][k] != b[t][k]]
-
-
-def config_reference() -> str:
-    """The Markdown config reference `docs/config.md` embeds (`make docs`)."""
-    return tomlconf.reference(Config)

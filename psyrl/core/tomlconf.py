@@ -7,11 +7,8 @@ nothing of psyrl's tables: `psyrl.core.config` passes its root class in.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import difflib
-import functools
-import inspect
 import math
 import typing
 from collections.abc import Sequence
@@ -245,7 +242,7 @@ def dump(config) -> str:
     for table in table_classes(type(config)):
         out.append(f"[{table}]")
         for key, value in dataclasses.asdict(getattr(config, table)).items():
-            out.append(f"{key} = {_toml_value(value)}")
+            out.append(f"{key} = {toml_value(value)}")
         out.append("")
     return "\n".join(out)
 
@@ -261,7 +258,8 @@ _ESCAPES = {
 }
 
 
-def _toml_value(value) -> str:
+def toml_value(value) -> str:
+    """A value as TOML text (`dump`'s, and the defaults of tools/config_reference.py)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     # a TOML basic string: control characters (DEL too) as \uXXXX escapes
@@ -274,54 +272,5 @@ def _toml_value(value) -> str:
             + '"'
         )
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     return repr(value)  # int, or a finite float: repr round-trips exactly
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a dataclass, read from its source."""
-    body = _class_bodies(inspect.getsourcefile(cls))[cls.__qualname__]
-    docs = {}
-    for node, after in zip(body, body[1:]):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-        ):
-            docs[node.target.id] = " ".join(str(after.value.value).split())
-    return docs
-
-
-@functools.cache
-def _class_bodies(path: str) -> dict[str, list[ast.stmt]]:
-    """The statements of every top-level class in a source file, by name: one parse per file
-    (inspect.getsource tokenises the whole file again for every class)."""
-    tree = ast.parse(Path(path).read_text(encoding="utf-8"), path)
-    return {node.name: node.body for node in tree.body if isinstance(node, ast.ClassDef)}
-
-
-def reference(root: type) -> str:
-    """Markdown reference of every table and key: type, default, meaning."""
-    out = []
-    for table, cls in table_classes(root).items():
-        docs, hints, default = field_docs(cls), typing.get_type_hints(cls), cls()
-        out += [
-            f"#### `[{table}]`",
-            "",
-            "| key | type | default | meaning |",
-            "| --- | --- | --- | --- |",
-        ]
-        for f in dataclasses.fields(cls):
-            hint = hints[f.name]
-            if typing.get_origin(hint) is Literal:
-                kind = " \\| ".join(f'"{c}"' for c in typing.get_args(hint))
-            elif typing.get_origin(hint) is list:
-                kind = f"array of {typing.get_args(hint)[0].__name__}"
-            else:
-                kind = hint.__name__
-            out.append(
-                f"| `{f.name}` | {kind} | `{_toml_value(getattr(default, f.name))}` | "
-                f"{docs.get(f.name, '')} |"
-            )
-        out.append("")
-    return "\n".join(out)

@@ -6,9 +6,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from psyrl.cli.config import README_END, README_START
 from psyrl.cli.main import main
-from psyrl.core.config import ConfigError, config_reference, dump_config, load_config
+from psyrl.core.config import ConfigError, dump_config, load_config
 from psyrl.plan.architecture import load_architecture
 from psyrl.plan.planner import plan
 
@@ -263,14 +262,6 @@ def test_tables_check_their_choices_when_built_in_code():
         RewardConfig(variant="nope")
 
 
-def test_readme_config_reference_is_generated_from_the_code():
-    readme = (ROOT / "docs" / "config.md").read_text(encoding="utf-8")
-    start, end = readme.index(README_START) + len(README_START), readme.index(README_END)
-    assert readme[start:end].strip() == config_reference().strip(), (
-        "run `make docs` to regenerate it"
-    )
-
-
 def test_cli_config_show(tmp_path):
     runner = CliRunner()
     result = runner.invoke(
@@ -289,17 +280,3 @@ def test_cli_config_show(tmp_path):
     result = runner.invoke(main, ["config", "show", "--set", "cache.size=x"])
     assert result.exit_code == 1
     assert "--set cache.size=x: [cache] size: expected int" in result.output
-
-
-def test_cli_config_reference_writes_between_the_markers(tmp_path):
-    readme = write(
-        tmp_path, f"# title\n{README_START}\nstale\n{README_END}\ntail\n", name="README.md"
-    )
-    result = CliRunner().invoke(main, ["config", "reference", "--write-readme", str(readme)])
-    assert result.exit_code == 0, result.output
-    assert (
-        readme.read_text() == f"# title\n{README_START}\n{config_reference()}\n{README_END}\ntail\n"
-    )
-    no_markers = write(tmp_path, "# nothing here\n", name="OTHER.md")
-    result = CliRunner().invoke(main, ["config", "reference", "--write-readme", str(no_markers)])
-    assert result.exit_code == 1 and "markers" in result.output
