@@ -7,7 +7,10 @@ Each item is one POST of `{base_url}/chat/completions` with the chat messages ps
 malformed answer, a refused connection or a timeout is retried with exponential backoff and jitter
 (a `Retry-After` header is honoured), any other 4xx fails at once. The API key is read from an
 environment variable and only ever sent in the `Authorization` header: it is never returned,
-recorded or printed (error messages have it masked).
+recorded or printed (error messages have it masked). The LLM judge (psyrl.signals.judge) sends its
+rubric through the same client: its `accept` retries an answer without a score like a malformed
+one, and `complete_all`'s `deadline` and `keep_failures` give it a step timeout and a fallback per
+response.
 
 The standard library only (urllib, threads): `evaluate --help` imports this module and must stay
 instant.
@@ -21,6 +24,7 @@ import os
 import queue
 import random
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -150,8 +154,16 @@ def backoff(attempt: int, first: float, after: float | None, rng: random.Random)
 class Client:
     """POSTs chat completions to one endpoint, with the retry rule above."""
 
-    def __init__(self, options: ApiOptions, environ=os.environ):
+    def __init__(
+        self,
+        options: ApiOptions,
+        environ=os.environ,
+        accept: Callable[[Completion], object] | None = None,
+    ):
+        """`accept` turns each answer into what `complete` returns; a ValueError it raises (an
+        answer the caller cannot use) is retried like a malformed answer. None: the Completion."""
         self.options = options
+        self._accept = accept
         key = (environ.get(options.key_env) or "").strip()  # a CRLF .env file leaves a \r
         if any(ord(c) < 32 or ord(c) == 127 for c in key):
             raise ApiError(f"${options.key_env} holds control characters: not a usable key")
@@ -168,9 +180,9 @@ class Client:
     def stop(self) -> None:
         self._stop.set()
 
-    def complete(self, body: dict) -> Completion:
-        """One item's answer; an ApiError once the retries are spent or on a non-retryable
-        status."""
+    def complete(self, body: dict):
+        """One item's answer (a Completion, or what `accept` made of it); an ApiError once the
+        retries are spent or on a non-retryable status."""
         opts = self.options
         data = json.dumps(body).encode("utf-8")
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -182,7 +194,8 @@ class Client:
             request = urllib.request.Request(opts.url, data=data, headers=headers, method="POST")
             try:
                 with self._opener.open(request, timeout=opts.timeout) as response:
-                    return parse_completion(response.read(), self._masked_text)
+                    answer = parse_completion(response.read(), self._masked_text)
+                return answer if self._accept is None else self._refused_unless(answer)
             except urllib.error.HTTPError as e:  # before URLError: it is one
                 if 300 <= e.code < 400:
                     raise ApiError(
@@ -215,6 +228,13 @@ class Client:
                 raise ApiError(f"{opts.url}: stopped after another request failed")
         raise AssertionError("unreachable")
 
+    def _refused_unless(self, answer: Completion):
+        try:
+            return self._accept(answer)
+        except ValueError as e:
+            text = _shown(self._masked_text(answer.text.encode("utf-8")))
+            raise _Retryable(f"answer refused ({e}): {text}") from None
+
     def _masked_text(self, payload: bytes) -> bytes:
         """The body with the key masked before it is cut to BODY_SHOWN characters (a cut key would
         print its prefix)."""
@@ -230,15 +250,26 @@ def complete_all(
     jobs: Iterable,
     body_of: Callable[[object], dict],
     stopping: Callable[[], bool] = lambda: False,
+    *,
+    deadline: float | None = None,
+    keep_failures: bool = False,
 ) -> Iterator[tuple[object, Completion]]:
     """(job, completion) in the order they finish, `client.options.concurrency` requests in flight
     (a thread each). The caller records each as it comes (a crash loses only the requests in
     flight). When `stopping()` turns true no new request starts; those in flight finish and are
     yielded. The first failure stops the others and is raised at once, after the answers that had
     already arrived: the threads are daemons, so one still waiting on a hung server does not hold
-    the message or the exit back."""
+    the message or the exit back.
+
+    `keep_failures`: a request that failed for good is yielded as (job, its ApiError) instead, and
+    the others go on. `deadline` (a time.monotonic() value): once it passes, no request starts and
+    none is awaited; the generator ends, the requests still in flight are stopped and not
+    yielded."""
     jobs, finished = iter(jobs), queue.SimpleQueue()
     running = 0
+
+    def late() -> bool:
+        return deadline is not None and time.monotonic() >= deadline
 
     def work(job) -> None:
         try:
@@ -248,7 +279,7 @@ def complete_all(
 
     def submit() -> None:
         nonlocal running
-        while running < client.options.concurrency and not stopping():
+        while running < client.options.concurrency and not stopping() and not late():
             job = next(jobs, None)
             if job is None:
                 return
@@ -258,8 +289,14 @@ def complete_all(
     try:
         submit()
         while running:
-            job, answer, error = finished.get()
+            try:
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                job, answer, error = finished.get(timeout=wait)
+            except queue.Empty:
+                return  # the deadline passed: the finally stops those in flight
             running -= 1
+            if isinstance(error, ApiError) and keep_failures:
+                answer, error = error, None
             if error is not None:
                 client.stop()  # the threads still retrying give up
                 while not finished.empty():  # answers that came meanwhile are still kept
