@@ -20,10 +20,11 @@ from psyrl.core.config import ModelConfig, load_config
 from psyrl.core.runlog import read_metrics
 from psyrl.recipes import tgrpo as train_tgrpo
 from psyrl.rl import update as update_module
-from psyrl.runtime import distributed, vllm_sampler
+from psyrl.runtime import vllm_sampler
 from psyrl.runtime.checkpoint import export_hf
 from psyrl.runtime.distributed import ONE_PROCESS
 from psyrl.runtime.model import Policy, load_model, load_tokenizer
+from psyrl.runtime.offload import PhaseOffload
 from psyrl.runtime.sampler import TorchSampler
 
 TINY = ModelConfig(
@@ -165,7 +166,7 @@ def test_one_step_runs_the_node_phases_in_order(start, tmp_path, monkeypatch):
 
         return call
 
-    offload = distributed.PhaseOffload
+    offload = PhaseOffload
     monkeypatch.setattr(offload, "to_host", recorded("shards to host", offload.to_host))
     monkeypatch.setattr(offload, "to_device", recorded("shards to device", offload.to_device))
     monkeypatch.setattr(vllm_sampler, "release_memory", lambda device: events.append("empty cache"))
@@ -262,7 +263,7 @@ def test_phase_offload_frees_the_device():
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.arange(8, device="cuda")[None], torch.ones(1, 8, device="cuda")).sum().backward()
     optimizer.step()
-    offload = distributed.PhaseOffload(model, optimizer, torch.device("cuda"), enabled=True)
+    offload = PhaseOffload(model, optimizer, torch.device("cuda"), enabled=True)
     # the tiny model's head is tied to its embedding
     values = [p.detach().clone() for p in model.parameters()]
     moments = [optimizer.state[p]["exp_avg"].clone() for p in model.parameters()]

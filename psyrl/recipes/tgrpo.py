@@ -44,8 +44,9 @@ from psyrl.rl.update import experience, reduce_sums, update
 from psyrl.run.directory import Run
 from psyrl.run.launch import check_memory_plan, setup_errors
 from psyrl.run.validation import longest_prompt, sample_items, validate
-from psyrl.runtime.distributed import Dist, PhaseOffload, all_reduce, print0
+from psyrl.runtime.distributed import Dist, all_reduce, print0
 from psyrl.runtime.model import autocast, load_tokenizer
+from psyrl.runtime.offload import PhaseOffload
 from psyrl.runtime.optim import build_optimizer, set_lr
 from psyrl.runtime.policy import build_policy, build_reference, build_sampler, sync_weights
 from psyrl.runtime.timing import PhaseTimer, peak_memory_gib

@@ -6,9 +6,8 @@ CUDA-only paths do on a CPU (nothing)."""
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from psyrl.runtime import distributed
-from psyrl.runtime.distributed import HostBlock, PhaseOffload
 from psyrl.runtime.model import Policy
+from psyrl.runtime.offload import HostBlock, PhaseOffload, host_buffer
 
 
 def tiny(tied: bool, seed: int = 3) -> Policy:
@@ -147,7 +146,7 @@ def test_cpu_block_is_not_page_locked_and_cuda_paths_are_no_ops(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
     monkeypatch.setattr(torch.cuda, "cudart", lambda: calls.append("cudart"))
-    buffer = distributed.host_buffer(64, pin=False)
+    buffer = host_buffer(64, pin=False)
     assert buffer.numel() == 64 and buffer.dtype == torch.uint8
     policy = tiny(True)
     offload = PhaseOffload(

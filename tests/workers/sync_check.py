@@ -14,9 +14,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from psyrl.plan.architecture import shapes
 from psyrl.plan.phases import offload_bytes
-from psyrl.runtime import distributed
 from psyrl.runtime.distributed import (
-    PhaseOffload,
     cleanup,
     gather_full_state_dict,
     gather_to_rank0,
@@ -25,6 +23,7 @@ from psyrl.runtime.distributed import (
     sync_buckets,
 )
 from psyrl.runtime.model import Policy
+from psyrl.runtime.offload import PhaseOffload, fsdp_params
 
 
 def build(tied: bool, empty: bool) -> Policy:
@@ -121,7 +120,7 @@ def host_block(dist, policy, optimizer, offload, ids) -> dict[str, bool]:
     held = [p.to_local() for p in params] + [
         optimizer.state[p][k].to_local() for p in params for k in ("exp_avg", "exp_avg_sq")
     ]
-    fsdp_data = [f._sharded_param_data for f in distributed._fsdp_params(policy).values()]
+    fsdp_data = [f._sharded_param_data for f in fsdp_params(policy).values()]
     result["host views"] = all(t.untyped_storage().data_ptr() == ptr for t in held + fsdp_data)
     result["host buffer size"] = buffer.numel() == offload.host_bytes
     offload.to_device()
@@ -168,7 +167,7 @@ def reference_block(dist, ids) -> dict[str, bool]:
         math.ceil(p.shape[0] / dist.world) * math.prod(p.shape[1:]) * p.element_size()
         for p in held.parameters()
     )
-    fsdp_data = [f._sharded_param_data for f in distributed._fsdp_params(held).values()]
+    fsdp_data = [f._sharded_param_data for f in fsdp_params(held).values()]
     with torch.no_grad():
         same = torch.equal(held(ids, torch.ones_like(ids)), plain(ids, torch.ones_like(ids)))
     return {
