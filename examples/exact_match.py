@@ -1,11 +1,12 @@
-"""A reward plug-in for psyrl (`reward.custom = "examples/exact_match.py:exact_match"`): 1 when the
+"""A reward plug-in for psyrl (`reward.custom = "examples/exact_match.py:exact_match"` with
+`reward.accuracy = "custom"`): 1 when the
 answer the response gives (its last <answer>...</answer>, else the text outside <think>) equals the
 gold answer once case, punctuation and spacing are ignored, else 0. It replaces the paper's token F1
 in the final reward, the trajectory cache's r-bar_F1 and the bilateral bonus; the extra component it
-returns is logged as reward/answered.
+returns is logged as reward/answered, the paper's F1 as reward/accuracy/f1.
 
     python train_tgrpo.py --config configs/tgrpo/tiny.toml \\
-        --set reward.custom='"examples/exact_match.py:exact_match"'
+        --set reward.custom='"examples/exact_match.py:exact_match"' --set reward.accuracy=custom
 """
 
 from psyrl.core.text import extract_answer, normalize

@@ -419,6 +419,7 @@ def test_a_reward_plugin_drives_the_reward_and_the_cache(start, tmp_path):
         start,
         tmp_path,
         'reward.custom="examples/exact_match.py:exact_match"',
+        "reward.accuracy=custom",
         "checkpoint.every=1",
         "log.samples_every=1",
     )
@@ -438,7 +439,10 @@ def test_a_reward_plugin_drives_the_reward_and_the_cache(start, tmp_path):
         assert [s["f1"] for s in samples] == scores
         assert row["reward/f1"] == pytest.approx(sum(scores) / len(scores), abs=1e-12)
         assert row["reward/answered"] == pytest.approx(sum(extra["answered"]) / len(scores))
-        assert 0 <= row["reward/token_f1"] <= 1
+        assert row["reward/accuracy/f1"] == pytest.approx(
+            sum(s["accuracy/f1"] for s in samples) / len(samples), abs=1e-12
+        )
+        assert [s["accuracy/custom"] for s in samples] == scores
         assert cache["steps"][step - 1]["f1"] == scores  # r-bar_F1 (eq. 7) averages these
 
 

@@ -244,9 +244,10 @@ class RewardConfig:
     """A reward plug-in, `path/to/file.py:function` (EasyR1's and verl's convention; a relative path
     is taken from the current directory): function(responses, golds, records) returns one accuracy
     in [0, 1] per response, or (those, {name: one value per response}) to log extra components as
-    reward/<name>. It replaces r_F1 wherever the paper's F1 enters the reward: the final reward, the
-    cache's r-bar_F1, the bilateral bonus (reward/f1 logs it; reward/token_f1 keeps the paper's F1).
-    Empty: the paper's F1 (eq. 4-5). See examples/exact_match.py."""
+    reward/<name>. Used as reward.accuracy = "custom" (it replaces r_F1 wherever the paper's F1
+    enters the reward: the final reward, the cache's r-bar_F1, the bilateral bonus; reward/f1 logs
+    it, reward/accuracy/f1 the paper's F1), in reward.mix or in reward.log_accuracy. See
+    examples/exact_match.py."""
     accuracy: Literal["f1", "semantic", "judge", "custom", "mix"] = "f1"
     """The accuracy signal in r_F1's role everywhere: the accuracy term of eq. 3 / 11, the r-bar of
     eq. 7 the trajectory cache averages, and eq. 8's comparison. `f1`: the paper's token-set F1 (eq.
@@ -301,11 +302,17 @@ class RewardConfig:
                 "mix_weights",
                 f"expected weights >= 0 summing to 1, got {self.mix_weights}",
             )
-        needs_custom = "custom" in (self.accuracy, *self.mix, *self.log_accuracy)
+        uses_custom = "custom" in self.signals()
         require(
-            not needs_custom or self.custom,
+            not uses_custom or self.custom,
             "custom",
             'the "custom" accuracy signal needs reward.custom = "path/to/file.py:function"',
+        )
+        require(
+            uses_custom or not self.custom,
+            "custom",
+            'a plug-in is set but no signal uses it: set reward.accuracy = "custom" (its score in '
+            'r_F1\'s role) or list "custom" in reward.log_accuracy or reward.mix',
         )
 
     def signals(self) -> list[str]:

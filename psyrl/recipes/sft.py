@@ -30,7 +30,7 @@ from psyrl.core.checkpoints import select_checkpoint
 from psyrl.core.config import Config
 from psyrl.core.errors import RunError
 from psyrl.core.records import Cursor, DataError, load_records, load_stimuliqa, next_indices
-from psyrl.rl.reward_plugin import load_reward_plugin
+from psyrl.rl.accuracy import Accuracy
 from psyrl.run.directory import Run
 from psyrl.run.launch import check_memory_plan, setup_errors
 from psyrl.run.validation import longest_prompt, sample_items, validate
@@ -67,7 +67,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
         tokenizer = load_tokenizer(cfg.model)
         check_memory_plan(cfg, dist, "sft")
         policy = build_policy(cfg, tokenizer, dist)
-        plugin = load_reward_plugin(cfg.reward.custom) if cfg.reward.custom else None
+        accuracy = Accuracy(cfg, dist.device, run.dir / "judge_cache", dist.rank)
     examples, counts = build_examples(
         train_records, tokenizer, cfg.prompt, cfg.data.max_length, cfg.data.think_from
     )
@@ -106,7 +106,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
         the sampler got its weights."""
         if sync:
             sync_weights(sampler, policy, cfg, dist)
-        return validate(policy, sampler, tokenizer, valid_records, cfg, dist, plugin=plugin)
+        return validate(policy, sampler, tokenizer, valid_records, cfg, dist, accuracy=accuracy)
 
     # validation's sampler (none without held-out items), closed after the final export
     sampler = None

@@ -34,7 +34,7 @@ from psyrl.core.checkpoints import json_text
 from psyrl.core.config import Config
 from psyrl.core.errors import RunError
 from psyrl.core.records import Cursor, DataError, load_records, load_stimuliqa, next_indices
-from psyrl.rl.reward_plugin import load_reward_plugin
+from psyrl.rl.accuracy import Accuracy
 from psyrl.rl.rewards import final_rewards
 from psyrl.rl.rollout import build_prompts, rank_positions, rollout_batch, sample_seed
 from psyrl.rl.scoring import answer_tensors, gather_samples, score_responses, step_metrics
@@ -108,7 +108,8 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
         check_memory_plan(cfg, dist, "tgrpo")
         policy = build_policy(cfg, tokenizer, dist)
         reference = build_reference(cfg, tokenizer, dist) if cfg.loss.kl_coef > 0 else None
-        plugin = load_reward_plugin(cfg.reward.custom) if cfg.reward.custom else None
+        # reward.accuracy's signals (the paper's F1 by default); a judge caches scores in the run
+        accuracy = Accuracy(cfg, dist.device, run.dir / "judge_cache", dist.rank)
     run.start(train_records, valid_records)
     pad_id = tokenizer.pad_token_id
 
@@ -143,7 +144,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
     def held_out() -> tuple[dict, list]:
         """Validation on the held-out items: (metrics, outputs)."""
         return validate(
-            policy, sampler, tokenizer, valid_records, cfg, dist, offload.on_device, plugin
+            policy, sampler, tokenizer, valid_records, cfg, dist, offload.on_device, accuracy
         )
 
     offload.to_host()  # before the engine starts: vLLM refuses a pool larger than the free memory
@@ -196,7 +197,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
                 with timer("score"):
                     # ----------------------------- 2. score every response (eq. 4-6, 9), all ranks'
                     local = score_responses(
-                        groups, records, positions, cfg.prompt.mode, cfg.reward, plugin
+                        groups, records, positions, cfg.prompt.mode, cfg.reward, accuracy
                     )
                     samples = gather_samples(local, dist)  # B x G, in step order
                     parts, lengths = answer_tensors(samples)  # [B*G] each

@@ -31,7 +31,7 @@ from psyrl.eval.report import results_markdown
 from psyrl.report.plot import PANELS, load_runs, moving_average, series
 from psyrl.report.read import RunData, prompt_records, read_run, read_samples, spaced
 from psyrl.report.summary import summary_table
-from psyrl.run.samples import COLUMNS
+from psyrl.run.samples import columns
 
 # ---------------------------------------------------------------- HTML helpers
 
@@ -332,7 +332,7 @@ VALID_ORDER = [
     "valid/loss",
     "valid/accuracy",
     "valid/not_applicable",
-    "valid/custom",
+    "valid/reward_accuracy",
     "valid/items",
 ]
 
@@ -440,7 +440,7 @@ def rollouts_section(runs: list[RunData], sample_steps: int) -> str:
                 "label": run.label,
                 "steps": steps,
                 "finish": sorted(finishes),
-                "columns": [[key, name] for key, name in COLUMNS.items() if key in keys],
+                "columns": [list(column) for column in columns(keys).items()],
                 "note": note,
                 "available": len(run.sample_steps),
             }

@@ -2,7 +2,8 @@
 
 Scoring runs in two parts because the length terms need the trajectory cache's statistics, which
 include the current step (SPEC §3):
-  1. `answer_components(responses, golds, mode, cfg)`: r_F1, r_fmt, p_rep per sample (no cache);
+  1. `answer_components(responses, golds, mode, cfg)`: r_F1, r_fmt, p_rep per sample (no cache;
+     r_F1's role may be taken by another accuracy signal, `reward.accuracy`: psyrl.rl.accuracy);
   2. `final_rewards(components, lengths, mean_length, mean_f1, cfg)`: r_BR, r_len, r_short and the
      configured variant's final reward, with L-bar and r-bar_F1 read from the cache.
 Tensors are float64, shape [N].
@@ -19,12 +20,9 @@ from psyrl.core.text import (  # format_reward (eq. 6) is text-only: eval scores
     extract_answer,
     format_reward,
     normalize,
-    set_f1,
     think_text,
 )
-
-# the trainers (recipes/) still import the loader from here
-from psyrl.rl.reward_plugin import plugin_scores
+from psyrl.rl.accuracy import Accuracy, Pair, token_f1
 
 Components = dict[str, torch.Tensor]  # name -> [N] per-sample values
 
@@ -46,29 +44,28 @@ def answer_components(
     golds: Sequence[str],
     mode: str,
     cfg: RewardConfig,
-    plugin: Callable | None = None,
+    accuracy: Accuracy | None = None,
     records: Sequence | None = None,
 ) -> Components:
     """Per-sample r_F1 (eq. 4-5), r_fmt (eq. 6) and p_rep (eq. 9): everything that needs no cache.
-    With a reward plug-in (`reward.custom`, loaded by `psyrl.rl.reward_plugin`), "f1" holds its
-    accuracy for each response (given `records`, one per response), "token_f1" the paper's F1, and
-    "custom/<name>" each extra component it returns."""
+    With `accuracy` (reward.accuracy's signals, `psyrl.rl.accuracy`), "f1" holds the signal in
+    r_F1's role, "accuracy/<name>" each signal computed (the paper's F1 among them), "custom/<name>"
+    each extra component of a reward plug-in, "judge_fallback" 1 where the judge's score fell
+    back."""
     if len(responses) != len(golds):
         raise ValueError(f"{len(responses)} responses but {len(golds)} gold answers")
-    gold_sets: dict[str, set[str]] = {}  # a prompt's G responses share one gold answer
-    f1, fmt, rep = [], [], []
-    for response, gold in zip(responses, golds):
-        if gold not in gold_sets:
-            gold_sets[gold] = set(normalize(gold))
-        f1.append(set_f1(set(normalize(extract_answer(response))), gold_sets[gold]))
-        fmt.append(format_reward(response, mode))
-        rep.append(repetition_penalty(think_text(response), cfg.tau_rep, cfg.eps))
+    fmt = [format_reward(response, mode) for response in responses]
+    rep = [repetition_penalty(think_text(r), cfg.tau_rep, cfg.eps) for r in responses]
     as_tensor = lambda values: torch.tensor(values, dtype=torch.float64)
-    parts = {"f1": as_tensor(f1), "fmt": as_tensor(fmt), "rep": as_tensor(rep)}
-    if plugin is not None:
-        scores, extras = plugin_scores(plugin, cfg.custom, responses, golds, records)
-        parts.update({"token_f1": parts["f1"], "f1": scores}, **extras)
-    return parts
+    parts = {"fmt": as_tensor(fmt), "rep": as_tensor(rep)}
+    if accuracy is None or accuracy.paper:
+        pairs = [Pair(gold, extract_answer(response)) for response, gold in zip(responses, golds)]
+        return {"f1": token_f1(pairs), **parts}
+    scores = accuracy(responses, golds, records)
+    parts.update({f"accuracy/{name}": v for name, v in scores.signals.items()}, **scores.extras)
+    if scores.judge_fallbacks is not None:
+        parts["judge_fallback"] = scores.judge_fallbacks
+    return {"f1": scores.accuracy, **parts}
 
 
 def length_ratio(lengths: torch.Tensor, mean_length: float) -> torch.Tensor:

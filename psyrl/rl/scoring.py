@@ -9,13 +9,14 @@ and advantages (eq. 2): those phases are written out in the loop, `psyrl/recipes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from psyrl.core.config import RewardConfig
 from psyrl.core.records import StimuliRecord
+from psyrl.rl.accuracy import Accuracy
 from psyrl.rl.rewards import Components, answer_components, reward_metrics
 from psyrl.runtime.distributed import Dist, all_gather_lists
 from psyrl.runtime.sampler import Completion
@@ -39,14 +40,15 @@ class Sample:
     finish_reason: str
     """`stop` (a stop token ended it) or `length` (rollout.max_new_tokens did)."""
     f1: float
-    """r_F1 of eq. 4-5 in [0, 1] (with reward.custom: the plug-in's accuracy, which replaces it)."""
+    """r_F1 of eq. 4-5 in [0, 1], or the signal in its role (reward.accuracy)."""
     fmt: float
     """r_fmt of eq. 6: 1 when the response has the think/answer format, else 0."""
     rep: float
     """p_rep of eq. 9, the repetition penalty in [0, reward.tau_rep] (subtracted in eq. 3)."""
     extra: dict[str, float]
-    """With reward.custom: `token_f1` (the paper's F1 beside the plug-in's accuracy) and each
-    `custom/<name>` component the plug-in returns; else empty."""
+    """Beyond the paper's F1 alone (reward.accuracy, .mix, .log_accuracy): `accuracy/<name>` per
+    signal computed, `custom/<name>` per plug-in component, `judge_fallback` 1 where the judge's
+    score fell back to F1; else empty."""
 
 
 def score_responses(
@@ -55,34 +57,30 @@ def score_responses(
     positions: Sequence[int],
     mode: str,
     cfg: RewardConfig,
-    plugin: Callable | None = None,
+    accuracy: Accuracy | None = None,
 ) -> list[Sample]:
     """This rank's share of the step scored: groups[k] holds the G completions of the prompt at
     positions[k], whose record is records[k]; each response gets r_F1, r_fmt and p_rep
-    (`psyrl.rl.rewards.answer_components`, prompt mode `mode`)."""
+    (`psyrl.rl.rewards.answer_components`, prompt mode `mode`; `accuracy`: reward.accuracy's
+    signals), all of the rank's responses in one call (an encoder batches them, a judge asks them
+    concurrently)."""
+    flat = [
+        (p, r, i, c) for p, r, group in zip(positions, records, groups) for i, c in enumerate(group)
+    ]
+    parts = answer_components(
+        [c.text for *_, c in flat], [r.answer for _, r, _, _ in flat], mode, cfg, accuracy,
+        [r for _, r, _, _ in flat],
+    )  # fmt: skip
     samples = []
-    for position, record, group in zip(positions, records, groups):
-        G = len(group)
-        parts = answer_components(
-            [c.text for c in group], [record.answer] * G, mode, cfg, plugin, [record] * G
-        )
-        for i, c in enumerate(group):
-            values = {k: v[i].item() for k, v in parts.items()}
-            f1, fmt, rep = values.pop("f1"), values.pop("fmt"), values.pop("rep")
-            samples.append(
-                Sample(
-                    position,
-                    i,
-                    record.id,
-                    c.text,
-                    len(c.token_ids),
-                    c.finish_reason,
-                    f1,
-                    fmt,
-                    rep,
-                    values,
-                )
+    for n, (position, record, i, c) in enumerate(flat):
+        values = {k: v[n].item() for k, v in parts.items()}
+        f1, fmt, rep = values.pop("f1"), values.pop("fmt"), values.pop("rep")
+        samples.append(
+            Sample(
+                position, i, record.id, c.text, len(c.token_ids), c.finish_reason, f1, fmt, rep,
+                values,
             )
+        )  # fmt: skip
     return samples
 
 
@@ -110,12 +108,14 @@ def step_metrics(
     lengths = [s.length for s in samples]
     groups = components["final"].reshape(-1, G)  # [B, G]
     # a reward plug-in's extra components, and the paper's F1 beside its accuracy
-    extra = sorted({k for s in samples for k in s.extra})
+    extra = sorted({k for s in samples for k in s.extra} - {"judge_fallback"})
+    fallbacks = [s.extra["judge_fallback"] for s in samples if "judge_fallback" in s.extra]
     return {
         **{
             f"reward/{k.removeprefix('custom/')}": sum(s.extra[k] for s in samples) / len(samples)
             for k in extra
         },
+        **({"reward/judge_fallbacks": sum(fallbacks)} if fallbacks else {}),
         **reward_metrics(components),
         "response/length_max": max(lengths),
         "response/truncated": sum(s.finish_reason == "length" for s in samples) / len(samples),

@@ -21,6 +21,16 @@ COLUMNS = {
     "short": "short",
     "final": "final",
 }
+
+
+def columns(keys) -> dict[str, str]:
+    """COLUMNS present in `keys`, then each accuracy signal computed beside them (reward.accuracy,
+    .mix, .log_accuracy: `accuracy/<name>`), in that order."""
+    shown = {k: name for k, name in COLUMNS.items() if k in keys}
+    signals = sorted(k for k in keys if k.startswith("accuracy/"))
+    return shown | {k: f"acc. {k.removeprefix('accuracy/')}" for k in signals}
+
+
 # the step means the Markdown's header repeats, from the step's metrics.jsonl row
 MEANS = (
     ("final", "reward/final"),
@@ -33,7 +43,8 @@ MEANS = (
 def sample_rows(samples: list, components: dict, advantages) -> list[dict]:
     """The rows of samples/step-N.jsonl: per response of the step (`psyrl.rl.scoring.Sample`, in
     step order) its id, index in its group, text, tokens and finish reason, the reward components of
-    COLUMNS its variant has (`components`: name -> one value per response) and its advantage."""
+    COLUMNS its variant has (`components`: name -> one value per response), its advantage, and each
+    value of `Sample.extra` (every accuracy signal computed beside r_F1, plug-in components)."""
     keys = [k for k in COLUMNS if k in components]
     return [
         {
@@ -44,6 +55,7 @@ def sample_rows(samples: list, components: dict, advantages) -> list[dict]:
             "finish_reason": s.finish_reason,
             **{k: float(components[k][n]) for k in keys},
             "advantage": float(advantages[n]),
+            **s.extra,
         }
         for n, s in enumerate(samples)
     ]
@@ -74,7 +86,7 @@ def samples_markdown(
 ) -> str:
     """One step's first `shown` prompts as Markdown: story, question, gold answer, then per response
     its reward components, advantage, length and finish reason, and the response text itself."""
-    keys = [k for k in COLUMNS if k in rows[0]]
+    keys = columns(rows[0])
     G = len(rows) // len(records)
     header = ", ".join(f"{name} {means[key]:.3f}" for name, key in MEANS if key in means)
     out = [
@@ -97,9 +109,7 @@ def samples_markdown(
             "",
             f"Gold answer: **{record.answer}**",
             "",
-            "| sample | "
-            + " | ".join(COLUMNS[k] for k in keys)
-            + " | advantage | tokens | finish |",
+            "| sample | " + " | ".join(keys.values()) + " | advantage | tokens | finish |",
             "| ---: | " + " | ".join("---:" for _ in keys) + " | ---: | ---: | --- |",
         ]
         out += [

@@ -47,7 +47,7 @@ def validate(
     cfg: Config,
     dist: Dist = ONE_PROCESS,
     actor_on_device=contextlib.nullcontext,
-    plugin=None,
+    accuracy=None,
 ):
     """(metrics, outputs): valid/f1 (eq. 4-5 on the extracted answer), valid/format (eq. 6),
     valid/length (tokens), valid/reward (the mean final reward of reward.variant, L-bar and r-bar_F1
@@ -75,15 +75,23 @@ def validate(
         cfg.rollout.max_new_tokens,
         [cfg.run.seed + i for i, _ in local],
     )
-    outputs = all_gather_lists([group[0] for group in samples], dist)
-    parts = answer_components(
-        [s.text for s in outputs],
-        [r.answer for r in records],
+    mine = [group[0] for group in samples]
+    # each rank scores its own items (an encoder or a judge works on a share), then all gather
+    local_parts = answer_components(
+        [s.text for s in mine],
+        [r.answer for _, r in local],
         cfg.prompt.mode,
         cfg.reward,
-        plugin,
-        records,
+        accuracy,
+        [r for _, r in local],
     )
+    rows = [{k: v[n].item() for k, v in local_parts.items()} for n in range(len(mine))]
+    gathered = all_gather_lists(list(zip(mine, rows)), dist)
+    outputs = [s for s, _ in gathered]
+    parts = {
+        k: torch.tensor([row[k] for _, row in gathered], dtype=torch.float64)
+        for k in gathered[0][1]
+    }
     lengths = torch.tensor([len(s.token_ids) for s in outputs], dtype=torch.float64)
     final, _ = final_rewards(
         parts, lengths, lengths.mean().item(), parts["f1"].mean().item(), cfg.reward
@@ -91,13 +99,17 @@ def validate(
     metrics = {
         # reward.variant's final reward, these items as a one-step cache
         "valid/reward": final.mean().item(),
-        "valid/f1": parts.get("token_f1", parts["f1"]).mean().item(),  # eq. 4-5, plug-in or not
+        "valid/f1": parts.get("accuracy/f1", parts["f1"]).mean().item(),  # eq. 4-5, always
         "valid/format": parts["fmt"].mean().item(),
         "valid/length": lengths.mean().item(),
         "valid/items": len(records),
     }
-    if plugin is not None:  # reward.custom's accuracy, the F1 component of valid/reward
-        metrics["valid/custom"] = parts["f1"].mean().item()
+    # each signal beyond the paper's F1 (reward.accuracy, .mix, .log_accuracy), and the one in
+    # r_F1's role in valid/reward
+    for key in (k for k in parts if k.startswith("accuracy/")):
+        metrics[f"valid/{key}"] = parts[key].mean().item()
+    if accuracy is not None and not accuracy.paper:
+        metrics["valid/reward_accuracy"] = parts["f1"].mean().item()
     if isinstance(records[0], BenchmarkRecord):  # SPEC §7 F1-accuracy; no SFT target, so no loss
         choices = [
             best_option(extract_answer(s.text), list(r.options)) for s, r in zip(outputs, records)

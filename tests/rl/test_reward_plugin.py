@@ -5,9 +5,9 @@ every way a plug-in can be wrong is one message naming it (and the sample)."""
 import pytest
 import torch
 
-from psyrl.core.config import ConfigError, RewardConfig, load_config
+from psyrl.core.config import Config, ConfigError, RewardConfig, load_config
 from psyrl.core.records import StimuliRecord
-from psyrl.rl.reward_plugin import load_reward_plugin
+from psyrl.rl.accuracy import Accuracy
 from psyrl.rl.rewards import VARIANTS, answer_components, final_rewards
 
 RESPONSES = [
@@ -19,6 +19,11 @@ RESPONSES = [
 ]
 GOLDS = ["annoyed"] * len(RESPONSES)
 RECORDS = [StimuliRecord(f"s/{i}", "story", "How?", "annoyed") for i in range(len(RESPONSES))]
+
+
+def plugin(reward: RewardConfig) -> Accuracy:
+    """reward.accuracy's signals for a config of this [reward] table."""
+    return Accuracy(Config(reward=reward))
 
 
 def plugin_file(tmp_path, body: str, name="plugin.py") -> str:
@@ -38,12 +43,10 @@ def test_a_plugin_computing_psyrls_f1_reproduces_the_built_in_rewards(tmp_path):
     lengths = [30, 10, 25, 5, 60]
     for variant in VARIANTS:
         built_in = RewardConfig(variant=variant)
-        custom = RewardConfig(variant=variant, custom=f"{path}:f1")
+        custom = RewardConfig(variant=variant, custom=f"{path}:f1", accuracy="custom")
         a = answer_components(RESPONSES, GOLDS, "cot", built_in)
-        b = answer_components(
-            RESPONSES, GOLDS, "cot", custom, load_reward_plugin(custom.custom), RECORDS
-        )
-        assert torch.equal(a["f1"], b["f1"]) and torch.equal(b["token_f1"], a["f1"])
+        b = answer_components(RESPONSES, GOLDS, "cot", custom, plugin(custom), RECORDS)
+        assert torch.equal(a["f1"], b["f1"]) and torch.equal(b["accuracy/f1"], a["f1"])
         final_a, parts_a = final_rewards(a, lengths, 26.0, a["f1"].mean().item(), built_in)
         final_b, parts_b = final_rewards(b, lengths, 26.0, b["f1"].mean().item(), custom)
         assert torch.equal(final_a, final_b), variant
@@ -52,13 +55,14 @@ def test_a_plugin_computing_psyrls_f1_reproduces_the_built_in_rewards(tmp_path):
 
 
 def test_the_example_exact_match_plugin():
-    cfg = RewardConfig(custom="examples/exact_match.py:exact_match")
-    parts = answer_components(RESPONSES, GOLDS, "cot", cfg, load_reward_plugin(cfg.custom), RECORDS)
+    cfg = RewardConfig(custom="examples/exact_match.py:exact_match", accuracy="custom")
+    parts = answer_components(RESPONSES, GOLDS, "cot", cfg, plugin(cfg), RECORDS)
     # "Annoyed." normalises to "annoyed"; "very annoyed" does not match; a bare "annoyed" is its
     # own answer; an empty answer is neither right nor answered; "calm" is answered and wrong
     assert parts["f1"].tolist() == [1.0, 0.0, 1.0, 0.0, 0.0]
     assert parts["custom/answered"].tolist() == [1.0, 1.0, 1.0, 0.0, 1.0]
-    assert parts["token_f1"].tolist() == pytest.approx([1.0, 2 / 3, 1.0, 0.0, 0.0])
+    assert parts["accuracy/f1"].tolist() == pytest.approx([1.0, 2 / 3, 1.0, 0.0, 0.0])
+    assert torch.equal(parts["accuracy/custom"], parts["f1"])
     # the bilateral bonus follows the plug-in's accuracy, not the F1 (eq. 8, r-bar = 0.4, L-bar =
     # 20): samples 0 (short) and 2 (long) match exactly and get delta; sample 1 is short with F1
     # 2/3 > 0.4 but accuracy 0: no bonus; samples 3 and 4 are long and wrong
@@ -96,9 +100,9 @@ def test_the_example_exact_match_plugin():
 def test_a_wrong_plugin_is_one_message_naming_it(tmp_path, body, spec_name, message):
     path = plugin_file(tmp_path, body) if body is not None else str(tmp_path / "missing.py")
     spec = f"{path}:{spec_name}"
-    cfg = RewardConfig(custom=spec)
+    cfg = RewardConfig(custom=spec, accuracy="custom")
     with pytest.raises(ValueError, match=message) as info:
-        answer_components(RESPONSES, GOLDS, "cot", cfg, load_reward_plugin(spec), RECORDS)
+        answer_components(RESPONSES, GOLDS, "cot", cfg, plugin(cfg), RECORDS)
     assert f"reward.custom = {spec!r}" in str(info.value)
 
 
@@ -107,3 +111,21 @@ def test_a_malformed_spec_is_a_config_error(spec):
     expected = r"\[reward\] custom: expected 'path/to/file.py:function'"
     with pytest.raises(ConfigError, match=expected):
         load_config(None, [f'reward.custom="{spec}"'])
+
+
+def test_a_plugin_no_signal_uses_is_a_config_error():
+    with pytest.raises(ConfigError, match='no signal uses it: set reward.accuracy = "custom"'):
+        load_config(None, ['reward.custom="examples/exact_match.py:exact_match"'])
+    with pytest.raises(ConfigError, match='"custom" accuracy signal needs reward.custom'):
+        load_config(None, ["reward.accuracy=custom"])
+    cfg = load_config(
+        None,
+        [
+            'reward.custom="examples/exact_match.py:exact_match"',
+            'reward.log_accuracy=["custom"]',
+        ],
+    )
+    parts = answer_components(RESPONSES, GOLDS, "cot", cfg.reward, Accuracy(cfg), RECORDS)
+    # logged beside the paper's F1, which stays in r_F1's role
+    assert torch.equal(parts["f1"], parts["accuracy/f1"])
+    assert parts["accuracy/custom"].tolist() == [1.0, 0.0, 1.0, 0.0, 0.0]
