@@ -3,20 +3,21 @@
     python train_tgrpo.py --config configs/tgrpo/tiny.toml [--set table.key=value ...] [--resume]
     torchrun --nproc_per_node 4 train_tgrpo.py --config configs/tgrpo/qwen2.5-3b.toml   (FSDP2)
 
-The same command as `psyrl train-tgrpo`. The loop it runs: `loop` below, `train` in
-psyrl/recipes/tgrpo.py.
+The same command as `psyrl train-tgrpo`. The loop: `train` in psyrl/recipes/tgrpo.py.
 """
 
-from psyrl.cli.train import train_tgrpo
+from psyrl.cli.errors import script_errors
+from psyrl.cli.train import parse_trainer_args
 
 
-def loop():
-    """The T-GRPO loop this script runs, read top to bottom (imported when the command runs, so
-    that --help answers at once)."""
-    from psyrl.recipes.tgrpo import train
+def main(argv: list[str] | None = None) -> None:
+    args = parse_trainer_args("train-tgrpo", argv)  # --help and bad options answer before torch
+    with script_errors("train-tgrpo"):
+        from psyrl.recipes.tgrpo import train  # the loop, read top to bottom
+        from psyrl.run.launch import launch  # the config, the process group, checks, the loop
 
-    return train
+        launch(train, args.config, args.overrides, args.overwrite, args.resume)
 
 
 if __name__ == "__main__":
-    train_tgrpo(obj=loop)
+    main()

@@ -15,8 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 import evaluate
-import train_sft
-import train_tgrpo
+from psyrl.cli import train as cli_train
 from psyrl.cli.main import main as psyrl
 from psyrl.core.config import ModelConfig
 from psyrl.runtime.model import load_model, load_tokenizer
@@ -195,7 +194,9 @@ NO_LINE = {("psyrl data convert", "huge_line")}
 
 
 # ---------------------------------------------------------------- the commands and their slots
-def trainer_args(script, config: str, ws: Path, data=None, model=None, out=None, cfg=None, sets=()):
+def trainer_args(
+    script: str, config: str, ws: Path, data=None, model=None, out=None, cfg=None, sets=()
+):
     args = [
         "--config",
         str(cfg or config),
@@ -218,16 +219,16 @@ def trainer_args(script, config: str, ws: Path, data=None, model=None, out=None,
     ]
     for s in sets:
         args += ["--set", s]
-    return getattr(script, script.__name__), args  # the script's command
+    return getattr(cli_train, script), args  # the command the script parses for
 
 
 COMMANDS = {
     "train_sft.py": (
-        lambda ws, **k: trainer_args(train_sft, "configs/sft/tiny.toml", ws, **k),
+        lambda ws, **k: trainer_args("train_sft", "configs/sft/tiny.toml", ws, **k),
         ["data", "config", "set", "model", "out"],
     ),
     "train_tgrpo.py": (
-        lambda ws, **k: trainer_args(train_tgrpo, "configs/tgrpo/tiny.toml", ws, **k),
+        lambda ws, **k: trainer_args("train_tgrpo", "configs/tgrpo/tiny.toml", ws, **k),
         ["data", "config", "set", "model", "out"],
     ),
     "evaluate.py": (

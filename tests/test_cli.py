@@ -3,6 +3,7 @@ each script names its loop itself, every --help answers without importing torch 
 (what keeps it instant: bench/cli_startup.py has the times), and the installed console script runs
 a trainer end to end."""
 
+import inspect
 import json
 import socket
 import subprocess
@@ -13,8 +14,7 @@ import click
 import pytest
 
 import evaluate
-import psyrl.recipes.sft
-import psyrl.recipes.tgrpo
+import psyrl.cli.train
 import train_sft
 import train_tgrpo
 from psyrl.cli.main import main
@@ -72,16 +72,25 @@ def test_every_help_answers_without_torch():
 
 def test_programs_are_the_scripts_commands():
     ctx = click.Context(main)
-    assert main.get_command(ctx, "train-sft") is train_sft.train_sft
-    assert main.get_command(ctx, "train-tgrpo") is train_tgrpo.train_tgrpo
+    assert main.get_command(ctx, "train-sft") is psyrl.cli.train.train_sft
+    assert main.get_command(ctx, "train-tgrpo") is psyrl.cli.train.train_tgrpo
     assert main.get_command(ctx, "evaluate") is evaluate.evaluate
 
 
-def test_each_script_names_its_loop():
-    # one step from the entry script to the loop: the script's `loop` imports it, and the
-    # command the script runs is the psyrl command's
-    assert train_sft.loop() is psyrl.recipes.sft.train
-    assert train_tgrpo.loop() is psyrl.recipes.tgrpo.train
+@pytest.mark.parametrize("script, recipe", [(train_sft, "sft"), (train_tgrpo, "tgrpo")])
+def test_each_script_names_its_loop_and_launcher(script, recipe, capsys):
+    # one step from the entry script to the loop: its main imports the recipe's train and the
+    # launcher itself, as torchtune's recipe_main does
+    body = inspect.getsource(script.main)
+    assert f"from psyrl.recipes.{recipe} import train" in body
+    assert "from psyrl.run.launch import launch" in body
+    assert "launch(train, " in body
+    with pytest.raises(SystemExit) as exit_:
+        script.main(["--help"])
+    assert exit_.value.code == 0 and "--config" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        script.main(["--config"])
+    assert exit_.value.code == 2 and "requires an argument" in capsys.readouterr().err
 
 
 def test_every_command_is_registered_once():

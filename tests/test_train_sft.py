@@ -13,7 +13,7 @@ import torch
 from click.testing import CliRunner
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import train_sft
+from psyrl.cli import train as cli_train
 from psyrl.core.config import load_config
 from psyrl.core.records import load_stimuliqa
 from psyrl.core.runlog import read_metrics
@@ -137,7 +137,7 @@ def test_bad_training_data_trains_nothing(tmp_path, content, expected):
     sets = [f"run.output_dir={json.dumps(str(tmp_path / 'runs'))}", *SHORT]
     sets.append(f"data.train_file={json.dumps(str(bad))}")
     args = ["--config", "configs/sft/tiny.toml", *(a for s in sets for a in ("--set", s))]
-    result = CliRunner().invoke(train_sft.train_sft, args)
+    result = CliRunner().invoke(cli_train.train_sft, args)
     assert result.exit_code not in (0, None) and isinstance(result.exception, SystemExit)
     assert str(bad) in result.output and expected in result.output
     assert "Traceback" not in result.output and not (tmp_path / "runs").exists()

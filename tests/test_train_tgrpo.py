@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from numerics import assert_adamw_weights_close
 from safetensors.torch import load_file
 
-import train_tgrpo
+from psyrl.cli import train as cli_train
 from psyrl.core.checkpoints import write_manifest
 from psyrl.core.config import load_config
 from psyrl.core.records import load_stimuliqa
@@ -80,7 +80,7 @@ def run_in_process(start, out, *extra, resume=False):
         a for s in tgrpo_sets(start, out, *extra) for a in ("--set", s)
     ]
     return CliRunner().invoke(
-        train_tgrpo.train_tgrpo, args + (["--resume"] if resume else []), catch_exceptions=False
+        cli_train.train_tgrpo, args + (["--resume"] if resume else []), catch_exceptions=False
     )
 
 
@@ -391,7 +391,7 @@ def test_bad_input_is_refused_with_one_message(start, tmp_path, extra, message):
     args = ["--config", "configs/tgrpo/tiny.toml"] + [
         a for s in tgrpo_sets(start, tmp_path, *extra) for a in ("--set", s)
     ]
-    result = CliRunner().invoke(train_tgrpo.train_tgrpo, args)
+    result = CliRunner().invoke(cli_train.train_tgrpo, args)
     assert result.exit_code != 0 and message in result.output, result.output
     assert not (tmp_path / "rl").exists()  # refused before anything was written
 
@@ -457,7 +457,7 @@ def crash(self, step, *args, **kwargs):
     return save(self, step, *args, **kwargs)
 Run.save = crash
 sys.argv[0] = "train_tgrpo.py"
-train_tgrpo.train_tgrpo(obj=train_tgrpo.loop)
+train_tgrpo.main()
 """
 
 TRACKIO_LOGS = """

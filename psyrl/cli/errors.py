@@ -65,3 +65,15 @@ def reported(prog: str, also: tuple[type[Exception], ...] = ()):
         raise SystemExit(EXIT_PREEMPTED) from None
     except (PsyrlError, *also) as e:
         fail(e, prog)
+
+
+@contextlib.contextmanager
+def script_errors(prog: str):
+    """`reported` for an entry script's body, which runs outside a click command: the same one
+    message and exit status."""
+    try:
+        with reported(prog):
+            yield
+    except click.ClickException as e:
+        e.show()
+        raise SystemExit(e.exit_code) from None

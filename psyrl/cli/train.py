@@ -1,17 +1,21 @@
 """The trainers' command line: `train_sft.py` / `psyrl train-sft` and `train_tgrpo.py` / `psyrl
-train-tgrpo` (--config, --set, --overwrite, --resume, --extend), around
-`psyrl.run.launch.launch` of the recipe's loop.
+train-tgrpo` (--config, --set, --overwrite, --resume, --extend).
 
-An entry script hands its command the function that imports its loop (`train_tgrpo(obj=loop)`), so
-a reader goes from the script to the loop in one step; `psyrl train-tgrpo` uses the same import.
-The loop (torch, transformers) is imported when the command runs: --help answers at once.
+An entry script parses its arguments here (`parse_trainer_args`), then names its loop and the
+launcher itself (`psyrl.run.launch.launch(train, ...)`), as torchtune's `recipe_main` does; the
+psyrl commands below run the same two lines. The loop (torch, transformers) is imported after the
+arguments are parsed: --help and a bad option answer at once.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from dataclasses import dataclass
+
 import click
 
-from psyrl.cli.errors import reported
+from psyrl.cli.errors import reported, script_errors
 from psyrl.cli.options import trainer_options
 from psyrl.core.presets import resolve_config
 
@@ -24,43 +28,60 @@ def extended(overrides: tuple[str, ...], extend: bool) -> tuple[str, ...]:
     return (*overrides, "run.extend=true") if extend else overrides
 
 
-def sft_loop():
-    """The SFT loop, `train` in psyrl/recipes/sft.py."""
-    from psyrl.recipes.sft import train
+@dataclass(frozen=True)
+class TrainerArgs:
+    """A trainer's command line, parsed: what `launch` takes."""
 
-    return train
+    config: str
+    """The TOML config: the file given, or the shipped preset it names."""
+    overrides: tuple[str, ...]
+    """--set table.key=value, in order (--extend adds run.extend=true last)."""
+    overwrite: bool
+    resume: str | None
+    """--resume: "on" or "auto"; None when not given (the config's run.resume holds)."""
 
 
-def tgrpo_loop():
-    """The T-GRPO loop, `train` in psyrl/recipes/tgrpo.py."""
-    from psyrl.recipes.tgrpo import train
-
-    return train
+def parse_trainer_args(prog: str, argv: list[str] | None = None) -> TrainerArgs:
+    """An entry script's arguments (`prog`: train-sft or train-tgrpo), parsed by the psyrl
+    command's own options: --help prints and exits 0, a bad option exits 2 with click's message."""
+    command = {"train-sft": train_sft, "train-tgrpo": train_tgrpo}[prog]
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        params = command.make_context(os.path.basename(sys.argv[0]), list(argv)).params
+    except click.exceptions.Exit as e:  # --help
+        raise SystemExit(e.exit_code) from None
+    except click.ClickException as e:
+        e.show()
+        raise SystemExit(e.exit_code) from None
+    with script_errors(prog):
+        config = resolve_config(params["config_path"], prog.removeprefix("train-"))
+    overrides = extended(params["overrides"], params["extend"])
+    return TrainerArgs(config, overrides, params["overwrite"], params["resume"])
 
 
 @click.command("train-sft", context_settings=HELP)
 @trainer_options("sft", "model, optimiser, data position, RNG")
-@click.pass_obj
-def train_sft(loop, config_path, overrides, overwrite, resume, extend):
+def train_sft(config_path, overrides, overwrite, resume, extend):
     """Supervised fine-tuning on StimuliQA-format records (SFT target:
     <think>reasoning</think><answer>…). Run it with python (one process) or under torchrun (FSDP2
     over all ranks)."""
-    from psyrl.run.launch import launch
-
     with reported("train-sft"):
         config = resolve_config(config_path, "sft")
-        launch((loop or sft_loop)(), config, extended(overrides, extend), overwrite, resume)
+        from psyrl.recipes.sft import train  # the loop
+        from psyrl.run.launch import launch
+
+        launch(train, config, extended(overrides, extend), overwrite, resume)
 
 
 @click.command("train-tgrpo", context_settings=HELP)
 @trainer_options("tgrpo", TGRPO_STATE)
-@click.pass_obj
-def train_tgrpo(loop, config_path, overrides, overwrite, resume, extend):
+def train_tgrpo(config_path, overrides, overwrite, resume, extend):
     """T-GRPO on StimuliQA-format records: the trajectory cache and the bilateral reward of "From
     Stimuli to Minds". Starts from model.path (appendix B: the median-F1 SFT checkpoint). Run it
     with python (one process) or under torchrun (FSDP2 over all ranks)."""
-    from psyrl.run.launch import launch
-
     with reported("train-tgrpo"):
         config = resolve_config(config_path, "tgrpo")
-        launch((loop or tgrpo_loop)(), config, extended(overrides, extend), overwrite, resume)
+        from psyrl.recipes.tgrpo import train  # the loop
+        from psyrl.run.launch import launch
+
+        launch(train, config, extended(overrides, extend), overwrite, resume)

@@ -59,9 +59,7 @@ def test_the_resume_option_takes_auto_or_nothing(monkeypatch):
         "psyrl.run.launch.launch", lambda loop, cfg, sets, overwrite, resume: seen.append(resume)
     )
     for args, expected in ((["--resume"], "on"), (["--resume", "auto"], "auto"), ([], None)):
-        result = CliRunner().invoke(
-            train.train_sft, ["--config", "x.toml", *args], obj=lambda: None
-        )
+        result = CliRunner().invoke(train.train_sft, ["--config", "x.toml", *args])
         assert result.exit_code == 0, result.output
         assert seen.pop() == expected
     result = CliRunner().invoke(train.train_sft, ["--config", "x.toml", "--resume", "always"])

@@ -12,15 +12,14 @@ import torch
 from click.testing import CliRunner
 
 import evaluate
-import train_sft
-import train_tgrpo
+import psyrl.cli.train
 from psyrl.core.config import ConfigError, load_config
 from psyrl.runtime.vllm_sampler import _with_tied_head
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 COMMANDS = {
-    "train_tgrpo.py": train_tgrpo.train_tgrpo,
-    "train_sft.py": train_sft.train_sft,
+    "train_tgrpo.py": psyrl.cli.train.train_tgrpo,
+    "train_sft.py": psyrl.cli.train.train_sft,
     "evaluate.py": evaluate.evaluate,
 }
 
