@@ -28,8 +28,6 @@ from __future__ import annotations
 import contextlib
 import json
 
-import torch
-
 from psyrl.core.checkpoints import json_text
 from psyrl.core.config import Config
 from psyrl.core.errors import RunError
@@ -44,12 +42,12 @@ from psyrl.rl.update import experience, reduce_sums, update
 from psyrl.run.directory import Run
 from psyrl.run.launch import check_memory_plan, setup_errors
 from psyrl.run.validation import longest_prompt, sample_items, validate
-from psyrl.runtime.distributed import Dist, all_reduce, print0
+from psyrl.runtime.distributed import Dist, print0
 from psyrl.runtime.model import autocast, load_tokenizer
 from psyrl.runtime.offload import PhaseOffload
 from psyrl.runtime.optim import build_optimizer, set_lr
 from psyrl.runtime.policy import build_policy, build_reference, build_sampler, sync_weights
-from psyrl.runtime.timing import PhaseTimer, peak_memory_gib
+from psyrl.runtime.timing import PhaseTimer
 
 LINE_FIELDS = [
     ("reward", "reward/final", ".3f"),
@@ -265,27 +263,10 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
                     "cache/steps": len(cache),
                     "data/epoch": cursor.epoch,
                     "data/filtered_prompts": too_long,
-                    **timer.row(),
+                    # time per phase; memory peaks, the largest rank's (the sampler's readings
+                    # inside its phases, on CUDA, counted)
+                    **timer.row(dist, sampler.memory_row()),
                 }
-                # the largest rank's memory: on CUDA the device's in use and the trainer allocator's
-                # peak, never one read as the other (psyrl.runtime.timing); on a CPU the peak RSS
-                # the sampler's readings inside its phases (CUDA only), which the phase ends miss
-                inside = sampler.memory_row()
-                if timer.cuda:
-                    used = [v for k, v in inside.items() if k.startswith("perf/device_used_gib/")]
-                    peaks = {
-                        "perf/device_used_gib": max([*timer.device_used.values(), *used]),
-                        "perf/trainer_alloc_peak_gib": max(timer.alloc_peaks.values()),
-                    }
-                else:
-                    peaks = {"perf/peak_mem_gib": peak_memory_gib(dist.device)}
-                for key, value in peaks.items():
-                    row[key] = float(all_reduce(torch.tensor(value), dist, "max"))
-                # GiB free before the engine's latest wakes: the least over ranks; in use inside the
-                # sample and sync phases: the largest
-                for key, value in inside.items():
-                    op = "min" if key.startswith("perf/free_gib") else "max"
-                    row[key] = float(all_reduce(torch.tensor(value), dist, op))
                 # the end of the step: validate when a checkpoint or the last step is due, log the
                 # row (before the checkpoint: a crash right after a save must not lose its row),
                 # save, stop when a rank got a preemption signal during the step or its save

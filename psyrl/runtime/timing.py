@@ -26,6 +26,8 @@ from collections.abc import Callable
 
 import torch
 
+from psyrl.runtime.distributed import all_reduce
+
 
 def peak_memory_gib(device: torch.device) -> float:
     """The peak torch allocator memory on CUDA (right where no vLLM engine shares the process, as in
@@ -81,12 +83,33 @@ class PhaseTimer:
             own = (torch.cuda.max_memory_allocated(self.device) - self.pool_bytes()) / 2**30
             self.alloc_peaks[name] = max(self.alloc_peaks.get(name, 0.0), own)
 
-    def row(self) -> dict[str, float]:
+    def row(self, dist=None, inside: dict[str, float] | None = None) -> dict[str, float]:
         """`time/<phase>` of each timed phase, `time/step` (the whole step so far), on CUDA
-        `perf/device_used_gib/<phase>` and `perf/trainer_alloc_peak_gib/<phase>`."""
-        return {
+        `perf/device_used_gib/<phase>` and `perf/trainer_alloc_peak_gib/<phase>`; with `dist`, the
+        step's peaks as one value each, the largest over ranks: on CUDA `perf/device_used_gib`
+        (the device in use, the sampler's readings `inside` its phases counted: the phase ends miss
+        them) and `perf/trainer_alloc_peak_gib`, never one read as the other; on a CPU
+        `perf/peak_mem_gib`, the peak RSS. `inside` (VLLMSampler.memory_row) is reduced too: GiB
+        free before the engine's wakes to the least over ranks (`perf/free_gib...`), in use to the
+        largest."""
+        row = {
             **{f"time/{k}": v for k, v in self.seconds.items()},
             "time/step": time.perf_counter() - self.start,
             **{f"perf/device_used_gib/{k}": v for k, v in self.device_used.items()},
             **{f"perf/trainer_alloc_peak_gib/{k}": v for k, v in self.alloc_peaks.items()},
         }
+        if dist is None:
+            return row
+        inside = inside or {}
+        if self.cuda:
+            used = [v for k, v in inside.items() if k.startswith("perf/device_used_gib/")]
+            peaks = {
+                "perf/device_used_gib": max([*self.device_used.values(), *used]),
+                "perf/trainer_alloc_peak_gib": max(self.alloc_peaks.values()),
+            }
+        else:
+            peaks = {"perf/peak_mem_gib": peak_memory_gib(self.device)}
+        for key, value in {**peaks, **inside}.items():
+            op = "min" if key.startswith("perf/free_gib") else "max"
+            row[key] = float(all_reduce(torch.tensor(value), dist, op))
+        return row

@@ -83,6 +83,24 @@ def test_cuda_timer_synchronises_and_reads_memory_under_separate_keys(monkeypatc
     assert not any("peak_mem" in k for k in row)
 
 
+def test_the_step_row_reduces_the_peaks_over_ranks(monkeypatch):
+    # on CUDA: the device in use is the largest of the phase ends and the sampler's readings inside
+    # its phases; the free memory before a wake is the least; one process reduces to itself
+    from psyrl.runtime.distributed import ONE_PROCESS
+
+    FakeCuda(monkeypatch, [40 * GIB, 30 * GIB], 45 * GIB)
+    timer = PhaseTimer(torch.device("cuda", 0), pool_bytes=lambda: 41 * GIB)
+    with timer("update"):
+        pass
+    inside = {"perf/device_used_gib/sample_before_sleep": 25.0, "perf/free_gib/wake": 7.5}
+    row = timer.row(ONE_PROCESS, inside)
+    assert row["perf/device_used_gib"] == 25.0  # inside the sample phase, more than the 18 at ends
+    assert row["perf/trainer_alloc_peak_gib"] == pytest.approx(4)
+    assert row["perf/free_gib/wake"] == 7.5 and "perf/peak_mem_gib" not in row
+    cpu = PhaseTimer(torch.device("cpu"))
+    assert cpu.row(ONE_PROCESS)["perf/peak_mem_gib"] > 0
+
+
 def test_cuda_timer_without_a_sampler_pool_counts_the_whole_allocator(monkeypatch):
     FakeCuda(monkeypatch, [40 * GIB, 40 * GIB], 3 * GIB)
     timer = PhaseTimer(torch.device("cuda", 0))
