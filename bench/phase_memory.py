@@ -38,7 +38,7 @@ from attention_kernel import attention_kernel  # noqa: E402  (bench/, the script
 
 from psyrl.core.config import load_config  # noqa: E402
 from psyrl.core.runlog import read_metrics  # noqa: E402
-from psyrl.plan import speed  # noqa: E402
+from psyrl.plan import devices, speed  # noqa: E402
 from psyrl.plan.architecture import load_architecture, shapes  # noqa: E402
 from psyrl.plan.phases import GIB  # noqa: E402
 from psyrl.plan.planner import plan  # noqa: E402
@@ -146,7 +146,7 @@ def device_table(name: str) -> str:
 )
 @click.option(
     "--predict",
-    type=click.Choice(speed.DEVICE_NAMES),
+    type=click.Choice(devices.DEVICE_NAMES),
     default=None,
     help="psyrl plan's device table for the predicted seconds (default: from the GPU's name; cpu "
     "measures this machine).",
@@ -211,7 +211,7 @@ def main(gpus, modes, out, device, small, tokens, packing, predict, engine, memo
         row = read_metrics(Path(out) / name / "metrics.jsonl")[-1]  # step 2: caches warm
         # the workload the run saw: the demo's prompts, its mean response length
         wl = speed.workload(cfg, row["response/length"], load_tokenizer(cfg.model))
-        seconds = speed.step_times(cfg, sh, gpus, speed.device(predict, sh), wl).step
+        seconds = speed.step_times(cfg, sh, gpus, devices.device(predict, sh), wl).step
         lines.append(
             f"fsdp.offload = {mode}, {'packed' if packed else 'padded'}: step "
             f"{row['time/step']:.2f} s, offload moves {row.get('time/offload', 0):.2f} s "

@@ -3,7 +3,7 @@
     .venv/bin/python bench/plan_calibration.py                # tiny config, 3 steps, all cores
     .venv/bin/python bench/plan_calibration.py --cores 1 --json  # tests/plan/test_speed.py's run
 
-Measures this machine (`psyrl.plan.speed.measure_cpu`) before and after a run of
+Measures this machine (`psyrl.plan.devices.measure_cpu`) before and after a run of
 configs/tgrpo/tiny.toml (random-init tiny model, no validation, no checkpoint) in this process, and
 prints the model's seconds per phase (from the run's own mean response length, the data's prompt
 lengths and the mean of the two measurements) beside the median of the run's `time/*` of every step
@@ -45,13 +45,13 @@ def calibrate(config: str, steps: int, extra: list[str]) -> dict:
     import train_tgrpo
     from psyrl.core.config import load_config
     from psyrl.core.runlog import read_metrics
-    from psyrl.plan import speed
+    from psyrl.plan import devices, speed
     from psyrl.plan.architecture import load_architecture, shapes
     from psyrl.runtime.model import load_tokenizer
 
     overrides = [*OVERRIDES, f"run.steps={steps}", *extra]
     arch, _ = load_architecture(load_config(config, overrides).model)
-    before = speed.measure_cpu(sh=shapes(arch))
+    before = devices.measure_cpu(sh=shapes(arch))
     with tempfile.TemporaryDirectory(prefix="psyrl-calibration-") as tmp:
         args = ["--config", config, "--set", f"run.output_dir={json.dumps(tmp)}"]
         for o in overrides:
@@ -59,7 +59,7 @@ def calibrate(config: str, steps: int, extra: list[str]) -> dict:
         train_tgrpo.train_tgrpo.main(args, standalone_mode=False, obj=train_tgrpo.loop)
         cfg = load_config(config, [*overrides, f"run.output_dir={json.dumps(tmp)}"])
         rows = [r for r in read_metrics(Path(tmp) / cfg.run.name / "metrics.jsonl") if "step" in r]
-    after = speed.measure_cpu(sh=shapes(arch))
+    after = devices.measure_cpu(sh=shapes(arch))
     dev = _mean_device(before, after)
     timed = [r for r in rows if r["step"] > 1] or rows
     response = statistics.mean(r["response/length"] for r in timed)

@@ -51,9 +51,10 @@ def test_mem_and_the_lead_cover_the_plan_of_the_default_config(name):
     and the checkpoint (4 x A6000 a node)."""
     from psyrl.core.config import load_config
     from psyrl.plan.architecture import load_architecture
+    from psyrl.plan.devices import device
     from psyrl.plan.phases import GIB
     from psyrl.plan.planner import plan
-    from psyrl.plan.speed import device, workload
+    from psyrl.plan.speed import workload
 
     text = (ROOT / "examples" / "slurm" / name).read_text()
     assert "CONFIG=${CONFIG:-configs/tgrpo/qwen2.5-3b.toml}" in text

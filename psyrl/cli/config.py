@@ -179,8 +179,9 @@ def plan_command(
     taken at its maximum length. Exit status: 0 when everything fits, 3 when something does not, 1
     on an error."""
     from psyrl.plan.architecture import load_architecture, shapes
+    from psyrl.plan.devices import device
     from psyrl.plan.planner import plan
-    from psyrl.plan.speed import device, workload
+    from psyrl.plan.speed import workload
     from psyrl.plan.table import format_plan
 
     with reported("psyrl plan", also=(ValueError, OSError)):

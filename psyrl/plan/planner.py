@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 
 from psyrl.core.config import Config
 from psyrl.plan.architecture import Shapes, shapes
+from psyrl.plan.devices import Device
+from psyrl.plan.host_ram import host_ram
 from psyrl.plan.network import (
     NETWORK_GBPS,
     Collective,
@@ -40,9 +42,8 @@ from psyrl.plan.network import (
     network,
     network_seconds,
 )
-from psyrl.plan.phases import GIB, Phase, Pool, host_ram, rollout_phase, step_phases, vllm_pool
+from psyrl.plan.phases import GIB, Phase, Pool, rollout_phase, step_phases, vllm_pool
 from psyrl.plan.speed import (
-    Device,
     Times,
     Workload,
     experience_parts,

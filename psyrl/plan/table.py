@@ -4,11 +4,11 @@ and the assumptions stated under it all."""
 
 from __future__ import annotations
 
+from psyrl.plan.host_ram import HOST_BASELINE_GIB
 from psyrl.plan.network import NETWORK_GBPS
 from psyrl.plan.phases import (
     CUDA_CONTEXT_GIB,
     GIB,
-    HOST_BASELINE_GIB,
     NCCL_COMM_GIB,
     PARTS,
     VLLM_GRAPHS_GIB,

@@ -1,4 +1,4 @@
-"""vLLM's sleep backup in host RAM (psyrl.plan.phases): the weight tensors of one tensor-parallel
+"""vLLM's sleep backup in host RAM (psyrl.plan.host_ram): the weight tensors of one tensor-parallel
 rank, the segments torch's CUDA caching allocator puts them in, and the power of two torch's pinned
 allocator rounds each segment's backup up to, worked out by hand for SMALL."""
 
@@ -6,14 +6,13 @@ import pytest
 from plan_models import SMALL, SMALL_PARAMS, architecture
 
 from psyrl.plan.architecture import shapes
-from psyrl.plan.phases import (
-    GIB,
-    MIB,
+from psyrl.plan.host_ram import (
     cuda_segments,
     pinned_block,
     vllm_sleep_backup,
     vllm_weight_bytes,
 )
+from psyrl.plan.phases import GIB, MIB
 
 
 def test_pinned_block_is_the_next_power_of_two():

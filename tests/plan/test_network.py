@@ -16,6 +16,7 @@ from psyrl.cli.main import main
 from psyrl.core.config import load_config
 from psyrl.plan import planner, speed
 from psyrl.plan.architecture import shapes
+from psyrl.plan.devices import DEVICES
 from psyrl.plan.network import NETWORK_GBPS
 from psyrl.plan.phases import GIB, MIB
 from psyrl.plan.planner import plan
@@ -197,7 +198,7 @@ def test_network_or_compute_bounds_the_step():
     network is faster than NVLink and the step is predicted as on one fabric."""
     cfg = load_config("configs/tgrpo/tiny.toml", HAND)
     wl = workload(cfg, 512, None, 512)
-    dev = speed.DEVICES["a100-80"]
+    dev = DEVICES["a100-80"]
     sh = shapes(SMALL)
     slow = plan(cfg, SMALL, 4, 48, None, "tgrpo", dev=dev, wl=wl, nodes=2, network_gbps=1)
     assert slow.network_seconds["update"] == pytest.approx(24 * P / 1.25e8)

@@ -13,12 +13,12 @@ from plan_models import SETTINGS, SMALL, SMALL_PARAMS
 from psyrl.core.config import load_config
 from psyrl.plan import speed
 from psyrl.plan.architecture import shapes
-from psyrl.plan.phases import local_elements, nccl_communicators, offload_bytes
+from psyrl.plan.devices import DEVICES, Device
+from psyrl.plan.host_ram import local_elements, offload_bytes
+from psyrl.plan.phases import nccl_communicators
 
 # round figures: every term of a formula readable in the arithmetic
-DEVICE = speed.Device(
-    "test", 1e12, 1e11, 1e10, 1e10, 48, "by hand", mfu=1.0, bw_util=1.0, link_util=1.0
-)
+DEVICE = Device("test", 1e12, 1e11, 1e10, 1e10, 48, "by hand", mfu=1.0, bw_util=1.0, link_util=1.0)
 
 
 def test_speed_imports_no_torch():
@@ -126,7 +126,7 @@ def test_nccl_communicators():
 
 
 def test_device_table_names_its_sources():
-    for name, dev in speed.DEVICES.items():
+    for name, dev in DEVICES.items():
         assert dev.name == name
         assert "datasheet" in dev.source or "product brief" in dev.source
         assert dev.flops > 1e14 and dev.memory_bw > 5e11 and dev.host_link >= 32e9
@@ -159,7 +159,7 @@ def test_pinned_per_tensor_bytes_by_hand():
     1,366 x 1024 x 4 and down 342 x 4096 x 4 (~5.6 MB) -> 2^23 each; two norms -> 2,048 each:
     30,415,872 a layer, x 8; the embedding 21,846 x 1024 x 4 = 89,481,216 -> 2^27, the final norm
     2,048."""
-    from psyrl.plan.phases import pinned_per_tensor_bytes
+    from psyrl.plan.host_ram import pinned_per_tensor_bytes
 
     sh = shapes(SMALL)
     assert pinned_per_tensor_bytes(sh, 3, 4) == 8 * 30_415_872 + 2**27 + 2_048

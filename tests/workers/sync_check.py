@@ -13,7 +13,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from psyrl.plan.architecture import shapes
-from psyrl.plan.phases import offload_bytes
+from psyrl.plan.host_ram import offload_bytes
 from psyrl.runtime.distributed import (
     cleanup,
     gather_full_state_dict,
