@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from psyrl.experiment.spec import load_experiment, plan
+from psyrl.experiment.read import load_experiment
+from psyrl.experiment.spec import plan
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = sorted((REPO / "experiments").glob("*-tiny.toml"))

@@ -104,7 +104,7 @@ def same(typed, printed) -> bool:
 
 
 def check_file(path: Path, tables: dict, text: str, report) -> None:
-    from psyrl.experiment.spec import load_experiment
+    from psyrl.experiment.read import load_experiment
 
     experiment = load_experiment(path)
     for spec in experiment.tables:

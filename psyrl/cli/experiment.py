@@ -111,8 +111,9 @@ def experiment_command(
     (SIGTERM/SIGUSR1: forwarded; exit status 75), run the same command again.
     """
     # the tables' bootstrap needs numpy: imported when the command runs, not for --help
+    from psyrl.experiment.read import load_experiment
     from psyrl.experiment.runner import collect, plan_memory, run_experiment
-    from psyrl.experiment.spec import Experiment, ExperimentError, load_experiment, with_seeds
+    from psyrl.experiment.spec import Experiment, ExperimentError, with_seeds
     from psyrl.experiment.tables import table_markdown, write_results
 
     try:

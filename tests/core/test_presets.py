@@ -27,7 +27,7 @@ from psyrl.core.presets import (
 )
 from psyrl.core.records import DataError, load_stimuliqa
 from psyrl.eval.benchmarks import EvalError, resolve_sources
-from psyrl.experiment.spec import load_experiment
+from psyrl.experiment.read import load_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 ASSETS = ROOT / "psyrl" / "assets"

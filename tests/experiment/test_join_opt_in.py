@@ -13,8 +13,9 @@ from test_tables import row, write_evaluation
 
 from psyrl.cli.evaluate import self_label_command
 from psyrl.cli.experiment import experiment_command
+from psyrl.experiment.read import load_experiment
 from psyrl.experiment.runner import collect, run_experiment
-from psyrl.experiment.spec import ExperimentError, load_experiment, plan, select
+from psyrl.experiment.spec import ExperimentError, plan, select
 from psyrl.experiment.tables import ALL, build_table
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,8 @@ from test_tables import row, write_evaluation
 
 from psyrl.cli.experiment import experiment_command
 from psyrl.core.records import SUBDIMENSIONS
-from psyrl.experiment.spec import ExperimentError, load_experiment, plan
+from psyrl.experiment.read import load_experiment
+from psyrl.experiment.spec import ExperimentError, plan
 from psyrl.experiment.stats import UNSEEDED, paired
 from psyrl.experiment.tables import ALL
 

@@ -12,8 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from psyrl.cli.experiment import experiment_command
+from psyrl.experiment.read import load_experiment
 from psyrl.experiment.runner import resolve, restart_flag, steps, substitute
-from psyrl.experiment.spec import load_experiment, plan, unit_dir
+from psyrl.experiment.spec import plan, unit_dir
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((REPO / "experiments").glob("*.toml"))

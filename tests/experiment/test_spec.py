@@ -1,14 +1,14 @@
-"""psyrl.experiment.spec: every error of an experiment file is one ExperimentError naming the file
-and the line; the plan's order, seed pairing, --only selection and --seeds."""
+"""psyrl.experiment.read and .spec: every error of an experiment file is one ExperimentError naming
+the file and the line; the plan's order, seed pairing, --only selection and --seeds."""
 
 import re
 from pathlib import Path
 
 import pytest
 
+from psyrl.experiment.read import load_experiment
 from psyrl.experiment.spec import (
     ExperimentError,
-    load_experiment,
     plan,
     select,
     unit_dir,

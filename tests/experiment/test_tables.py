@@ -10,8 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from psyrl.cli.experiment import experiment_command
+from psyrl.experiment.read import load_experiment
 from psyrl.experiment.runner import collect
-from psyrl.experiment.spec import load_experiment, plan
+from psyrl.experiment.spec import plan
 from psyrl.experiment.tables import ALL, build_table, table_markdown
 
 REPO = Path(__file__).resolve().parents[2]
