@@ -4,7 +4,9 @@ stimulus and the question, following a rubric (issue 41 item 3; the paper's appe
 
 - Prompt: the rubric file ([judge] rubric; default psyrl/assets/judge/rubric.md) with {stimulus},
   {question}, {gold} and {prediction} filled in, sent as one user message (temperature 0, seed 0).
-  It asks about appraisal, agent, direction and the paper's psychological variables.
+  It asks about appraisal, agent, direction and the paper's psychological variables. The shipped
+  rubric puts the item last, so that its instructions are a prefix that a server's prefix cache
+  (vLLM's) shares between all requests.
 - Parse: the answer's last non-empty line must be `SCORE: <number>` with the number in [0, 1];
   anything else (no such line, 1.7, -0.2, prose after it) is a malformed answer and is retried.
 - Transport: psyrl.eval.openai_engine's client (`concurrency` requests in flight, retries with

