@@ -352,7 +352,8 @@ class JudgeConfig:
     timeout_s: float = 60.0
     """Seconds one request may wait for the connection or each read of its answer."""
     step_timeout_s: float = 600.0
-    """Seconds one step's judging may take; past it, the unanswered responses fall back."""
+    """Seconds one step's judging may take; past it, the unanswered responses have failed
+    (judge.on_failure applies)."""
     concurrency: int = 8
     """Judge requests in flight at once (per rank)."""
     retries: int = 2
