@@ -19,6 +19,7 @@ from psyrl.cli.data import data_group, demo_data_command, tiny_tokenizer_command
 from psyrl.cli.demo import demo_command
 from psyrl.cli.evaluate import evaluate, self_label_command
 from psyrl.cli.experiment import experiment_command
+from psyrl.cli.reward import reward_group
 from psyrl.cli.runs import plot_command, report_command, select_checkpoint_command, summary_command
 from psyrl.cli.train import train_sft, train_tgrpo
 
@@ -42,6 +43,7 @@ for command in (
     experiment_command,
     plan_command,
     config_group,
+    reward_group,
     plot_command,
     summary_command,
     report_command,

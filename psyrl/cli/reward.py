@@ -1,0 +1,164 @@
+"""`psyrl reward score|audit`: run accuracy signals on answers outside training, and check whether a
+signal ranks right answers above wrong ones before training on it (issue 41 items 4-5)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from psyrl.cli.errors import reported
+from psyrl.core.config import load_config
+from psyrl.core.presets import resolve_config
+
+SIGNALS = ("f1", "semantic", "judge")  # psyrl.rl.accuracy.build_signal's
+CHUNK = 256  # pairs per progress-bar tick (rounded to whole semantic batches: the same floats)
+
+
+@click.group("reward")
+def reward_group():
+    """Score answers with the accuracy signals of reward.accuracy, and audit a signal on labelled
+    triples (docs/reward-signals.md)."""
+
+
+def signal_options(command):
+    """--accuracy (repeatable), --config, --set: the signals and the tables that configure them."""
+    options = [
+        click.option(
+            "--accuracy",
+            "names",
+            type=click.Choice(SIGNALS),
+            multiple=True,
+            required=True,
+            help="A signal to compute; repeatable. f1: the paper's token-set F1 (eq. 4-5); "
+            "semantic: a local sentence encoder's cosine ([semantic] table; pip install "
+            "'psyrl[semantic]'); judge: an LLM judge ([judge] table).",
+        ),
+        click.option(
+            "--config",
+            "config_path",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="TOML config whose [semantic] and [judge] tables configure the signals: a file or "
+            "a preset (`psyrl config list`); default: all defaults.",
+        ),
+        click.option(
+            "--set",
+            "overrides",
+            multiple=True,
+            metavar="TABLE.KEY=VALUE",
+            help="Override one key, e.g. semantic.encoder=path/to/encoder; repeatable.",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _scores(names, config_path, overrides, pairs) -> dict:
+    """{name: float64 [N]} for every requested signal, built from the config."""
+    import torch
+    import transformers
+    from tqdm import tqdm
+
+    from psyrl.rl.accuracy import build_signal
+
+    transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar on stderr
+    cfg = load_config(None if config_path is None else resolve_config(config_path), overrides)
+
+    chunk = cfg.semantic.batch_size * max(1, CHUNK // cfg.semantic.batch_size)
+    results = {}
+    for name in dict.fromkeys(names):
+        signal = build_signal(name, cfg)
+        starts = range(0, len(pairs), chunk)
+        parts = [
+            signal(pairs[start : start + chunk])
+            for start in tqdm(starts, desc=name, unit="chunk", leave=False, disable=len(starts) < 2)
+        ]
+        results[name] = torch.cat(parts).double()
+    return results
+
+
+@reward_group.command("score")
+@click.argument("path", metavar="FILE.jsonl", type=click.Path(exists=True, dir_okay=False))
+@signal_options
+def score_command(path, names, config_path, overrides):
+    """Score each row of FILE.jsonl with every --accuracy signal.
+
+    FILE.jsonl holds one JSON object per line with string keys "gold" (the gold answer) and
+    "prediction" (the answer text, as extracted from <answer>...</answer>; may be empty, which
+    scores 0), optionally "stimulus" and "question" (the judge reads them); other keys are ignored.
+
+    Writes one JSON object per row to standard output, one float in [0, 1] per signal, e.g.
+    {"f1": 0.4, "semantic": 0.71}. Every row is validated first: a bad row stops the command with
+    FILE:LINE and what was expected (exit status 2), and nothing is written.
+    """
+    from psyrl.signals.audit import load_pairs
+
+    with reported("psyrl reward score"):
+        pairs = load_pairs(path)
+        scores = _scores(names, config_path, overrides, pairs)
+        lines = [
+            json.dumps({name: values[i].item() for name, values in scores.items()})
+            for i in range(len(pairs))
+        ]
+        sys.stdout.write("".join(line + "\n" for line in lines))
+
+
+@reward_group.command("audit")
+@click.argument("path", metavar="FILE.jsonl", type=click.Path(exists=True, dir_okay=False))
+@signal_options
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per signal instead.")
+@click.option(
+    "--resamples",
+    type=click.IntRange(min=1),
+    default=10_000,
+    show_default=True,
+    help="Bootstrap resamples.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="The bootstrap's seed.")
+def audit_command(path, names, config_path, overrides, as_json, resamples, seed):
+    """How often each --accuracy signal scores the right answer above the wrong one.
+
+    FILE.jsonl holds one JSON object per line with string keys "gold", "right" (a correct answer,
+    e.g. a paraphrase of the gold) and "wrong" (an incorrect one, e.g. the opposite emotion in the
+    gold's words), optionally "stimulus" and "question"; other keys are ignored. The
+    repository's data/reward_triples/ holds such triples.
+
+    For each signal: n; "right > wrong", the fraction of triples with score(right) > score(wrong)
+    (a tie is not above); the mean margin score(right) - score(wrong); each with a 95 % bootstrap
+    interval (percentile method, --resamples resamples of the triples, seeded). Every row is
+    validated first: a bad row stops the command with FILE:LINE and what was expected (exit status
+    2).
+    """
+    from psyrl.signals.audit import audit, load_triples
+
+    with reported("psyrl reward audit"):
+        triples = load_triples(path)
+        pairs = [pair for triple in triples for pair in triple.pairs()]  # right, wrong, ...
+        scores = _scores(names, config_path, overrides, pairs)
+        results = {
+            name: audit(values[0::2], values[1::2], resamples, seed)
+            for name, values in scores.items()
+        }
+        if as_json:
+            for name, a in results.items():
+                click.echo(json.dumps({"signal": name, **a.__dict__}))
+            return
+        rows = [("signal", "n", "right > wrong [95 % CI]", "ties", "mean margin [95 % CI]")]
+        for name, a in results.items():
+            lo, hi = a.above_interval
+            mlo, mhi = a.margin_interval
+            rows.append(
+                (
+                    name,
+                    str(a.n),
+                    f"{a.above * a.n:.0f}/{a.n} = {a.above:.3f} [{lo:.3f}, {hi:.3f}]",
+                    str(a.ties),
+                    f"{a.margin:+.3f} [{mlo:+.3f}, {mhi:+.3f}]",
+                )
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

@@ -1,0 +1,94 @@
+"""`psyrl reward score|audit` end to end: on hand-made answers, on the shipped triples, and on each
+kind of bad input (exit status 2, one message naming file and line, nothing on standard output)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from psyrl.cli.main import main
+
+TRIPLES = Path("data/reward_triples/triples.jsonl")
+
+
+def run(*args):
+    return CliRunner().invoke(main, ["reward", *args])
+
+
+def test_score_writes_one_object_per_row(tmp_path):
+    rows = [
+        {"gold": "Very angry.", "prediction": "Very calm."},  # F1: {very} of 2 and 2 -> 0.5
+        {"gold": "Proud", "prediction": "She beams with pride.", "id": "x"},  # no shared word: 0
+        {"gold": "Proud", "prediction": ""},  # no answer: 0 under both
+    ]
+    path = tmp_path / "answers.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = run("score", str(path), "--accuracy", "f1", "--accuracy", "semantic")
+    assert result.exit_code == 0, result.output
+    out = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(out) == 3 and all(list(o) == ["f1", "semantic"] for o in out)
+    assert [o["f1"] for o in out] == [0.5, 0.0, 0.0]
+    assert 0 < out[1]["semantic"] <= 1 and out[2]["semantic"] == 0.0
+    assert result.stderr == ""
+
+
+def test_score_takes_the_config_tables(tmp_path):
+    path = tmp_path / "answers.jsonl"
+    path.write_text('{"gold": "a", "prediction": "b"}\n')
+    result = run("score", str(path), "--accuracy", "semantic", "--set", "semantic.encoder=nowhere")
+    assert result.exit_code == 1 and result.stdout == ""
+    assert "nowhere: not a Hugging Face encoder directory" in result.stderr
+
+
+def test_audit_on_the_shipped_triples():
+    result = run("audit", str(TRIPLES), "--accuracy", "f1", "--accuracy", "semantic", "--json")
+    assert result.exit_code == 0, result.output
+    f1, sem = (json.loads(line) for line in result.stdout.splitlines())
+    assert f1["signal"] == "f1" and sem["signal"] == "semantic"
+    assert f1["n"] == sem["n"] >= 60
+    # every shipped wrong answer shares more words with the gold than the right one does
+    assert f1["above"] == 0 and f1["margin"] < 0
+    for figures in (f1, sem):
+        low, high = figures["above_interval"]
+        assert 0 <= low <= figures["above"] <= high <= 1
+    table = run("audit", str(TRIPLES), "--accuracy", "f1")
+    header, row = table.stdout.splitlines()
+    assert header.split()[:3] == ["signal", "n", "right"]
+    assert row.startswith("f1  ") and f" 0/{f1['n']} = 0.000 [0.000, 0.000]" in row
+
+
+@pytest.mark.parametrize(
+    ("command", "content", "message"),
+    [
+        ("score", '{"gold": "a", "prediction": "b"}\n{oops\n', ":2: invalid JSON"),
+        ("score", '"a string"\n', ":1: expected a JSON object with string keys"),
+        ("score", '{"prediction": "b"}\n', ":1: missing key 'gold' (a string)"),
+        ("score", '{"gold": "a", "prediction": null}\n', ":1: key 'prediction': expected a string"),
+        ("score", b'{"gold": "\xff"}\n', ":1: not valid UTF-8"),
+        ("score", "", ": the file holds no rows"),
+        ("score", "\n  \n", ": the file holds no rows"),
+        ("audit", '{"gold": "g", "right": "r"}\n', ":1: missing key 'wrong' (a string)"),
+        ("audit", '{"gold": "g", "right": "r", "wrong": 0}\n', ":1: key 'wrong': expected a"),
+    ],
+)
+def test_bad_input_exits_2_with_file_and_line_and_writes_nothing(
+    tmp_path, command, content, message
+):
+    path = tmp_path / "bad.jsonl"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    result = run(command, str(path), "--accuracy", "f1")
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"Error: {path}") and f"{path}{message}" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_missing_file_and_unknown_signal_are_usage_errors(tmp_path):
+    missing = run("score", str(tmp_path / "none.jsonl"), "--accuracy", "f1")
+    assert missing.exit_code == 2 and missing.stdout == "" and "does not exist" in missing.stderr
+    unknown = run("audit", str(TRIPLES), "--accuracy", "bleu")
+    assert unknown.exit_code == 2 and "'bleu' is not one of" in unknown.stderr
