@@ -202,7 +202,7 @@ def demo_step(model_dir: str) -> dict:
                 "checkpoint.every": 1000,
             }.items():
                 args += ["--set", f"{key}={json.dumps(value)}"]
-            train_tgrpo.train_tgrpo.main(args, standalone_mode=False, obj=train_tgrpo.loop)
+            train_tgrpo.main(args)
             rows = read_metrics(Path(tmp) / name / "metrics.jsonl")[1:]
             out[name] = {
                 k: statistics.median(r[k] for r in rows)

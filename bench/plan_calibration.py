@@ -56,7 +56,7 @@ def calibrate(config: str, steps: int, extra: list[str]) -> dict:
         args = ["--config", config, "--set", f"run.output_dir={json.dumps(tmp)}"]
         for o in overrides:
             args += ["--set", o]
-        train_tgrpo.train_tgrpo.main(args, standalone_mode=False, obj=train_tgrpo.loop)
+        train_tgrpo.main(args)
         cfg = load_config(config, [*overrides, f"run.output_dir={json.dumps(tmp)}"])
         rows = [r for r in read_metrics(Path(tmp) / cfg.run.name / "metrics.jsonl") if "step" in r]
     after = devices.measure_cpu(sh=shapes(arch))

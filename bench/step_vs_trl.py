@@ -141,7 +141,7 @@ def run_psyrl(model_dir: Path, data: Path, work: Path, packing: bool = True) -> 
     args = ["--config", str(ROOT / "configs/tgrpo/tiny.toml")]
     for k, v in overrides.items():
         args += ["--set", f"{k}={json.dumps(v)}"]
-    train_tgrpo.train_tgrpo.main(args, standalone_mode=False, obj=train_tgrpo.loop)
+    train_tgrpo.main(args)
     rows = [r for r in read_metrics(work / "psyrl" / "metrics.jsonl") if r["step"] > WARMUP]
     keys = ["time/step", "time/sample", "time/score", "time/logprobs", "time/update", "time/sync"]
     out = {k.split("/")[1]: statistics.median(r[k] for r in rows) for k in keys}
