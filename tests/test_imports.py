@@ -23,6 +23,7 @@ LEVELS = {
     "plan": 2,  # `psyrl plan`: plans, never runs
     "run": 3,  # what both trainers share: the Run, validation, trackers, sample files, launch
     "dataset": 3,  # the StimuliQA builder, data conversion, the demo set
+    "signals": 3,  # accuracy signals beyond the paper's F1: encoder, LLM judge, audit, a run's set
     "report": 4,  # reading runs: plot, summary, HTML report
     "experiment": 4,  # experiment files
     "recipes": 5,  # the loops: SFT, T-GRPO, evaluation

@@ -12,7 +12,7 @@ from psyrl.cli.errors import reported
 from psyrl.core.config import load_config
 from psyrl.core.presets import resolve_config
 
-SIGNALS = ("f1", "semantic", "judge")  # psyrl.rl.accuracy.build_signal's
+SIGNALS = ("f1", "semantic", "judge")  # psyrl.signals.build.build_signal's
 CHUNK = 256  # pairs per progress-bar tick (rounded to whole semantic batches: the same floats)
 
 
@@ -62,7 +62,7 @@ def _scores(names, config_path, overrides, pairs) -> dict:
     import transformers
     from tqdm import tqdm
 
-    from psyrl.rl.accuracy import build_signal
+    from psyrl.signals.build import build_signal
 
     transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar on stderr
     cfg = load_config(None if config_path is None else resolve_config(config_path), overrides)

@@ -30,7 +30,6 @@ from psyrl.core.checkpoints import select_checkpoint
 from psyrl.core.config import Config
 from psyrl.core.errors import RunError
 from psyrl.core.records import Cursor, DataError, load_records, load_stimuliqa, next_indices
-from psyrl.rl.accuracy import Accuracy
 from psyrl.run.directory import Run
 from psyrl.run.launch import check_memory_plan, setup_errors
 from psyrl.run.validation import longest_prompt, sample_items, validate
@@ -40,6 +39,7 @@ from psyrl.runtime.optim import build_optimizer, clipped_step, set_lr
 from psyrl.runtime.policy import build_policy, build_sampler, sync_weights
 from psyrl.runtime.timing import peak_memory_gib
 from psyrl.sft.loss import build_examples, micro_batch_losses, response_tokens
+from psyrl.signals.build import Accuracy
 
 LINE_FIELDS = [
     ("loss", "train/loss", ".4f"),

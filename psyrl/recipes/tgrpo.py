@@ -32,7 +32,6 @@ from psyrl.core.checkpoints import json_text
 from psyrl.core.config import Config
 from psyrl.core.errors import RunError
 from psyrl.core.records import Cursor, DataError, load_records, load_stimuliqa, next_indices
-from psyrl.rl.accuracy import Accuracy
 from psyrl.rl.rewards import final_rewards
 from psyrl.rl.rollout import build_prompts, rank_positions, rollout_batch, sample_seed
 from psyrl.rl.scoring import answer_tensors, gather_samples, score_responses, step_metrics
@@ -48,6 +47,7 @@ from psyrl.runtime.offload import PhaseOffload
 from psyrl.runtime.optim import build_optimizer, set_lr
 from psyrl.runtime.policy import build_policy, build_reference, build_sampler, sync_weights
 from psyrl.runtime.timing import PhaseTimer
+from psyrl.signals.build import Accuracy
 
 LINE_FIELDS = [
     ("reward", "reward/final", ".3f"),

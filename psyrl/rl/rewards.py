@@ -22,7 +22,7 @@ from psyrl.core.text import (  # format_reward (eq. 6) is text-only: eval scores
     normalize,
     think_text,
 )
-from psyrl.rl.accuracy import Accuracy, Pair, token_f1
+from psyrl.rl.accuracy import Pair, token_f1
 
 Components = dict[str, torch.Tensor]  # name -> [N] per-sample values
 
@@ -44,14 +44,14 @@ def answer_components(
     golds: Sequence[str],
     mode: str,
     cfg: RewardConfig,
-    accuracy: Accuracy | None = None,
+    accuracy=None,
     records: Sequence | None = None,
 ) -> Components:
     """Per-sample r_F1 (eq. 4-5), r_fmt (eq. 6) and p_rep (eq. 9): everything that needs no cache.
-    With `accuracy` (reward.accuracy's signals, `psyrl.rl.accuracy`), "f1" holds the signal in
-    r_F1's role, "accuracy/<name>" each signal computed (the paper's F1 among them), "custom/<name>"
-    each extra component of a reward plug-in, "judge_fallback" 1 where the judge's score fell
-    back."""
+    With `accuracy` (reward.accuracy's signals, `psyrl.signals.build.Accuracy`), "f1" holds the
+    signal in r_F1's role, "accuracy/<name>" each signal computed (the paper's F1 among them),
+    "custom/<name>" each extra component of a reward plug-in, "judge_fallback" 1 where the
+    judge's score fell back."""
     if len(responses) != len(golds):
         raise ValueError(f"{len(responses)} responses but {len(golds)} gold answers")
     fmt = [format_reward(response, mode) for response in responses]

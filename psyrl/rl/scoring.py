@@ -16,7 +16,6 @@ import torch
 
 from psyrl.core.config import RewardConfig
 from psyrl.core.records import StimuliRecord
-from psyrl.rl.accuracy import Accuracy
 from psyrl.rl.rewards import Components, answer_components, reward_metrics
 from psyrl.runtime.distributed import Dist, all_gather_lists
 from psyrl.runtime.sampler import Completion
@@ -57,13 +56,13 @@ def score_responses(
     positions: Sequence[int],
     mode: str,
     cfg: RewardConfig,
-    accuracy: Accuracy | None = None,
+    accuracy=None,
 ) -> list[Sample]:
     """This rank's share of the step scored: groups[k] holds the G completions of the prompt at
     positions[k], whose record is records[k]; each response gets r_F1, r_fmt and p_rep
     (`psyrl.rl.rewards.answer_components`, prompt mode `mode`; `accuracy`: reward.accuracy's
-    signals), all of the rank's responses in one call (an encoder batches them, a judge asks them
-    concurrently)."""
+    signals, psyrl.signals.build.Accuracy), all of the rank's responses in one call (an encoder
+    batches them, a judge asks them concurrently)."""
     flat = [
         (p, r, i, c) for p, r, group in zip(positions, records, groups) for i, c in enumerate(group)
     ]

@@ -25,7 +25,6 @@ from psyrl.core.checkpoints import find_resumable, has_checksums, json_text
 from psyrl.core.config import Config, ConfigError, config_changes, dump_config, load_config
 from psyrl.core.errors import Preempted, RunError
 from psyrl.core.runlog import MetricsFile, last_step, read_metrics, step_line, truncate_metrics
-from psyrl.run.card import model_card
 from psyrl.run.samples import sample_rows, write_samples
 from psyrl.run.trackers import TrackedRun, Trackers
 from psyrl.runtime.checkpoint import export_hf, load_checkpoint, save_checkpoint, verify_files
@@ -506,6 +505,8 @@ class Run:
 
     def finish(self, policy, tokenizer) -> None:
         """The final HF export `runs/<name>/hf/` in checkpoint.export_dtype, with its model card."""
+        from psyrl.run.card import model_card  # read at the end only: not the loop's
+
         card = None
         if self.dist.is_main:
             card = model_card(

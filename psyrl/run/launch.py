@@ -20,7 +20,6 @@ import transformers
 from psyrl.core.config import Config, load_config
 from psyrl.core.errors import Preempted, PsyrlError, RunError
 from psyrl.runtime.distributed import Dist, cleanup, init_distributed, print0
-from psyrl.runtime.vllm_sampler import check_tensor_parallel, import_vllm  # imports no vLLM
 
 Train = Callable[[Config, Dist, bool, str], None]
 
@@ -40,6 +39,8 @@ def launch(train: Train, config_path, overrides, overwrite: bool, resume: str | 
     # CPU tensors: gloo beside nccl
     host_shards = cfg.fsdp.offload != "none" or cfg.fsdp.ref_offload
     if cfg.sampler.engine == "vllm":
+        from psyrl.runtime.vllm_sampler import check_tensor_parallel, import_vllm
+
         import_vllm()  # before anything starts: a torch run never imports it
     try:
         dist = init_distributed(cfg.run.device, host_shards, cfg.fsdp.timeout_minutes)

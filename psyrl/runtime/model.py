@@ -33,7 +33,6 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from psyrl.core.config import ModelConfig
-from psyrl.core.presets import preset_writing
 
 SHIPPED_TOKENIZERS = ("tiny", "qwen2.5")
 LOGPROB_CHUNK = 256  # rows per chunk: [256, 151936] fp32 logits are 156 MB
@@ -52,6 +51,8 @@ def shipped_tokenizer_dir(name: str) -> Path:
 def _model_dir(path: str) -> Path:
     p = Path(path).expanduser()
     if not p.is_dir():
+        from psyrl.core.presets import preset_writing  # this message only
+
         trainer = preset_writing(path)  # runs/tiny-sft/...: a preset's run not trained yet
         made = f"; it is written by `{trainer}`" if trainer else ""
         raise FileNotFoundError(

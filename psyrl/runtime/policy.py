@@ -15,7 +15,6 @@ from psyrl.runtime.distributed import (
 )
 from psyrl.runtime.model import Policy, load_model, model_config
 from psyrl.runtime.sampler import TorchSampler
-from psyrl.runtime.vllm_sampler import VLLMSampler, engine_model_dir  # imports no vLLM
 
 
 def build_policy(cfg: Config, tokenizer, dist: Dist) -> Policy:
@@ -72,6 +71,9 @@ def build_sampler(
     plus rollout.max_new_tokens: vLLM's KV cache must hold one such sequence, not the model's 32k
     positions. Collective under torchrun."""
     if cfg.sampler.engine == "vllm":
+        # imported for this engine only: a torch run reads none of its code
+        from psyrl.runtime.vllm_sampler import VLLMSampler, engine_model_dir
+
         architecture = model_config(cfg.model, tokenizer)
         with engine_model_dir(architecture) as model_dir:
             sampler = VLLMSampler(

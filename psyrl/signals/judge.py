@@ -26,7 +26,7 @@ stimulus and the question, following a rubric (issue 41 item 3; the paper's appe
 - Secrets: the key is read from the environment variable `api_key_env` names and sent only in the
   Authorization header; cache lines hold the hash and the score, nothing else.
 
-This module imports the API client at once: psyrl.rl.accuracy imports it only when a config names
+This module imports the API client at once: psyrl.signals.build imports it only when a config names
 the judge, so a trainer's import stays free of it.
 """
 

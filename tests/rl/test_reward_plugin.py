@@ -7,8 +7,8 @@ import torch
 
 from psyrl.core.config import Config, ConfigError, RewardConfig, load_config
 from psyrl.core.records import StimuliRecord
-from psyrl.rl.accuracy import Accuracy
 from psyrl.rl.rewards import VARIANTS, answer_components, final_rewards
+from psyrl.signals.build import Accuracy
 
 RESPONSES = [
     "<think>she lost it</think><answer>Annoyed.</answer>",

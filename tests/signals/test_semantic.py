@@ -6,7 +6,8 @@ import torch
 
 import psyrl.signals.semantic as semantic
 from psyrl.core.config import load_config
-from psyrl.rl.accuracy import Pair, build_signal
+from psyrl.rl.accuracy import Pair
+from psyrl.signals.build import build_signal
 from psyrl.signals.semantic import SemanticError, SemanticSignal, default_encoder
 
 TEXTS = [
