@@ -12,7 +12,6 @@ import torch
 
 from psyrl.core.text import extract_answer
 from psyrl.rl.accuracy import Pair, Scores, TokenF1, reward_accuracy
-from psyrl.rl.reward_plugin import load_reward_plugin, plugin_scores
 
 
 def build_signal(name: str, cfg, device="cpu", cache_dir: Path | None = None, rank: int = 0):
@@ -46,7 +45,9 @@ class Accuracy:
             if n != "custom"
         }
         self.plugin: Callable | None = None
-        if "custom" in self.names:
+        if "custom" in self.names:  # the plug-in's loader, for a run that has one
+            from psyrl.rl.reward_plugin import load_reward_plugin
+
             self.plugin = load_reward_plugin(cfg.reward.custom)
 
     @property
@@ -72,6 +73,8 @@ class Accuracy:
         signals = {name: signal(pairs) for name, signal in self.built.items()}
         extras, fallbacks = {}, None
         if self.plugin is not None:
+            from psyrl.rl.reward_plugin import plugin_scores
+
             signals["custom"], extras = plugin_scores(
                 self.plugin, self.reward.custom, responses, golds, records
             )
