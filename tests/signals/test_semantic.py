@@ -54,6 +54,14 @@ def test_a_directory_without_config_is_refused(tmp_path):
         SemanticSignal(encoder=tmp_path)
 
 
+def test_an_encoder_that_does_not_mean_pool_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text('{"pooling_mode_cls_token": true}')
+    with pytest.raises(SemanticError, match="pools by pooling_mode_cls_token"):
+        SemanticSignal(encoder=tmp_path)
+
+
 def test_equals_sentence_transformers_encode(signal):
     """The five lines of mean pooling + normalisation are sentence-transformers' Pooling and
     Normalize modules (the model's modules.json): the reference-equivalence test."""
