@@ -149,6 +149,33 @@ from psyrl.eval.benchmarks import EXTRA_BENCHMARKS, HALVES, PAPER_BENCHMARKS
     help="--engine openai: the first backoff in seconds, doubled per attempt (at most "
     "60 s), with jitter; a longer Retry-After is honoured.",
 )
+@click.option(
+    "--accuracy",
+    "accuracy",
+    multiple=True,
+    type=click.Choice(["semantic", "judge"]),
+    help="Beside the paper's metrics (issue 41): an accuracy signal of the extracted answer "
+    "against the gold answer, each row's accuracy/NAME and a column after the paper's (mean "
+    "x100); repeatable. semantic: all-MiniLM-L6-v2 cosine (pip install 'psyrl[semantic]'); judge: "
+    "the LLM judge of --signal-config's [judge] table (scores cached in --out/judge_cache).",
+)
+@click.option(
+    "--choose-by",
+    type=click.Choice(["f1", "similarity"]),
+    default="f1",
+    show_default=True,
+    help="A multiple-choice answer's option: f1, the option of highest token F1 (SPEC §7, the "
+    "paper), or similarity, the option of highest semantic similarity; a tie is E either way. "
+    "Recorded in eval.json and results.json; `compare` refuses to mix the two.",
+)
+@click.option(
+    "--signal-config",
+    metavar="FILE",
+    default=None,
+    help="A psyrl config (file or preset) whose [semantic] and [judge] tables configure "
+    "--accuracy and --choose-by similarity; its other tables are ignored. Default: the defaults "
+    "(the judge has no default endpoint).",
+)
 @click.pass_context
 def evaluate(
     click_ctx,
@@ -168,10 +195,14 @@ def evaluate(
     request_timeout,
     retries,
     retry_wait,
+    accuracy,
+    choose_by,
+    signal_config,
 ):
     """Evaluate a checkpoint on the OOD benchmarks: F1 (x100) and F1-accuracy (%) per benchmark and
     per task, format rate, E choices and response length (results.md, results.json,
-    predictions.jsonl). Sub-commands compare runs and draw the RQ5 length analysis."""
+    predictions.jsonl); optionally accuracy signals beside them (--accuracy) and options chosen by
+    similarity (--choose-by). Sub-commands compare runs and draw the RQ5 length analysis."""
     if click_ctx.invoked_subcommand is not None:
         if gen.model is not None:
             raise click.UsageError("--model evaluates; it does not go with a sub-command")
@@ -197,11 +228,12 @@ def evaluate(
     problems = option_problems(gen) + ([] if limit >= 0 else ["--limit must be >= 0"])
     if problems:
         raise click.UsageError("; ".join(problems))
-    from psyrl.recipes.evaluate import Selection, main
+    from psyrl.recipes.evaluate import Scoring, Selection, main
 
     chosen = Selection(benchmarks, benchmark_dir, mode, limit, half, split_seed, out_dir, overwrite)
+    scoring = Scoring(tuple(dict.fromkeys(accuracy)), choose_by, signal_config)
     with reported("evaluate", also=(OSError, ValueError)):
-        main(gen, chosen, api)
+        main(gen, chosen, api, scoring)
 
 
 def api_problems(gen: GenerationOptions, api) -> None:

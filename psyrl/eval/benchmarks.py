@@ -10,6 +10,11 @@ Pure functions of records and responses (no model here: `evaluate.py` generates)
   format       eq. 6 (the exact tag layout of the prompt mode).
 StimuliQA-format files have no options: F1 and format only, grouped by `subdimension` (Table 2
 layout).
+
+Beside the paper's metrics (issue 41 item 6, `psyrl evaluate --accuracy`, `--choose-by`): a row may
+carry `accuracy/<signal>` (an accuracy signal in [0, 1] of the extracted answer to the gold text)
+and, when options are chosen by similarity, `option_similarity` with the choice and correctness
+that follow from it. The recipe computes them; here they are summarised and can be taken off again.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ DISPLAY_NAMES = {
     "emobench": "EmoBench",
 }
 HALVES = ("all", "selftrain", "eval")
+SIGNAL_PREFIX = "accuracy/"  # a row's and a summary's key of an accuracy signal beside the paper's
 
 
 class EvalError(PsyrlError, ValueError):
@@ -186,12 +192,40 @@ def score_response(
     return row
 
 
+def signal_inputs(record: BenchmarkRecord | StimuliRecord) -> tuple[str, str]:
+    """(stimulus, question): what an accuracy signal (the judge) reads beside the two answers."""
+    stimulus = record.context if isinstance(record, BenchmarkRecord) else record.stimuli
+    return stimulus, record.question
+
+
+def choose_by_scores(row: dict, record: BenchmarkRecord, scores: Sequence[float]) -> None:
+    """`--choose-by similarity`: the row's choice is the option of highest similarity to the
+    extracted answer, by SPEC §7's rule otherwise (a tie at the top, or a top of 0, is E)."""
+    row["option_similarity"] = list(scores)
+    row["choice"] = choice_of(row["option_similarity"])
+    row["correct"] = row["choice"] == record.answer_index
+
+
+def paper_row(row: dict, record: BenchmarkRecord | StimuliRecord) -> dict:
+    """The row as the paper scores it: no accuracy signal, the choice of highest F1 (a resumed
+    evaluation scores its earlier rows again with this run's options). A row of the paper's scoring
+    comes back equal."""
+    row = {
+        k: v for k, v in row.items() if k != "option_similarity" and not k.startswith(SIGNAL_PREFIX)
+    }
+    if isinstance(record, BenchmarkRecord) and row.get("option_f1") is not None:
+        row["choice"] = choice_of(row["option_f1"])
+        row["correct"] = row["choice"] == record.answer_index
+    return row
+
+
 def summarize(rows: Sequence[dict]) -> dict:
     """F1 ×100, accuracy % (None without options), count, E choices, format-compliance %, mean
-    response tokens."""
+    response tokens; then, when the rows carry them, each accuracy signal's mean ×100
+    (`accuracy/<name>`) and `choose_by: similarity` when that chose the options."""
     n = len(rows)
     multiple_choice = all(r["correct"] is not None for r in rows)
-    return {
+    summary = {
         "count": n,
         "f1": 100 * sum(r["f1"] for r in rows) / n,
         "accuracy": 100 * sum(bool(r["correct"]) for r in rows) / n if multiple_choice else None,
@@ -199,6 +233,11 @@ def summarize(rows: Sequence[dict]) -> dict:
         "format": 100 * sum(r["format"] for r in rows) / n,
         "length": sum(r["tokens"] for r in rows) / n,
     }
+    for key in (k for k in rows[0] if k.startswith(SIGNAL_PREFIX)):
+        summary[key] = 100 * sum(r[key] for r in rows) / n
+    if multiple_choice and "option_similarity" in rows[0]:
+        summary["choose_by"] = "similarity"
+    return summary
 
 
 def aggregate(rows: Sequence[dict]) -> dict:

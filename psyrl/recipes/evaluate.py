@@ -17,7 +17,10 @@ resume (its logits can, in their last bits, with the batch's shapes). Prediction
 `<out>/predictions.jsonl` as they finish; a second run with the same --out and generation settings
 skips the items already there (an interrupted evaluation resumes; SIGTERM or SIGUSR1 stops it after
 the round in flight, exit status 75). At the end: predictions.jsonl in item order, results.json,
-results.md. `--engine openai` sends each item's chat messages to an OpenAI-compatible endpoint
+results.md. `--accuracy semantic|judge` adds an accuracy signal beside the paper's metrics to every
+row and summary, and `--choose-by similarity` picks a multiple-choice answer's option by semantic
+similarity instead of F1 (issue 41 item 6; `score_signals`, after the paper's scoring, on rank 0).
+`--engine openai` sends each item's chat messages to an OpenAI-compatible endpoint
 instead (psyrl.eval.openai_engine) and keeps the same files and resume. ToMbench's licence says
 "evaluation only": `psyrl self-label` leaves its items out unless told otherwise.
 """
@@ -28,35 +31,42 @@ import json
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
 
 from psyrl.core import prompts
 from psyrl.core.atomic import write_text
-from psyrl.core.config import PromptConfig, RunConfig
-from psyrl.core.errors import Preempted
+from psyrl.core.config import Config, PromptConfig, RunConfig, load_config
+from psyrl.core.errors import Preempted, PsyrlError
 from psyrl.core.generation_options import GenerationOptions
+from psyrl.core.presets import resolve_config
 from psyrl.eval.benchmarks import (
     PAPER_BENCHMARKS,
+    SIGNAL_PREFIX,
     EvalError,
     aggregate,
+    choose_by_scores,
     item_seed,
+    paper_row,
     read_predictions,
     resolve_sources,
     score_response,
     select_items,
+    signal_inputs,
     task_of,
 )
 from psyrl.eval.lengths import counts_markdown, lengths_by_index
 from psyrl.eval.openai_engine import ApiOptions, Client, complete_all, request_body
 from psyrl.eval.report import results_markdown
 from psyrl.eval.rounds import append_rows, generation_rounds, jsonl_text, preempted
+from psyrl.rl.accuracy import Pair
 from psyrl.runtime.distributed import Dist, all_gather_lists, broadcast_object, cleanup, print0
 from psyrl.runtime.generation import load_generation, start_generation
 from psyrl.runtime.model import model_config, weight_files
 from psyrl.runtime.preemption import Preemption
+from psyrl.signals.build import build_signal
 
 OUTPUT_FILES = ("predictions.jsonl", "eval.json", "results.json", "results.md", "lengths.png")
 GENERATION_KEYS = (
@@ -75,6 +85,7 @@ GENERATION_KEYS = (
 )
 # settings absent from the eval.json of an older psyrl: what it used
 DEFAULTS_BEFORE = {"engine": "torch"}
+JUDGE_CACHE = "judge_cache"  # the judge's scores in --out, by content hash: a resume reads them
 
 
 def model_label(model_dir: Path) -> str:
@@ -117,14 +128,105 @@ class Selection:
         return split_specs(self.benchmarks) or list(PAPER_BENCHMARKS)
 
 
-def main(gen: GenerationOptions, chosen: Selection, api: ApiOptions | None = None) -> None:
+@dataclass(frozen=True)
+class Scoring:
+    """What evaluate.py scores beside the paper's metrics (issue 41 item 6); nothing by default."""
+
+    accuracy: tuple[str, ...] = ()
+    """Accuracy signals (`semantic`, `judge`), each a row's `accuracy/<name>` and a summary's mean
+    ×100: of the extracted answer against the gold answer text, given the item's context and
+    question."""
+    choose_by: str = "f1"
+    """A multiple-choice answer's option: `f1`, the one of highest F1 (SPEC §7, the paper), or
+    `similarity`, the one of highest semantic similarity; a tie at the top is E either way."""
+    signal_config: str | None = None
+    """A psyrl config (file or preset) whose [semantic] and [judge] tables configure the signals;
+    None: the defaults (the judge has no default endpoint)."""
+
+    @property
+    def paper(self) -> bool:
+        """The paper's scoring alone: every output file as without these options."""
+        return not self.accuracy and self.choose_by == "f1"
+
+
+@dataclass
+class Scorers:
+    """The built signals of a Scoring (rank 0 holds them)."""
+
+    accuracy: dict = field(default_factory=dict)
+    """Signal name -> signal (`psyrl.rl.accuracy`): `signal(pairs)` is float64 [N] in [0, 1]."""
+    similarity: object | None = None
+    """The semantic signal that chooses options (`choose_by = "similarity"`), else None."""
+    settings: dict = field(default_factory=dict)
+    """What eval.json and results.json record of them."""
+
+
+def signal_settings(scoring: Scoring) -> Config | None:
+    """The config of the signals (None for the paper's scoring), checked before any model is read:
+    the judge needs an endpoint."""
+    if scoring.paper:
+        if scoring.signal_config is not None:
+            raise EvalError(
+                "--signal-config configures --accuracy semantic|judge and --choose-by similarity; "
+                "neither was given"
+            )
+        return None
+    path = None if scoring.signal_config is None else resolve_config(scoring.signal_config)
+    cfg = load_config(path)
+    if "judge" in scoring.accuracy and not (cfg.judge.base_url and cfg.judge.model):
+        where = f"{path}'s [judge] table" if path else "no --signal-config FILE"
+        raise EvalError(
+            "--accuracy judge needs the judge's endpoint: base_url and model in the [judge] table "
+            f"of a --signal-config FILE ({where} sets "
+            f"base_url = {cfg.judge.base_url!r}, model = {cfg.judge.model!r}); see docs/judge.md"
+        )
+    return cfg
+
+
+def build_scorers(scoring: Scoring, cfg: Config | None, out: Path) -> Scorers | None:
+    """The signals of `scoring`, built before any generation (a missing encoder is said at once),
+    on the CPU: a score does not depend on the device an evaluation or its resume ran on. The
+    judge's cache is `out`/judge_cache."""
+    if cfg is None:
+        return None
+    built = {n: build_signal(n, cfg, "cpu", out / JUDGE_CACHE) for n in scoring.accuracy}
+    similarity = None
+    if scoring.choose_by == "similarity":
+        similarity = built.get("semantic") or build_signal("semantic", cfg, "cpu")
+    settings: dict = {}
+    if scoring.accuracy:
+        settings["accuracy"] = list(scoring.accuracy)
+    if similarity is not None:
+        settings["choose_by"] = scoring.choose_by
+    if similarity is not None or "semantic" in built:
+        settings["semantic_encoder"] = str((similarity or built["semantic"]).directory)
+    if "judge" in built:  # the key's variable by name only, as for --engine openai
+        judge = cfg.judge
+        settings["judge"] = {
+            "base_url": judge.base_url,
+            "model": judge.model,
+            "rubric": judge.rubric or "(shipped)",
+            "api_key_env": judge.api_key_env,
+            "on_failure": judge.on_failure,
+        }
+    if scoring.signal_config is not None:
+        settings["signal_config"] = scoring.signal_config
+    return Scorers(built, similarity, settings)
+
+
+def main(
+    gen: GenerationOptions,
+    chosen: Selection,
+    api: ApiOptions | None = None,
+    scoring: Scoring = Scoring(),
+) -> None:
     """Evaluate --model (options checked by the command line): join the ranks, evaluate, report,
     leave. With `api` (--engine openai): one process, no model. Raises psyrl's errors (and on
     Preempted, rank 0 has said how to resume)."""
     if api is not None:
         out = Path(chosen.out or Path("runs") / "eval" / api.model.replace("/", "-"))
         try:
-            evaluate_api(gen, api, chosen, out)
+            evaluate_api(gen, api, chosen, out, scoring)
         except Preempted as e:
             print(str(e), flush=True)
             raise
@@ -133,7 +235,7 @@ def main(gen: GenerationOptions, chosen: Selection, api: ApiOptions | None = Non
     out = Path(chosen.out) if chosen.out else default_out
     dist = start_generation(gen)
     try:
-        evaluate(dist, gen, chosen, out)
+        evaluate(dist, gen, chosen, out, scoring)
     except Preempted as e:
         print0(str(e), dist)
         cleanup(dist)
@@ -141,10 +243,13 @@ def main(gen: GenerationOptions, chosen: Selection, api: ApiOptions | None = Non
     cleanup(dist)
 
 
-def evaluate(dist: Dist, gen: GenerationOptions, chosen: Selection, out: Path) -> None:
+def evaluate(
+    dist: Dist, gen: GenerationOptions, chosen: Selection, out: Path, scoring: Scoring = Scoring()
+) -> None:
     """The evaluation of a local model over this process's ranks (`main` runs it)."""
     # ------------------------------------------------------------- inputs, checked before any write
     sources, items = selection(chosen)
+    signal_cfg = signal_settings(scoring)
     generation = load_generation(dist, gen)  # the tokenizer; the model loads after the resume check
     tokenizer, model_dir = generation.tokenizer, Path(gen.model)
     # the model directory too, before eval.json is written: its config (no remote code), weights
@@ -159,12 +264,14 @@ def evaluate(dist: Dist, gen: GenerationOptions, chosen: Selection, out: Path) -
     }
     predictions = out / "predictions.jsonl"
     done: dict[str, dict] = {}
-    problem = None
+    problem, scorers = None, None
     # rank 0 decides and writes; the others learn the outcome (no rank left waiting alone)
     if dist.is_main:
         try:
+            scorers = build_scorers(scoring, signal_cfg, out)  # rank 0 scores beyond the paper
+            settings.update(scorers.settings if scorers else {})
             done = start_output(out, settings, items, chosen.overwrite)
-        except (EvalError, OSError) as e:
+        except (PsyrlError, OSError) as e:
             problem = str(e)
     problem, done_ids = broadcast_object((problem, set(done)), dist)
     if problem:
@@ -239,7 +346,7 @@ def evaluate(dist: Dist, gen: GenerationOptions, chosen: Selection, out: Path) -
         "items_per_s": len(pending) / wall if pending and wall > 0 else None,
         "per_rank": per_rank,
     }
-    write_results(out, model_label(model_dir), items, done, settings, perf)
+    write_results(out, model_label(model_dir), items, done, settings, perf, scorers)
     speed = (
         f"{perf['items_per_s']:.2f} items/s over {dist.world} rank(s)"
         if perf["items_per_s"]
@@ -257,11 +364,13 @@ def evaluate_api(
     api: ApiOptions,
     chosen: Selection,
     out: Path,
+    scoring: Scoring = Scoring(),
 ) -> None:
     """`--engine openai`: the same items, prompts, seeds, scoring, files and resume as `evaluate`,
     each response one chat-completions request (`api.concurrency` in flight, one process)."""
     # ------------------------------------------------------------- inputs, checked before any write
     sources, items = selection(chosen)
+    scorers = build_scorers(scoring, signal_settings(scoring), out)
     # the key's variable by name only: its value never reaches a file or the screen
     settings = {
         "model": api.model,
@@ -277,6 +386,7 @@ def evaluate_api(
         "request_timeout": api.timeout,
         "retries": api.retries,
         **selection_settings(sources, chosen),
+        **(scorers.settings if scorers else {}),
     }
     done = start_output(out, settings, items, chosen.overwrite)
     predictions = out / "predictions.jsonl"
@@ -345,7 +455,7 @@ def evaluate_api(
         "concurrency": api.concurrency,
         "per_rank": [{"rank": 0, **stats}],
     }
-    write_results(out, api.model, items, done, settings, perf)
+    write_results(out, api.model, items, done, settings, perf, scorers)
     speed = f"{perf['items_per_s']:.2f} items/s" if perf["items_per_s"] else "nothing new"
     print(
         f"evaluate: {stats['items']} items requested in {wall:.1f} s ({speed}); "
@@ -395,11 +505,19 @@ def start_output(out: Path, settings: dict, items: list, overwrite: bool) -> dic
 
 
 def write_results(
-    out: Path, label: str, items: list, done: dict[str, dict], settings: dict, perf: dict
+    out: Path,
+    label: str,
+    items: list,
+    done: dict[str, dict],
+    settings: dict,
+    perf: dict,
+    scorers: Scorers | None = None,
 ) -> None:
     """predictions.jsonl in item order (the same file for any ranks, batch, engine order or resume),
-    results.json, results.md (printed)."""
+    results.json, results.md (printed); with `scorers`, every row scored beyond the paper first."""
     rows = [done[r.id] for _, r in items]
+    if scorers is not None:
+        perf.update(score_signals(rows, {r.id: r for _, r in items}, scorers))
     write_text(out / "predictions.jsonl", jsonl_text(rows))
     results = aggregate(rows)
     write_text(
@@ -455,7 +573,49 @@ def previous_predictions(out: Path, settings: dict, items: list) -> dict[str, di
             f"(e.g. {outside[0]!r}); choose a selection that includes them, another --out, or "
             "--overwrite"
         )
+    done = {}
     for row in rows:
         source, record = selected[row["id"]]
         row["benchmark"], row["task"] = source.name, task_of(record)
-    return {r["id"]: r for r in rows}
+        # as the paper scores it: this run's signals and choice rule score every row at the end
+        done[row["id"]] = paper_row(row, record)
+    return done
+
+
+def score_signals(rows: list[dict], records: dict, scorers: Scorers) -> dict:
+    """After the paper's scoring (`score_response`): each row's `accuracy/<name>`, the signal of
+    its extracted answer against the gold answer text, with the item's context and question; and
+    with `choose_by = "similarity"`, a multiple-choice row's option_similarity, choice and
+    correctness. One call per signal and benchmark: the encoder batches, the judge's requests run
+    concurrently (judge.concurrency, judge.step_timeout_s per benchmark). Rows in item order: a
+    resume scores the same batches, so the same floats. Returns what perf records."""
+    by_benchmark: dict[str, list[dict]] = {}
+    for row in rows:
+        by_benchmark.setdefault(row["benchmark"], []).append(row)
+    fallbacks = 0
+    for group in by_benchmark.values():
+        pairs = [
+            Pair(records[r["id"]].answer, r["extracted"], *signal_inputs(records[r["id"]]))
+            for r in group
+        ]
+        for name, scorer in scorers.accuracy.items():
+            for row, score in zip(group, scorer(pairs).tolist()):  # [N]
+                row[SIGNAL_PREFIX + name] = score
+            fallbacks += getattr(scorer, "fallbacks", 0)  # the judge's, scored by F1 instead
+        if scorers.similarity is not None:
+            chosen = [(r, records[r["id"]]) for r in group if r["option_f1"] is not None]
+            option_pairs = [Pair(o, r["extracted"]) for r, record in chosen for o in record.options]
+            scores = scorers.similarity(option_pairs).tolist()  # [sum of the options]
+            start = 0
+            for row, record in chosen:
+                choose_by_scores(row, record, scores[start : start + len(record.options)])
+                start += len(record.options)
+    if "judge" not in scorers.accuracy:
+        return {}
+    if fallbacks:
+        judge = scorers.accuracy["judge"]
+        print(
+            f"evaluate: the judge did not score {fallbacks} answers (last error: "
+            f"{judge.last_error}); their accuracy/judge is the paper's F1, asked again on a resume"
+        )
+    return {"judge_fallbacks": fallbacks}
