@@ -228,7 +228,8 @@ def evaluate(
     problems = option_problems(gen) + ([] if limit >= 0 else ["--limit must be >= 0"])
     if problems:
         raise click.UsageError("; ".join(problems))
-    from psyrl.recipes.evaluate import Scoring, Selection, main
+    from psyrl.recipes.evaluate import Selection, main
+    from psyrl.signals.evaluation import Scoring
 
     chosen = Selection(benchmarks, benchmark_dir, mode, limit, half, split_seed, out_dir, overwrite)
     scoring = Scoring(tuple(dict.fromkeys(accuracy)), choose_by, signal_config)

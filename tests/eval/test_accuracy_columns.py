@@ -16,9 +16,9 @@ from psyrl.core.records import BenchmarkRecord, StimuliRecord
 from psyrl.core.text import choice_of
 from psyrl.eval.benchmarks import EvalError, aggregate, resolve_sources, score_response
 from psyrl.eval.report import compare_markdown, results_markdown
-from psyrl.recipes.evaluate import Scorers, score_signals
 from psyrl.rl.accuracy import Pair
 from psyrl.runtime.model import load_model, load_tokenizer
+from psyrl.signals.evaluation import Scorers, score_signals
 from psyrl.signals.semantic import SemanticSignal
 
 SOURCES = "bbh,data/demo/test.jsonl"  # a multiple-choice benchmark and a StimuliQA file
