@@ -392,6 +392,10 @@ class AdvantageConfig:
     GRPO, per prompt)."""
     eps: float = 1e-6
     """epsilon of eq. 2 (verl's GRPO value)."""
+    std: bool = True
+    """Divide by sigma_r + eps (eq. 2, the paper). false: A = r - r-bar, Dr. GRPO's advantage
+    (Liu et al. 2025; verl's algorithm.norm_adv_by_std_in_grpo = false, TRL's scale_rewards =
+    "none"), in every scope."""
 
     def __post_init__(self):
         check_choices(self)

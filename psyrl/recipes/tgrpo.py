@@ -209,7 +209,12 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
                     cache.push_rewards(final)
                     # -------------------------------- 5. advantages (eq. 2) over the cached rewards
                     adv = advantages(
-                        final, cfg.advantage.scope, G, cache.rewards(), cfg.advantage.eps
+                        final,
+                        cfg.advantage.scope,
+                        G,
+                        cache.rewards(),
+                        cfg.advantage.eps,
+                        cfg.advantage.std,
                     )  # [B*G]
                     rollout = rollout_batch(groups, prompt_ids, adv, positions, G)  # this rank's
                     scores = step_metrics(samples, components, adv, G)

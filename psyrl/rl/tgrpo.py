@@ -22,8 +22,10 @@ def advantages(
     group_size: int,
     pool: torch.Tensor | None = None,
     eps: float = AdvantageConfig.eps,
+    std: bool = True,
 ) -> torch.Tensor:
-    """Eq. 2: A_i = (r_i - r-bar) / (sigma_r + eps), one scalar per response ([N] -> [N]).
+    """Eq. 2: A_i = (r_i - r-bar) / (sigma_r + eps), one scalar per response ([N] -> [N]); with
+    `std` false, Dr. GRPO's A_i = r_i - r-bar (advantage.std; verl's norm_adv_by_std_in_grpo).
 
     `scope` picks the pool of r-bar and sigma_r: `cache` (paper: every final reward in the
     trajectory cache, the current step's included, passed as `pool`), `batch` (this step's rewards),
@@ -41,8 +43,9 @@ def advantages(
         if rewards.numel() % group_size:
             raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
         groups = rewards.reshape(-1, group_size)  # [B, G]
-        mean, std = groups.mean(dim=1, keepdim=True), groups.std(dim=1, keepdim=True)  # [B, 1]
-        return ((groups - mean) / (std + eps)).reshape(-1)  # [N]
+        centred = groups - groups.mean(dim=1, keepdim=True)  # [B, G]
+        scale = groups.std(dim=1, keepdim=True) + eps if std else 1.0  # [B, 1]
+        return (centred / scale).reshape(-1)  # [N]
     if scope == "batch":
         pool = rewards
     elif scope == "cache":
@@ -53,7 +56,7 @@ def advantages(
         raise ValueError(f"unknown advantage scope {scope!r}: expected one of {', '.join(SCOPES)}")
     if pool.numel() < 2:
         return torch.zeros_like(rewards)
-    return (rewards - pool.mean()) / (pool.std() + eps)  # [N]
+    return (rewards - pool.mean()) / (pool.std() + eps if std else 1.0)  # [N]
 
 
 def _as_float(x) -> torch.Tensor:

@@ -78,6 +78,20 @@ def test_cache_scope_across_three_steps_with_c2():
     )
 
 
+def test_without_std_the_advantage_is_the_centred_reward_in_every_scope():
+    # advantage.std = false (Dr. GRPO): A = r - r-bar. Rewards 1, 0, 0.5, 0.5 in groups of 2:
+    # group means 0.5 and 0.5, so A = 0.5, -0.5, 0, 0; the batch mean is 0.5 too; a cache pool of
+    # 0, 0, 0, 1 (mean 0.25) gives 0.75, -0.25, 0.25, 0.25
+    r = torch.tensor([1.0, 0.0, 0.5, 0.5], dtype=torch.float64)
+    assert advantages(r, "group", 2, std=False).tolist() == [0.5, -0.5, 0.0, 0.0]
+    assert advantages(r, "batch", 2, std=False).tolist() == [0.5, -0.5, 0.0, 0.0]
+    pool = torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=torch.float64)
+    assert advantages(r, "cache", 2, pool, std=False).tolist() == [0.75, -0.25, 0.25, 0.25]
+    # the default is eq. 2's division, unchanged
+    assert torch.equal(advantages(r, "batch", 2), advantages(r, "batch", 2, std=True))
+    assert advantages(r, "batch", 2)[0] == pytest.approx(0.5 / (math.sqrt(1 / 6) + 1e-6))
+
+
 def test_integer_rewards_and_list_pools_are_accepted():
     # 1, 2, 3: mean 2, unbiased std 1 -> A = -1, 0, 1 (over 1 + 1e-6)
     expected = [-1 / (1 + 1e-6), 0.0, 1 / (1 + 1e-6)]
