@@ -602,3 +602,27 @@ def test_trackers_hold_every_row_once_across_a_crash_and_resume(start, tmp_path)
         assert {k: log[k] for k in same} == {k: row[k] for k in same}
     assert sorted(log["step"] for log in trackio["logs"] if "samples" in log) == [1, 2, 3]
     assert trackio["config"]["reward"]["variant"] == "bilateral"
+
+
+def test_dr_grpo_and_dapo_keys_reach_the_update(start, tmp_path):
+    """advantage.std = false and loss.agg = token-mean in a run (issue 42): each advantage is the
+    final reward less its group's mean (no division), and the update trains on it."""
+    result = run_in_process(
+        start,
+        tmp_path,
+        "run.steps=1",
+        "advantage.scope=group",
+        "advantage.std=false",
+        "loss.agg=token-mean",
+        "log.samples_every=1",
+    )
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(x) for x in (tmp_path / "rl/samples/step-1.jsonl").read_text().splitlines()]
+    for start_ in range(0, len(rows), 4):  # groups of rollout.samples = 4
+        group = rows[start_ : start_ + 4]
+        mean = sum(r["final"] for r in group) / 4
+        assert [r["advantage"] for r in group] == pytest.approx(
+            [r["final"] - mean for r in group], abs=1e-6
+        )
+    row = read_metrics(tmp_path / "rl" / "metrics.jsonl")[-1]
+    assert row["actor/grad_norm"] > 0 and math.isfinite(row["actor/pg_loss"])

@@ -394,8 +394,8 @@ class AdvantageConfig:
     """epsilon of eq. 2 (verl's GRPO value)."""
     std: bool = True
     """Divide by sigma_r + eps (eq. 2, the paper). false: A = r - r-bar, Dr. GRPO's advantage
-    (Liu et al. 2025; verl's algorithm.norm_adv_by_std_in_grpo = false, TRL's scale_rewards =
-    "none"), in every scope."""
+    (Liu et al. 2025; verl's norm_adv_by_std_in_grpo = false, core_algos.py:268-331 at 1dda039;
+    TRL's scale_rewards = "none"), in every scope."""
 
     def __post_init__(self):
         check_choices(self)
@@ -415,6 +415,20 @@ class LossConfig:
     printed)."""
     kl_coef: float = 1e-2
     """beta: weight of the low-variance KL to the reference model in the loss (eq. 1; A.3)."""
+    agg: Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"] = (
+        "seq-mean-token-mean"
+    )
+    """How token losses become the loss (verl's loss_agg_mode names and definitions, agg_loss in
+    verl/trainer/ppo/core_algos.py:1140-1205 at 1dda039): `seq-mean-token-mean`, each response's
+    token mean averaged over the mini-batch's responses (eq. 1, the paper); `token-mean`, the mean
+    over all the mini-batch's response tokens (DAPO, Yu et al. 2025); `seq-mean-token-sum-norm`,
+    each response's token sum over loss.agg_norm_tokens, averaged over responses (Dr. GRPO, Liu et
+    al. 2025). Every divisor covers the whole mini-batch on all ranks, fixed before the micro-batch
+    loop."""
+    agg_norm_tokens: int = 0
+    """agg = "seq-mean-token-sum-norm": the constant each response's token sum is divided by; 0 =
+    rollout.max_new_tokens (Dr. GRPO's generation budget; verl's default, loss_mask.shape[-1], is
+    the padded response width, core_algos.py:1189-1193)."""
 
     def __post_init__(self):
         require(0 <= self.eps_low < 1, "eps_low", f"expected 0 <= eps_low < 1, got {self.eps_low}")
@@ -425,6 +439,12 @@ class LossConfig:
             f"expected 0 (off) or > 1, got {self.dual_clip}",
         )
         require(self.kl_coef >= 0, "kl_coef", f"expected >= 0, got {self.kl_coef}")
+        check_choices(self)
+        require(
+            self.agg_norm_tokens >= 0,
+            "agg_norm_tokens",
+            f"expected >= 0 (0: rollout.max_new_tokens), got {self.agg_norm_tokens}",
+        )
 
 
 @dataclass

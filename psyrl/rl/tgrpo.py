@@ -12,8 +12,9 @@ import torch
 
 from psyrl.core.config import AdvantageConfig, LossConfig
 
-# one list: the config's choices
+# one list each: the config's choices
 SCOPES = typing.get_args(typing.get_type_hints(AdvantageConfig)["scope"])
+AGGS = typing.get_args(typing.get_type_hints(LossConfig)["agg"])
 
 
 def advantages(
@@ -78,6 +79,25 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, x, 0.0).sum() / mask.sum().clamp(min=1)
 
 
+def aggregate(
+    x: torch.Tensor, mask: torch.Tensor, mode: str, normalizer: float, norm_tokens: int = 1
+) -> torch.Tensor:
+    """The loss of per-token values x [N, T] under `loss.agg` (verl's loss_agg_mode names):
+    `seq-mean-token-mean` (eq. 1): each response's token mean, summed, over `normalizer` responses;
+    `token-mean` (DAPO): every token's value summed over `normalizer`, the mini-batch's response
+    tokens on all ranks; `seq-mean-token-sum-norm` (Dr. GRPO): each response's token sum over the
+    constant `norm_tokens`, summed, over `normalizer` responses. `normalizer` is fixed before the
+    micro-batch loop, so micro-batches and ranks sum to the whole mini-batch's loss."""
+    if mode == "seq-mean-token-mean":
+        return seq_mean_token_mean(x, mask, normalizer)
+    summed = torch.where(mask.bool(), x, 0.0)  # [N, T]
+    if mode == "token-mean":
+        return summed.sum() / normalizer
+    if mode == "seq-mean-token-sum-norm":
+        return (summed.sum(dim=-1) / norm_tokens).sum() / normalizer
+    raise ValueError(f"unknown loss aggregation {mode!r}: expected one of {', '.join(AGGS)}")
+
+
 def seq_mean_token_mean(x: torch.Tensor, mask: torch.Tensor, normalizer: float) -> torch.Tensor:
     """Eq. 1's aggregation: (1/|o_i|) sum over each response's tokens, summed over responses and
     divided by `normalizer`, the response count of the whole mini-batch on all ranks (SPEC §3),
@@ -97,9 +117,11 @@ def tgrpo_loss(
     normalizer: float,
     cfg: LossConfig,
     logp_ref: torch.Tensor | None = None,
+    norm_tokens: int = 1,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Eq. 1 as a loss to minimise: -min(r A, clip(r, 1-eps_low, 1+eps_high) A), with the dual clip
-    for A < 0 (loss capped at -c A), plus beta * low_var_kl, sequence-mean-token-mean.
+    for A < 0 (loss capped at -c A), plus beta * low_var_kl, aggregated by `loss.agg` (`aggregate`:
+    eq. 1's sequence-mean-token-mean by default; `normalizer`, `norm_tokens` are its divisors).
 
     logp, logp_old, logp_ref: [N, T] token log-probs (current, sampling-time, reference policy);
     advantages: [N]; mask: [N, T] (bool or 0/1). Detached metrics of this call: `pg_loss` and `kl`
@@ -123,7 +145,7 @@ def tgrpo_loss(
         dual = (adv < 0) & (pg > cap)  # [N, T]
         pg = torch.where(dual, cap, pg)
     kl = low_var_kl(logp, logp_ref) if logp_ref is not None else torch.zeros_like(pg)  # [N, T]
-    loss = seq_mean_token_mean(pg + cfg.kl_coef * kl, mask, normalizer)
+    loss = aggregate(pg + cfg.kl_coef * kl, mask, cfg.agg, normalizer, norm_tokens)
 
     with torch.no_grad():
         metrics = {

@@ -156,12 +156,17 @@ def update(
 ) -> tuple[float, bool, dict]:
     """One optimiser step on this rank's share of a mini-batch (eq. 1), gradients accumulated over
     micro-batches and divided by the mini-batch's sequence count over all ranks (optim.global_batch
-    x rollout.samples). `fsdp.defer_grad_sync`: the gradient reduce-scatter runs at the last
-    micro-batch only. Returns (grad norm, applied, sums): sums holds the loss metrics' token- and
-    sequence-weighted sums (float64 tensors, read once per step by `reduce_sums`: .item() per
-    micro-batch would sync a GPU each time)."""
+    x rollout.samples), or with loss.agg = "token-mean" its response tokens over all ranks.
+    `fsdp.defer_grad_sync`: the gradient reduce-scatter runs at the last micro-batch only. Returns
+    (grad norm, applied, sums): sums holds the loss metrics' token- and sequence-weighted sums
+    (float64 tensors, read once per step by `reduce_sums`: .item() per micro-batch would sync a GPU
+    each time)."""
     temperature = cfg.rollout.temperature
     normalizer = cfg.optim.global_batch * cfg.rollout.samples  # the mini-batch's sequences
+    if cfg.loss.agg == "token-mean":  # the mini-batch's response tokens, all ranks
+        tokens = sum(len(ids) - p for ids, p in zip(batch.token_ids, batch.prompt_lengths))
+        normalizer = float(all_reduce(torch.tensor(float(tokens)), dist).item())
+    norm_tokens = cfg.loss.agg_norm_tokens or cfg.rollout.max_new_tokens
     sums = defaultdict(float)
     batches = micro_batches(
         [len(ids) for ids in batch.token_ids],
@@ -182,7 +187,9 @@ def update(
         logp_old = as_padded(chunk.logp_old, mask) if chunk.logp_old is not None else logp.detach()
         logp_ref = as_padded(chunk.logp_ref, mask) if cfg.loss.kl_coef > 0 else None
         adv = torch.tensor(chunk.advantages, dtype=torch.float32, device=dist.device)  # [b]
-        loss, metrics = tgrpo_loss(logp, logp_old, adv, mask, normalizer, cfg.loss, logp_ref)
+        loss, metrics = tgrpo_loss(
+            logp, logp_old, adv, mask, normalizer, cfg.loss, logp_ref, norm_tokens
+        )
         (loss * weight).backward()
         if not weight:
             continue

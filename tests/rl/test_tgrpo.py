@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from psyrl.core.config import LossConfig
-from psyrl.rl.tgrpo import advantages, low_var_kl, seq_mean_token_mean, tgrpo_loss
+from psyrl.rl.tgrpo import (
+    AGGS,
+    advantages,
+    aggregate,
+    low_var_kl,
+    seq_mean_token_mean,
+    tgrpo_loss,
+)
 from psyrl.rl.trajectory_cache import TrajectoryCache
 
 NO_KL = LossConfig(kl_coef=0.0)
@@ -230,37 +237,56 @@ def test_loss_matches_a_token_by_token_reference():
         assert loss.item() == pytest.approx(expected, abs=1e-6)
 
 
-def grads(logits, gather, logp_old, logp_ref, adv, mask, chunks, normalizer):
-    """Gradient w.r.t. the logits of the loss summed over `chunks` (micro-batches or ranks)."""
+def grads(logits, gather, logp_old, logp_ref, adv, mask, chunks, agg=AGGS[0]):
+    """Gradient w.r.t. the logits of the loss summed over `chunks` (micro-batches or ranks), each
+    divided by the whole batch's normaliser for `agg` (responses, or response tokens)."""
+    cfg = LossConfig(agg=agg)
+    normalizer = mask.sum().item() if agg == "token-mean" else len(mask)
     params = logits.clone().requires_grad_(True)
     for rows in chunks:
         logp = gather(torch.log_softmax(params, -1))[rows]
         loss, _ = tgrpo_loss(
-            logp, logp_old[rows], adv[rows], mask[rows], normalizer, LossConfig(), logp_ref[rows]
+            logp, logp_old[rows], adv[rows], mask[rows], normalizer, cfg, logp_ref[rows], 4
         )
         loss.backward()  # gradient accumulation sums micro-batch gradients
     return params.grad
 
 
+@pytest.mark.parametrize("agg", AGGS)
 @pytest.mark.parametrize("micro", [1, 2, 3])
-def test_gradient_does_not_depend_on_micro_batch_size(micro):
+def test_gradient_does_not_depend_on_micro_batch_size(micro, agg):
     batch = make_batch()
     n = len(batch[4])
-    whole = grads(*batch, chunks=[slice(0, n)], normalizer=n)
-    split = grads(*batch, chunks=[slice(i, i + micro) for i in range(0, n, micro)], normalizer=n)
+    whole = grads(*batch, chunks=[slice(0, n)], agg=agg)
+    split = grads(*batch, chunks=[slice(i, i + micro) for i in range(0, n, micro)], agg=agg)
     assert torch.allclose(whole, split, atol=1e-6, rtol=0)
     assert whole.abs().sum() > 0
 
 
-def test_gradient_does_not_depend_on_world_size():
-    # Two "ranks" each hold 3 of 6 responses and divide by the global count 6;
-    # psyrl.runtime.distributed.shard sums
-    # their gradients, which equals the one-process gradient.
+@pytest.mark.parametrize("agg", AGGS)
+def test_gradient_does_not_depend_on_world_size(agg):
+    # Two "ranks" each hold 3 of 6 responses and divide by the global normaliser;
+    # psyrl.runtime.distributed.shard sums their gradients, which equals the one-process gradient.
     batch = make_batch()
-    whole = grads(*batch, chunks=[slice(0, 6)], normalizer=6)
-    rank0 = grads(*batch, chunks=[slice(0, 1), slice(1, 3)], normalizer=6)
-    rank1 = grads(*batch, chunks=[slice(3, 6)], normalizer=6)
+    whole = grads(*batch, chunks=[slice(0, 6)], agg=agg)
+    rank0 = grads(*batch, chunks=[slice(0, 1), slice(1, 3)], agg=agg)
+    rank1 = grads(*batch, chunks=[slice(3, 6)], agg=agg)
     assert torch.allclose(whole, rank0 + rank1, atol=1e-6, rtol=0)
+
+
+def test_loss_aggregations_hand_values():
+    # two responses: tokens 1, 2 (length 2) and 3, 4, 5, 6 (length 4), normaliser 2 responses or
+    # 6 tokens, norm_tokens 8: seq-mean-token-mean (1.5 + 4.5) / 2 = 3; token-mean 21 / 6 = 3.5;
+    # seq-mean-token-sum-norm (3 / 8 + 18 / 8) / 2 = 1.3125
+    x = torch.tensor([[1.0, 2.0, 9.0, 9.0], [3.0, 4.0, 5.0, 6.0]])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+    assert aggregate(x, mask, "seq-mean-token-mean", 2).item() == 3.0
+    assert aggregate(x, mask, "token-mean", 6).item() == 3.5
+    assert aggregate(x, mask, "seq-mean-token-sum-norm", 2, 8).item() == 1.3125
+    # the default is eq. 1's function, the same bits
+    assert torch.equal(aggregate(x, mask, AGGS[0], 2), seq_mean_token_mean(x, mask, 2))
+    with pytest.raises(ValueError, match="unknown loss aggregation"):
+        aggregate(x, mask, "seq-sum", 2)
 
 
 def test_padding_with_minus_inf_log_probs_stays_out_of_the_loss():
