@@ -251,6 +251,13 @@ class RewardConfig:
     enters the reward: the final reward, the cache's r-bar_F1, the bilateral bonus; reward/f1 logs
     it, reward/accuracy/f1 the paper's F1), in reward.mix or in reward.log_accuracy. See
     examples/exact_match.py."""
+    overlong_buffer: int = 0
+    """DAPO's soft overlong punishment (Yu et al. 2025; verl's overlong_buffer.len,
+    verl/workers/reward_manager/dapo.py:121-127 at 1dda039): over the last this many tokens before
+    rollout.max_new_tokens, a penalty falling linearly from 0 to -overlong_penalty is added to the
+    final reward of any variant (reward/overlong). 0: none (the paper)."""
+    overlong_penalty: float = 1.0
+    """The penalty at rollout.max_new_tokens (verl's overlong_buffer.penalty_factor, 1.0)."""
     accuracy: Literal["f1", "semantic", "judge", "custom", "mix"] = "f1"
     """The accuracy signal in r_F1's role everywhere: the accuracy term of eq. 3 / 11, the r-bar of
     eq. 7 the trajectory cache averages, and eq. 8's comparison. `f1`: the paper's token-set F1 (eq.
@@ -269,7 +276,7 @@ class RewardConfig:
 
     def __post_init__(self):
         check_choices(self)
-        for key in ("w_f1", "w_fmt", "w_len", "w_short", "delta", "tau_rep"):
+        for key in ("w_f1", "w_fmt", "w_len", "w_short", "delta", "tau_rep", "overlong_penalty"):
             require(getattr(self, key) >= 0, key, f"expected >= 0, got {getattr(self, key)}")
         require(0 < self.tau_low <= 1, "tau_low", f"expected 0 < tau_low <= 1, got {self.tau_low}")
         require(self.tau_high >= 1, "tau_high", f"expected >= 1, got {self.tau_high}")
@@ -278,6 +285,11 @@ class RewardConfig:
             self.s_minus > 0, "s_minus", f"expected > 0 (L-bar/L needs L > 0), got {self.s_minus}"
         )
         require(self.eps > 0, "eps", f"expected > 0, got {self.eps}")
+        require(
+            self.overlong_buffer >= 0,
+            "overlong_buffer",
+            f"expected >= 0 (0: no penalty), got {self.overlong_buffer}",
+        )
         file, _, name = self.custom.rpartition(":")
         require(
             not self.custom or (file.endswith(".py") and name.isidentifier()),
@@ -425,6 +437,21 @@ class LossConfig:
     each response's token sum over loss.agg_norm_tokens, averaged over responses (Dr. GRPO, Liu et
     al. 2025). Every divisor covers the whole mini-batch on all ranks, fixed before the micro-batch
     loop."""
+    mask_truncated: bool = False
+    """Leave responses that rollout.max_new_tokens cut (finish reason `length`) out of the loss:
+    their tokens get no gradient and no share of a token-mean divisor, while their rewards and
+    advantages still count in eq. 2's statistics (TRL's mask_truncated_completions,
+    trl/trainer/grpo_trainer.py:2416-2427 at f2cd577). false: trained on like finished ones (the
+    paper)."""
+    rollout_correction: Literal["none", "token-truncate", "sequence-mask"] = "none"
+    """Correct the sampler-trainer mismatch with importance weights pi_old / pi_sampler on the
+    policy-gradient term (TRL's vllm_importance_sampling_mode, grpo_trainer.py:2578-2623 at
+    f2cd577): `token-truncate` (TIS) each token's ratio capped at rollout_correction_cap;
+    `sequence-mask` (MIS) the response's product of ratios, the response dropped where it exceeds
+    the cap. `none`: the paper. It matters where the sampler computes in another precision than the
+    trainer (vLLM in bf16 on GPUs); logged as rollout/correction_mean and .../correction_capped."""
+    rollout_correction_cap: float = 3.0
+    """The cap C of loss.rollout_correction (TRL's vllm_importance_sampling_clip_max default)."""
     agg_norm_tokens: int = 0
     """agg = "seq-mean-token-sum-norm": the constant each response's token sum is divided by; 0 =
     rollout.max_new_tokens (Dr. GRPO's generation budget; verl's default, loss_mask.shape[-1], is
@@ -440,6 +467,11 @@ class LossConfig:
         )
         require(self.kl_coef >= 0, "kl_coef", f"expected >= 0, got {self.kl_coef}")
         check_choices(self)
+        require(
+            self.rollout_correction_cap >= 1,
+            "rollout_correction_cap",
+            f"expected >= 1 (agreeing policies give weight 1), got {self.rollout_correction_cap}",
+        )
         require(
             self.agg_norm_tokens >= 0,
             "agg_norm_tokens",

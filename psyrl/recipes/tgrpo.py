@@ -204,7 +204,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
                     mean_length, mean_f1 = cache.answer_stats()
                     # --------------------------------------- 4. final rewards (eq. 3, 8; A.2 11-15)
                     final, components = final_rewards(
-                        parts, lengths, mean_length, mean_f1, cfg.reward
+                        parts, lengths, mean_length, mean_f1, cfg.reward, cfg.rollout.max_new_tokens
                     )
                     cache.push_rewards(final)
                     # -------------------------------- 5. advantages (eq. 2) over the cached rewards

@@ -103,6 +103,16 @@ def short_reward(
     return torch.where(keep, _f1_gain(f1, mean_f1, cfg) * scale, 0.0)
 
 
+def overlong_penalty(lengths: torch.Tensor, max_new_tokens: int, cfg: RewardConfig) -> torch.Tensor:
+    """DAPO's soft overlong punishment (reward.overlong_buffer = L_buf > 0; verl's dapo reward
+    manager, verl/workers/reward_manager/dapo.py:121-127 at 1dda039): min(-(L - (L_max - L_buf)) /
+    L_buf * penalty, 0) with L_max = rollout.max_new_tokens: 0 up to the last L_buf tokens, then
+    falling linearly to -penalty at L_max."""
+    expected = max_new_tokens - cfg.overlong_buffer
+    excess = (torch.as_tensor(lengths, dtype=torch.float64) - expected) / cfg.overlong_buffer
+    return torch.clamp(-excess * cfg.overlong_penalty, max=0.0)
+
+
 def _base(c: Components, cfg: RewardConfig) -> torch.Tensor:
     return cfg.w_f1 * c["f1"] + cfg.w_fmt * c["fmt"]  # eq. 11
 
@@ -117,10 +127,17 @@ VARIANTS: dict[str, Callable[[Components, RewardConfig], torch.Tensor]] = {
 
 
 def final_rewards(
-    components: Components, lengths, mean_length: float, mean_f1: float, cfg: RewardConfig
+    components: Components,
+    lengths,
+    mean_length: float,
+    mean_f1: float,
+    cfg: RewardConfig,
+    max_new_tokens: int = 0,
 ) -> tuple[torch.Tensor, Components]:
     """The configured variant's r^Final per sample, plus every component (for logging).
-    `mean_length`, `mean_f1` are the cache's L-bar and r-bar_F1 (eq. 7), current step included."""
+    `mean_length`, `mean_f1` are the cache's L-bar and r-bar_F1 (eq. 7), current step included.
+    With reward.overlong_buffer > 0, DAPO's overlong penalty (`overlong_penalty`, L_max =
+    `max_new_tokens`) is added to any variant, its own component "overlong"."""
     c = dict(components)
     c["length"] = torch.as_tensor(lengths, dtype=torch.float64).flatten()
     if c["length"].shape != c["f1"].shape:
@@ -130,6 +147,14 @@ def final_rewards(
     c["len"] = length_reward(c["f1"], c["ratio"], mean_f1, cfg)
     c["short"] = short_reward(c["f1"], c["ratio"], mean_f1, cfg)
     c["final"] = VARIANTS[cfg.variant](c, cfg)
+    if cfg.overlong_buffer > 0:
+        if max_new_tokens <= cfg.overlong_buffer:
+            raise ValueError(
+                f"reward.overlong_buffer = {cfg.overlong_buffer} needs rollout.max_new_tokens "
+                f"> it, got {max_new_tokens}"
+            )
+        c["overlong"] = overlong_penalty(c["length"], max_new_tokens, cfg)
+        c["final"] = c["final"] + c["overlong"]
     return c["final"], c
 
 
@@ -143,6 +168,7 @@ def reward_metrics(components: Components) -> dict[str, float]:
         "br": "reward/br",
         "len": "reward/length",
         "short": "reward/short",
+        "overlong": "reward/overlong",
         "final": "reward/final",
         "length": "response/length",
     }  # fmt: skip

@@ -57,7 +57,10 @@ class RolloutBatch:
     """A_i of eq. 2, one per sequence."""
     sampler_logprobs: list[list[float]]
     """The sampler's log-prob of each response token (the sampler/trainer gap,
-    rollout/logprob_gap)."""
+    rollout/logprob_gap; loss.rollout_correction's pi_sampler)."""
+    truncated: list[bool]
+    """Whether rollout.max_new_tokens cut the response (finish reason `length`):
+    loss.mask_truncated leaves those out of the loss."""
     logp_ref: list[torch.Tensor] | None = None
     """pi_ref's log-prob of each response token (eq. 1's KL term); None when loss.kl_coef = 0."""
     logp_old: list[torch.Tensor] | None = None
@@ -76,6 +79,7 @@ class RolloutBatch:
             pick(self.prompt_lengths),
             pick(self.advantages),
             pick(self.sampler_logprobs),
+            pick(self.truncated),
             pick(self.logp_ref),
             pick(self.logp_old),
         )
@@ -93,11 +97,12 @@ def rollout_batch(
     """This rank's batch: the G samples of the prompt at each of its `positions` (prompt_ids[k] is
     the prompt of positions[k]), with their advantages from the step's advantages over all ranks,
     adv [B*G]."""
-    token_ids, prompt_lengths, advantages, sampler_logprobs = [], [], [], []
+    token_ids, prompt_lengths, advantages, sampler_logprobs, truncated = [], [], [], [], []
     for p, ids, group in zip(positions, prompt_ids, groups):
         for i, s in enumerate(group):
             token_ids.append(tuple(ids) + s.token_ids)
             prompt_lengths.append(len(ids))
             advantages.append(adv[p * G + i].item())
             sampler_logprobs.append(s.logprobs)
-    return RolloutBatch(token_ids, prompt_lengths, advantages, sampler_logprobs)
+            truncated.append(s.finish_reason == "length")
+    return RolloutBatch(token_ids, prompt_lengths, advantages, sampler_logprobs, truncated)

@@ -109,6 +109,24 @@ def seq_mean_token_mean(x: torch.Tensor, mask: torch.Tensor, normalizer: float) 
     return per_sequence.sum() / normalizer
 
 
+def rollout_correction(
+    logp_old: torch.Tensor, logp_sampler: torch.Tensor, mask: torch.Tensor, mode: str, cap: float
+) -> torch.Tensor:
+    """Importance weights [N, T] for the sampler-trainer mismatch (loss.rollout_correction), TRL's
+    definitions (trl/trainer/grpo_trainer.py:2578-2623 at f2cd577): d_t = log pi_old - log
+    pi_sampler on the response tokens; `token-truncate` (TIS): w_t = min(exp(d_t), cap);
+    `sequence-mask` (MIS): rho = exp(sum_t d_t) for every token of the response, 0 where rho > cap.
+    Exactly 1 where the sampler and the trainer agree. No gradient flows through them."""
+    mask = mask.bool()
+    d = torch.where(mask, logp_old.detach().float() - logp_sampler.float(), 0.0)  # [N, T]
+    if mode == "token-truncate":
+        return torch.exp(d).clamp(max=cap)
+    if mode == "sequence-mask":
+        rho = torch.exp(d.sum(dim=-1, keepdim=True))  # [N, 1], the product of the token ratios
+        return torch.where(rho <= cap, rho, 0.0).expand_as(d)
+    raise ValueError(f"unknown rollout correction {mode!r}: expected token-truncate, sequence-mask")
+
+
 def tgrpo_loss(
     logp: torch.Tensor,
     logp_old: torch.Tensor,
@@ -118,10 +136,13 @@ def tgrpo_loss(
     cfg: LossConfig,
     logp_ref: torch.Tensor | None = None,
     norm_tokens: int = 1,
+    correction: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Eq. 1 as a loss to minimise: -min(r A, clip(r, 1-eps_low, 1+eps_high) A), with the dual clip
     for A < 0 (loss capped at -c A), plus beta * low_var_kl, aggregated by `loss.agg` (`aggregate`:
     eq. 1's sequence-mean-token-mean by default; `normalizer`, `norm_tokens` are its divisors).
+    `correction` [N, T] (`rollout_correction`) multiplies the clipped policy-gradient term only, as
+    TRL applies it (after the clip, before the KL term).
 
     logp, logp_old, logp_ref: [N, T] token log-probs (current, sampling-time, reference policy);
     advantages: [N]; mask: [N, T] (bool or 0/1). Detached metrics of this call: `pg_loss` and `kl`
@@ -144,6 +165,8 @@ def tgrpo_loss(
         cap = -cfg.dual_clip * adv  # [N, 1]
         dual = (adv < 0) & (pg > cap)  # [N, T]
         pg = torch.where(dual, cap, pg)
+    if correction is not None:
+        pg = pg * correction
     kl = low_var_kl(logp, logp_ref) if logp_ref is not None else torch.zeros_like(pg)  # [N, T]
     loss = aggregate(pg + cfg.kl_coef * kl, mask, cfg.agg, normalizer, norm_tokens)
 

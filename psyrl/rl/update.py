@@ -19,7 +19,7 @@ import torch
 
 from psyrl.core.config import Config
 from psyrl.rl.rollout import RolloutBatch
-from psyrl.rl.tgrpo import tgrpo_loss
+from psyrl.rl.tgrpo import rollout_correction, tgrpo_loss
 from psyrl.runtime.distributed import Dist, all_reduce
 from psyrl.runtime.model import collate, pack
 from psyrl.runtime.optim import clipped_step
@@ -163,10 +163,14 @@ def update(
     each time)."""
     temperature = cfg.rollout.temperature
     normalizer = cfg.optim.global_batch * cfg.rollout.samples  # the mini-batch's sequences
-    if cfg.loss.agg == "token-mean":  # the mini-batch's response tokens, all ranks
-        tokens = sum(len(ids) - p for ids, p in zip(batch.token_ids, batch.prompt_lengths))
+    if cfg.loss.agg == "token-mean":  # the mini-batch's response tokens in the loss, all ranks
+        kept = [not (cfg.loss.mask_truncated and t) for t in batch.truncated]
+        tokens = sum(
+            len(ids) - p for ids, p, k in zip(batch.token_ids, batch.prompt_lengths, kept) if k
+        )
         normalizer = float(all_reduce(torch.tensor(float(tokens)), dist).item())
     norm_tokens = cfg.loss.agg_norm_tokens or cfg.rollout.max_new_tokens
+    cap = cfg.loss.rollout_correction_cap
     sums = defaultdict(float)
     batches = micro_batches(
         [len(ids) for ids in batch.token_ids],
@@ -187,8 +191,18 @@ def update(
         logp_old = as_padded(chunk.logp_old, mask) if chunk.logp_old is not None else logp.detach()
         logp_ref = as_padded(chunk.logp_ref, mask) if cfg.loss.kl_coef > 0 else None
         adv = torch.tensor(chunk.advantages, dtype=torch.float32, device=dist.device)  # [b]
+        sampler_logp = as_padded([torch.tensor(lp) for lp in chunk.sampler_logprobs], mask)
+        loss_mask = mask
+        if cfg.loss.mask_truncated:  # a truncated response's tokens leave the loss
+            cut = torch.tensor(chunk.truncated, device=mask.device).unsqueeze(-1)  # [b, 1]
+            loss_mask = mask & ~cut
+        correction = None
+        if cfg.loss.rollout_correction != "none":
+            correction = rollout_correction(
+                logp_old, sampler_logp, mask, cfg.loss.rollout_correction, cap
+            )
         loss, metrics = tgrpo_loss(
-            logp, logp_old, adv, mask, normalizer, cfg.loss, logp_ref, norm_tokens
+            logp, logp_old, adv, loss_mask, normalizer, cfg.loss, logp_ref, norm_tokens, correction
         )
         (loss * weight).backward()
         if not weight:
@@ -199,13 +213,17 @@ def update(
         for key in SEQUENCE_METRICS:
             sums[key] += metrics[key].double() * sequences
         sums["tokens"] += tokens
+        sums["all_tokens"] += mask.sum().double()  # mask_truncated's dropped tokens too
         sums["sequences"] += sequences
         lengths = [len(ids) for ids in chunk.token_ids]
         sums["input_tokens"] += sum(lengths)
         sums["padded_tokens"] += batch_tokens(lengths, packed=False)
-        sampler_logp = as_padded([torch.tensor(lp) for lp in chunk.sampler_logprobs], mask)
         # the sampler/trainer gap
         sums["gap"] += ((sampler_logp - logp_old.float()).abs() * mask).sum().double()
+        if correction is not None:  # the weights' mean and the share capped or dropped
+            sums["correction"] += (correction * mask).sum().double()
+            limited = (correction == cap) | (correction == 0)
+            sums["correction_capped"] += (limited & mask).sum().double()
     if dist.sharded and cfg.fsdp.defer_grad_sync:
         policy.set_requires_gradient_sync(True)
     grad_norm, applied = clipped_step(policy, optimizer, cfg.optim.grad_clip)
@@ -226,7 +244,10 @@ def reduce_sums(sums: list[dict], dist: Dist) -> dict:
     out = {f"actor/{k}": s[k] / max(s["tokens"], 1) for k in TOKEN_METRICS}
     out.update({f"actor/{k}": s[k] / max(s["sequences"], 1) for k in SEQUENCE_METRICS})
     out["actor/clip_frac"] = out["actor/clip_frac_high"] + out["actor/clip_frac_low"]
-    out["rollout/logprob_gap"] = s["gap"] / max(s["tokens"], 1)
+    out["rollout/logprob_gap"] = s["gap"] / max(s["all_tokens"], 1)
+    if "correction" in s:  # loss.rollout_correction: over every response token sampled
+        out["rollout/correction_mean"] = s["correction"] / max(s["all_tokens"], 1)
+        out["rollout/correction_capped"] = s["correction_capped"] / max(s["all_tokens"], 1)
     # of the update micro-batches right-padded: the share that is padding (packing skips it)
     out["actor/padding_fraction"] = 1 - s["input_tokens"] / max(s["padded_tokens"], 1)
     return out

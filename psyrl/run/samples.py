@@ -19,6 +19,7 @@ COLUMNS = {
     "br": "BR",
     "len": "length",
     "short": "short",
+    "overlong": "overlong",
     "final": "final",
 }
 

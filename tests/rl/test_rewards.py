@@ -17,6 +17,7 @@ from psyrl.rl.rewards import (
     format_reward,
     length_ratio,
     length_reward,
+    overlong_penalty,
     repetition_penalty,
     reward_metrics,
     short_reward,
@@ -243,3 +244,25 @@ def test_reward_metrics_fractions():
     assert m["reward/final"] == pytest.approx((0.9 + 0.0) / 2)
     assert m["reward/repetition_penalty"] == pytest.approx(0.1)
     assert m["response/length"] == 100.0
+
+
+def test_overlong_penalty_hand_values_and_every_variant():
+    # L_max 20, buffer 4, penalty 1: lengths 10, 16, 17, 20 -> 0, 0, -1/4, -1 (DAPO's linear ramp)
+    cfg = RewardConfig(overlong_buffer=4)
+    lengths = torch.tensor([10.0, 16.0, 17.0, 20.0])
+    assert overlong_penalty(lengths, 20, cfg).tolist() == [0.0, 0.0, -0.25, -1.0]
+    half = RewardConfig(overlong_buffer=4, overlong_penalty=0.5)
+    assert overlong_penalty(lengths, 20, half).tolist() == [0.0, 0.0, -0.125, -0.5]
+    comps = answer_components(["<think>a</think><answer>b</answer>"] * 4, ["b"] * 4, "cot", CFG)
+    for variant in VARIANTS:
+        plain, _ = final_rewards(comps, lengths, 15.0, 0.5, RewardConfig(variant=variant), 20)
+        shaped, c = final_rewards(
+            comps, lengths, 15.0, 0.5, RewardConfig(variant=variant, overlong_buffer=4), 20
+        )
+        assert torch.equal(shaped, plain + c["overlong"]), variant
+        assert (
+            "overlong"
+            not in final_rewards(comps, lengths, 15.0, 0.5, RewardConfig(variant=variant))[1]
+        )
+    with pytest.raises(ValueError, match="needs rollout.max_new_tokens"):
+        final_rewards(comps, lengths, 15.0, 0.5, cfg, 4)

@@ -12,6 +12,7 @@ from psyrl.rl.tgrpo import (
     advantages,
     aggregate,
     low_var_kl,
+    rollout_correction,
     seq_mean_token_mean,
     tgrpo_loss,
 )
@@ -321,3 +322,34 @@ def test_dual_clip_engages_only_for_negative_advantages():
     )
     assert m["dual_clip_frac"].item() == 1.0
     assert loss.item() == pytest.approx((3.0 * 1.0 + 3.0 * 2.0) / 2)  # capped at -c A = 3, 6
+
+
+def test_rollout_correction_hand_values():
+    # log pi_old - log pi_sampler per token: response 1: ln 2, ln 2 (product 4); response 2: ln 0.5,
+    # 0 (product 0.5), its third token padding. cap 3: token-truncate min(e^d, 3): 2, 2 / 0.5, 1;
+    # sequence-mask: 4 > 3 -> 0 for the whole first response; 0.5 for the second
+    old = torch.tensor([[math.log(2), math.log(2), 0.0], [math.log(0.5), 0.0, 0.0]])
+    sampler = torch.zeros(2, 3)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]]).bool()
+    old[0, 2] = math.log(1.0)
+    w = rollout_correction(old, sampler, mask, "token-truncate", 3.0)
+    torch.testing.assert_close(w[:, :2], torch.tensor([[2.0, 2.0], [0.5, 1.0]]))
+    w = rollout_correction(old, sampler, mask, "sequence-mask", 3.0)
+    torch.testing.assert_close(w[:, :2], torch.tensor([[0.0, 0.0], [0.5, 0.5]]))
+    # agreeing policies: exactly 1 in both modes
+    for mode in ("token-truncate", "sequence-mask"):
+        assert torch.equal(rollout_correction(old, old, mask, mode, 3.0), torch.ones(2, 3))
+
+
+def test_rollout_correction_weights_the_policy_term_only():
+    logp = torch.tensor([[-1.0, -2.0]])
+    ref = torch.tensor([[-1.5, -1.0]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    cfg = LossConfig(kl_coef=0.1)
+    plain, m = tgrpo_loss(logp, logp, torch.tensor([1.0]), mask, 1, cfg, ref)
+    half, _ = tgrpo_loss(
+        logp, logp, torch.tensor([1.0]), mask, 1, cfg, ref, 1, torch.full((1, 2), 0.5)
+    )
+    # ratio 1: pg = -A per token, mean -1; KL term unchanged: 0.5 * pg + kl
+    assert half.item() == pytest.approx(0.5 * m["pg_loss"].item() + 0.1 * m["kl"].item(), abs=1e-6)
+    assert plain.item() == pytest.approx(m["pg_loss"].item() + 0.1 * m["kl"].item(), abs=1e-6)

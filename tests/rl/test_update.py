@@ -26,7 +26,7 @@ TINY = ModelConfig(
 def random_batch(shapes: list[tuple[int, int]], seed: int = 0) -> RolloutBatch:
     """Sequences of (prompt, response) tokens drawn at random, advantages -1, 0, 1 in turn."""
     g = torch.Generator().manual_seed(seed)
-    batch = RolloutBatch([], [], [], [])
+    batch = RolloutBatch([], [], [], [], [])
     for i, (prompt, response) in enumerate(shapes):
         batch.token_ids.append(
             tuple(torch.randint(10, 200, (prompt + response,), generator=g).tolist())
@@ -34,6 +34,7 @@ def random_batch(shapes: list[tuple[int, int]], seed: int = 0) -> RolloutBatch:
         batch.prompt_lengths.append(prompt)
         batch.advantages.append(float(i % 3 - 1))
         batch.sampler_logprobs.append([-1.0] * response)
+        batch.truncated.append(False)
     return batch
 
 
@@ -106,3 +107,49 @@ def test_experience_gives_reference_log_probs_to_all_and_old_ones_after_the_firs
         else:
             for i in range(2):
                 torch.testing.assert_close(minibatch.logp_old[i], old[2 * u + i], rtol=0, atol=1e-6)
+
+
+def sgd_step(batch: RolloutBatch, divisor: int = 0, **loss) -> tuple[list[torch.Tensor], dict]:
+    """The parameter change of one SGD step (lr 1, so the gradient) of a fresh seeded policy on
+    `batch` with these loss keys (the update's divisor: `divisor` responses, or all of them), and
+    the step's sums."""
+    tokenizer = load_tokenizer(TINY)
+    cfg = fake_cfg(micro_batch=2)
+    cfg.optim.global_batch, cfg.rollout.samples = divisor or len(batch), 1
+    for k, v in loss.items():
+        setattr(cfg.loss, k, v)
+    policy = Policy(load_model(TINY, tokenizer, seed=1))
+    before = [p.detach().clone() for p in policy.parameters()]
+    optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
+    sums = update(policy, optimizer, batch, tokenizer.pad_token_id, cfg, ONE_PROCESS, nullcontext())
+    return [b - p.detach() for b, p in zip(before, policy.parameters())], sums[2]
+
+
+def test_mask_truncated_trains_as_if_the_cut_responses_were_absent():
+    # loss.mask_truncated: the gradient of 4 sequences, 2 of them cut, equals that of the other 2
+    # with the same divisor (4 responses: seq-mean modes keep every response in the count)
+    batch = random_batch([(7, 3), (5, 11), (9, 2), (6, 8)])
+    batch.truncated = [False, True, False, True]
+    masked, sums = sgd_step(batch, mask_truncated=True)
+    alone, _ = sgd_step(batch.select([0, 2]), divisor=4)
+    assert max((a - b).abs().max().item() for a, b in zip(masked, alone)) < 1e-6
+    assert float(sums["tokens"]) == 3 + 2 and float(sums["all_tokens"]) == 3 + 11 + 2 + 8
+    default, _ = sgd_step(batch)  # the paper: the cut ones train too
+    assert max((a - b).abs().max().item() for a, b in zip(default, masked)) > 1e-4
+
+
+def test_rollout_correction_is_one_when_sampler_and_trainer_agree():
+    # the sampler's log-probs set to the trainer's own: every weight is exactly 1, so the
+    # gradient is the uncorrected one, and nothing is capped
+    tokenizer = load_tokenizer(TINY)
+    batch = random_batch([(7, 3), (5, 11), (9, 2), (6, 8)])
+    policy = Policy(load_model(TINY, tokenizer, seed=1))
+    cfg = fake_cfg(logprob_micro_batch=4)
+    own = sequence_logprobs(policy, batch, tokenizer.pad_token_id, cfg, ONE_PROCESS, nullcontext())
+    batch.sampler_logprobs = [lp.tolist() for lp in own]
+    plain, _ = sgd_step(batch)
+    for mode in ("token-truncate", "sequence-mask"):
+        corrected, sums = sgd_step(batch, rollout_correction=mode)
+        assert max((a - b).abs().max().item() for a, b in zip(plain, corrected)) < 1e-6
+        assert float(sums["correction"]) == pytest.approx(float(sums["all_tokens"]), abs=1e-4)
+        assert float(sums["correction_capped"]) == 0

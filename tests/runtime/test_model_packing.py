@@ -108,6 +108,7 @@ def rollout(shapes, seed=0):
         prompts,
         [float(i % 3 - 1) for i in range(len(ids))],
         [[-1.0] * r for _, r in shapes],
+        [False] * len(shapes),
     )
 
 
