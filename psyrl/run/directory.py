@@ -26,7 +26,6 @@ from psyrl.core.config import Config, ConfigError, config_changes, dump_config, 
 from psyrl.core.errors import Preempted, RunError
 from psyrl.core.runlog import MetricsFile, last_step, read_metrics, step_line, truncate_metrics
 from psyrl.run.samples import sample_rows, write_samples
-from psyrl.run.trackers import TrackedRun, Trackers
 from psyrl.runtime.checkpoint import export_hf, load_checkpoint, save_checkpoint, verify_files
 from psyrl.runtime.distributed import (
     Dist,
@@ -166,7 +165,7 @@ class Run:
         self.data: dict = {}
         self.resolved = ""
         self.metrics: MetricsFile | None = None
-        self.trackers: Trackers | None = None
+        self.trackers = None  # psyrl.run.trackers.Trackers, when log.report_to names any
         self.sent = -1  # on --resume: the last step metrics.jsonl held before it was rewound
         self.bar = None
         self.preemption: Preemption | None = None
@@ -364,7 +363,9 @@ class Run:
         cfg = self.cfg
         if self.dist.is_main:
             self.metrics = MetricsFile(self.dir / "metrics.jsonl")
-            if cfg.log.report_to:
+            if cfg.log.report_to:  # the trackers' adapters, imported for a run that has some
+                from psyrl.run.trackers import TrackedRun, Trackers
+
                 self.trackers = Trackers(
                     cfg.log.report_to,
                     TrackedRun(
