@@ -2,9 +2,10 @@
 log-probs.
 
 `token_logprobs` is the one place a policy's token log-probabilities are computed (SFT loss,
-T-GRPO's logp_old / logp_ref / logp_theta): the LM head and log-softmax run in chunks of rows and
-each chunk is recomputed in the backward pass, so full-vocabulary fp32 logits never exist for a
-whole batch (vocab 151,936 x 8 x 256 tokens: ~1.2 GiB per copy).
+T-GRPO's logp_old / logp_ref / logp_theta), and on request the true entropy of each next-token
+distribution: the LM head and log-softmax run in chunks of rows and each chunk is recomputed in the
+backward pass, so full-vocabulary fp32 logits never exist for a whole batch (vocab 151,936 x 8 x
+256 tokens: ~1.2 GiB per copy).
 """
 
 from __future__ import annotations
@@ -231,12 +232,21 @@ class HeadLogprobs(torch.autograd.Function):
     [rows, V] buffer and about six passes over it, where plain autograd with recomputation made
     about fifteen (profiled: bench/step_vs_trl.py). The LM head's (and a tied embedding's) weight
     gradient is summed over the chunks in float32 and rounded to the weight's dtype once: summed by
-    autograd in bf16 (FSDP2's bf16 parameters), it lost a bf16 rounding per chunk."""
+    autograd in bf16 (FSDP2's bf16 parameters), it lost a bf16 rounding per chunk.
+
+    entropy=True also returns each row's entropy H = -sum_v p_v log p_v of the same softmax, [N]
+    float32, from the same chunks: one more [rows, V] temporary per chunk in the forward, and in
+    the backward when the entropy has a gradient. Its gradient is dH/dz_v = -p_v (log p_v + H)
+    (z = logits / T); with both outputs in a loss the backward makes d/dz_v = g [v = target] - p_v
+    (g + g_ent (log p_v + H)) in one pass. When the entropy receives no gradient (a metric only),
+    backward is the log-prob-only one, operation for operation; entropy=False is the log-prob-only
+    function, unchanged."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature: float, chunk: int):
+    def forward(ctx, hidden, weight, bias, targets, temperature: float, chunk: int, entropy=False):
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)  # [N]
         lse = torch.empty_like(out)  # [N]
+        ent = torch.empty_like(out) if entropy else None  # [N]
         dtype = None
         for start in range(0, hidden.shape[0], chunk):
             rows = slice(start, start + chunk)
@@ -247,14 +257,22 @@ class HeadLogprobs(torch.autograd.Function):
                 logits.div_(temperature)
             lse[rows] = torch.logsumexp(logits, dim=-1)
             out[rows] = logits.gather(-1, targets[rows, None]).squeeze(-1) - lse[rows]
+            if entropy:
+                logp = logits.sub_(lse[rows, None])  # [rows, V], in place
+                ent[rows] = logp.exp().mul_(logp).sum(-1).neg_()
         ctx.dtype = dtype or weight.dtype  # backward recomputes in the forward's precision
-        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, ent)
         ctx.temperature, ctx.chunk = temperature, chunk
-        return out
+        if not entropy:
+            return out
+        ctx.set_materialize_grads(False)  # an entropy without gradient arrives as None
+        return out, ent
 
     @staticmethod
-    def backward(ctx, g):
-        hidden, weight, bias, targets, lse = ctx.saved_tensors
+    def backward(ctx, g, g_ent=None):
+        hidden, weight, bias, targets, lse, ent = ctx.saved_tensors
+        if g is None:  # only the entropy reached the loss
+            g = torch.zeros_like(lse)
         temperature, dtype = ctx.temperature, ctx.dtype
         w = weight.to(dtype)
         b = None if bias is None else bias.to(dtype)
@@ -273,8 +291,16 @@ class HeadLogprobs(torch.autograd.Function):
             logits = F.linear(h, w, b).float()  # [rows, V]
             if temperature != 1.0:
                 logits.div_(temperature)
-            # d out / d z = onehot - softmax, times g
-            grad = logits.sub_(lse[rows, None]).exp_().mul_(-g[rows, None])
+            if g_ent is None:
+                # d out / d z = onehot - softmax, times g
+                grad = logits.sub_(lse[rows, None]).exp_().mul_(-g[rows, None])
+            else:
+                # g (onehot - p) + g_ent dH/dz = g onehot - p (g + g_ent (log p + H))
+                logp = logits.sub_(lse[rows, None])  # [rows, V]
+                p = logp.exp()  # [rows, V]
+                grad = logp.add_(ent[rows, None]).mul_(g_ent[rows, None]).add_(g[rows, None])
+                grad = grad.mul_(p).neg_()
+                del p  # freed before the matmuls below
             grad.scatter_add_(-1, targets[rows, None], g[rows, None].float())
             if temperature != 1.0:
                 grad.div_(temperature)
@@ -289,6 +315,7 @@ class HeadLogprobs(torch.autograd.Function):
             grad_hidden,
             grad_weight.to(weight.dtype) if need_weight else None,
             grad_bias.to(bias.dtype) if need_bias else None,
+            None,
             None,
             None,
             None,
@@ -451,6 +478,7 @@ def token_logprobs(
     temperature: float = 1.0,
     positions=None,
     chunk: int = LOGPROB_CHUNK,
+    entropy: bool = False,
 ):
     """log softmax(logits / T) over the full vocabulary: out[b, t] = log p(ids[b, t+1] | ids[b,
     :t+1]).
@@ -461,6 +489,11 @@ def token_logprobs(
     computed without padding. Calls the decoder and the LM head directly, not `model.forward`: under
     FSDP2 call it through `Policy`, whose forward gathers the embedding, final norm and LM head and
     reduces their gradients.
+
+    entropy=True returns (log-probs, entropy): entropy[b, t] = -sum_v p_v log p_v of the same
+    next-token distribution softmax(logits / T) at position t, float32 in the same [B, T-1] layout
+    and 0 where positions is False, computed in the same chunks (no [B, T, V] tensor) and
+    differentiable (`HeadLogprobs`).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for log-probabilities, got {temperature}")
@@ -477,11 +510,17 @@ def token_logprobs(
     rows = hidden[:, :-1][positions]  # [N, H]
     targets = input_ids[:, 1:][positions]  # [N]
     head = model.get_output_embeddings()
-    values = HeadLogprobs.apply(rows, head.weight, head.bias, targets, temperature, chunk)  # [N]
+    # [N], or ([N], [N]) with the entropy
+    values = HeadLogprobs.apply(rows, head.weight, head.bias, targets, temperature, chunk, entropy)
     # row-major order of the targets is the same in the packed row and the per-sequence layout
-    return torch.zeros(layout.shape, dtype=torch.float32, device=values.device).masked_scatter(
-        layout, values
-    )
+    if not entropy:
+        return torch.zeros(layout.shape, dtype=torch.float32, device=values.device).masked_scatter(
+            layout, values
+        )
+    return tuple(
+        torch.zeros(layout.shape, dtype=torch.float32, device=v.device).masked_scatter(layout, v)
+        for v in values
+    )  # [B, T-1] each
 
 
 def collate(token_ids: Sequence[Sequence[int]], prompt_lengths: Sequence[int], pad_id: int):
@@ -512,9 +551,19 @@ class Policy(nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, input_ids, attention_mask=None, temperature: float = 1.0, positions=None):
-        """`token_logprobs` of a padded batch, or of a `Packed` one (then input_ids is it)."""
-        return token_logprobs(self.lm, input_ids, attention_mask, temperature, positions)
+    def forward(
+        self,
+        input_ids,
+        attention_mask=None,
+        temperature: float = 1.0,
+        positions=None,
+        entropy: bool = False,
+    ):
+        """`token_logprobs` of a padded batch, or of a `Packed` one (then input_ids is it);
+        entropy=True returns (log-probs, entropy)."""
+        return token_logprobs(
+            self.lm, input_ids, attention_mask, temperature, positions, entropy=entropy
+        )
 
 
 @torch.no_grad()
