@@ -174,7 +174,30 @@ class DataConfig:
     T-GRPO configs: A.3's "validation batch size 1024" is EasyR1's validation data-loader batch, so
     the paper scored the whole test split). However many, the sampler generates them in batches
     (torch: `sampler.batch` sequences; vllm: the engine's `max_num_seqs`) and the loss pass runs
-    `optim.logprob_micro_batch` at a time."""
+    `optim.logprob_micro_batch` at a time. It applies to each held-out set on its own, `valid_file`
+    and every `valid_files` entry: the same count, each file's sample drawn with the same seed
+    (`run.seed`) as if it were the only one, so a file gives the same items, and the same scores,
+    in either key."""
+    valid_files: list[str] = field(default_factory=list)
+    """Further held-out files (StimuliQA or benchmark-schema JSONL, as `valid_file` takes) scored
+    at every validation beside `valid_file`, each logged under its own name: `valid/<stem>/f1`,
+    `valid/<stem>/reward`, ... (<stem>: the file name without its last suffix; two files of one
+    stem, or the stem `accuracy`, which `valid/accuracy/<signal>` holds, are refused), its
+    responses in `checkpoints/step-N/validation-<stem>.jsonl`. `valid_file`'s keys stay
+    `valid/f1`, ... (the paper's single test split; `psyrl select-checkpoint` reads it). Issue 42,
+    after verl's per-data-source validation metrics (`val-core/<data_source>/...`,
+    verl/trainer/ppo/metric_utils.py `process_validation_metrics`)."""
+    valid_samples: int = 1
+    """Responses per held-out item, all at `rollout.valid_temperature` (1 = the paper's validation,
+    unchanged). With n > 1 the set's usual keys still score each item's first response, and it also
+    logs `valid/f1_mean@n` (the mean over items of the mean F1 of their n responses; benchmarks
+    also `valid/accuracy_mean@n`) and `valid/pass@n`, the unbiased estimator of Chen et al. 2021
+    (HumanEval, "Evaluating Large Language Models Trained on Code", eq. 1): 1 - C(n-c, k)/C(n, k)
+    with k = n and c the item's correct responses, averaged over items. Correct: for StimuliQA,
+    F1 = 1 (eq. 4-5: the normalised token sets equal; SQuAD's exact match on token sets); no lower
+    threshold, as the reference answers are 1-4 word phrases where partial overlap flips the
+    meaning ("not angry" to "very angry": F1 0.5); for benchmarks, the chosen option is the right
+    one (SPEC §7 F1-accuracy)."""
     max_length: int = 2048
     """Longest prompt + response in tokens (A.3/A.4: 2048); longer training examples are dropped and
     counted."""
@@ -189,6 +212,25 @@ class DataConfig:
     def __post_init__(self):
         require(self.train_file != "", "train_file", "expected a JSONL file, got an empty string")
         require(self.valid_items >= 0, "valid_items", f"expected >= 0, got {self.valid_items}")
+        require(
+            "" not in self.valid_files, "valid_files", "expected JSONL files, got an empty string"
+        )
+        stems = [Path(f).stem for f in self.valid_files]
+        clash = [f for f in self.valid_files if stems.count(Path(f).stem) > 1]
+        require(
+            not clash,
+            "valid_files",
+            f"{clash} share a file stem, which names their metrics (valid/<stem>/...); rename one",
+        )
+        require(
+            "accuracy" not in stems,
+            "valid_files",
+            "the stem 'accuracy' names reward.accuracy's valid/accuracy/<signal> keys; rename the "
+            "file",
+        )
+        require(
+            self.valid_samples >= 1, "valid_samples", f"expected >= 1, got {self.valid_samples}"
+        )
         require(self.max_length >= 2, "max_length", f"expected >= 2, got {self.max_length}")
         check_choices(self)
 

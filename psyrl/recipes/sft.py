@@ -29,10 +29,10 @@ import torch
 from psyrl.core.checkpoints import select_checkpoint
 from psyrl.core.config import Config
 from psyrl.core.errors import RunError
-from psyrl.core.records import Cursor, DataError, load_records, load_stimuliqa, next_indices
+from psyrl.core.records import Cursor, DataError, load_stimuliqa, next_indices
 from psyrl.run.directory import Run
 from psyrl.run.launch import check_memory_plan, setup_errors
-from psyrl.run.validation import longest_prompt, sample_items, validate
+from psyrl.run.validation import load_valid_sets, longest_prompt, validate_sets
 from psyrl.runtime.distributed import Dist, all_reduce, print0, rank_share
 from psyrl.runtime.model import autocast, load_tokenizer
 from psyrl.runtime.optim import build_optimizer, clipped_step, set_lr
@@ -63,7 +63,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
         )
     with setup_errors():
         train_records = load_stimuliqa(cfg.data.train_file)
-        valid_records = load_records(cfg.data.valid_file) if cfg.data.valid_file else []
+        valid_sets = load_valid_sets(cfg)  # data.valid_file, then each of data.valid_files
         tokenizer = load_tokenizer(cfg.model)
         check_memory_plan(cfg, dist, "sft")
         policy = build_policy(cfg, tokenizer, dist)
@@ -74,7 +74,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
     if not examples:
         raise DataError(f"{cfg.data.train_file}: no usable training example ({counts})")
     run.check_data(cfg.data.train_file, len(examples))
-    valid_records = sample_items(valid_records, cfg.data.valid_items, cfg.run.seed)
+    valid_records = [r for valid_set in valid_sets for r in valid_set.records]
     run.start(train_records, valid_records)
 
     policy.train()
@@ -98,15 +98,15 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
         """checkpoints/step-N/ with the trainer's state at data position `cursor` (`validation`:
         (metrics, outputs) of the held-out items, or None)."""
         trainer = {"cursor": vars(cursor), "skipped_updates": skipped_updates}
-        held_out = (valid_records, *validation) if validation else None
+        held_out = (valid_sets, *validation) if validation else None
         run.save(step, policy, optimizer, tokenizer, trainer, {}, held_out)
 
     def held_out(sync: bool = True) -> tuple[dict, list]:
-        """Validation on the held-out items: (metrics, outputs); `sync`: the policy has moved since
-        the sampler got its weights."""
+        """Validation on every held-out set: (metrics, each set's outputs); `sync`: the policy has
+        moved since the sampler got its weights."""
         if sync:
             sync_weights(sampler, policy, cfg, dist)
-        return validate(policy, sampler, tokenizer, valid_records, cfg, dist, accuracy=accuracy)
+        return validate_sets(policy, sampler, tokenizer, valid_sets, cfg, dist, accuracy=accuracy)
 
     # validation's sampler (none without held-out items), closed after the final export
     sampler = None
@@ -188,7 +188,8 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
 
         # ----------------------------------------------------------------------------- final export
         run.finish(policy, tokenizer)
-    if valid_records and cfg.checkpoint.every and dist.is_main:
+    # appendix B's choice reads data.valid_file's valid/f1
+    if cfg.data.valid_file and cfg.checkpoint.every and dist.is_main:
         step, score, path = select_checkpoint(run.dir, "median")
         print0(
             f"sft: median-F1 checkpoint (appendix B): step {step}, valid F1 {score:.4f}, "

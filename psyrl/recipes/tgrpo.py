@@ -31,7 +31,7 @@ import json
 from psyrl.core.checkpoints import json_text
 from psyrl.core.config import Config
 from psyrl.core.errors import RunError
-from psyrl.core.records import Cursor, DataError, load_records, load_stimuliqa, next_indices
+from psyrl.core.records import Cursor, DataError, load_stimuliqa, next_indices
 from psyrl.rl.rewards import final_rewards
 from psyrl.rl.rollout import build_prompts, rank_positions, rollout_batch, sample_seed
 from psyrl.rl.scoring import answer_tensors, gather_samples, score_responses, step_metrics
@@ -40,7 +40,7 @@ from psyrl.rl.trajectory_cache import TrajectoryCache
 from psyrl.rl.update import experience, reduce_sums, update
 from psyrl.run.directory import Run
 from psyrl.run.launch import check_memory_plan, setup_errors
-from psyrl.run.validation import longest_prompt, sample_items, validate
+from psyrl.run.validation import load_valid_sets, longest_prompt, validate_sets
 from psyrl.runtime.distributed import Dist, print0
 from psyrl.runtime.model import autocast, load_tokenizer
 from psyrl.runtime.offload import PhaseOffload
@@ -89,11 +89,8 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
     check_batches(cfg, dist)
     with setup_errors():
         train_records = load_stimuliqa(cfg.data.train_file)
-        valid_records = []
-        if cfg.data.valid_file:
-            valid_records = sample_items(
-                load_records(cfg.data.valid_file), cfg.data.valid_items, cfg.run.seed
-            )
+        valid_sets = load_valid_sets(cfg)  # data.valid_file, then each of data.valid_files
+        valid_records = [r for valid_set in valid_sets for r in valid_set.records]
         tokenizer = load_tokenizer(cfg.model)
         train_prompts, too_long = build_prompts(train_records, tokenizer, cfg)
         if not train_prompts:
@@ -136,13 +133,13 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
             "sampler_seeds": "sha256(run.seed:step:prompt position)",
         }
         files = {"trajectory_cache.json": json_text(cache.state_dict())}
-        held_out = (valid_records, *validation) if validation else None
+        held_out = (valid_sets, *validation) if validation else None
         run.save(step, policy, optimizer, tokenizer, trainer, files, held_out)
 
     def held_out() -> tuple[dict, list]:
-        """Validation on the held-out items: (metrics, outputs)."""
-        return validate(
-            policy, sampler, tokenizer, valid_records, cfg, dist, offload.on_device, accuracy
+        """Validation on every held-out set: (metrics, each set's outputs)."""
+        return validate_sets(
+            policy, sampler, tokenizer, valid_sets, cfg, dist, offload.on_device, accuracy
         )
 
     offload.to_host()  # before the engine starts: vLLM refuses a pool larger than the free memory

@@ -350,7 +350,8 @@ def validation_section(runs: list[RunData]) -> str:
         if not rows:
             out.append(
                 '<p class="empty">No held-out scores: the run has no checkpoints/step-N/'
-                "validation.json (checkpoint.every = 0, or no data.valid_file).</p>"
+                "validation.json (checkpoint.every = 0, or no data.valid_file nor "
+                "data.valid_files).</p>"
             )
             continue
         keys = [k for k in VALID_ORDER if any(k in r for _, r in rows)]

@@ -33,9 +33,12 @@ def model_card(cfg: Config, trainer: str, resolved: str, data: dict, rows: list[
     base = cfg.model.path or f"none: a tiny model built from [model] (seed {cfg.run.seed})"
     valid = [r for r in rows if any(k.startswith("valid/") for k in r)]
     files = [("train", cfg.data.train_file, data.get("sha256", ""), data.get("examples", ""))]
-    if cfg.data.valid_file:
-        digest = hashlib.sha256(Path(cfg.data.valid_file).read_bytes()).hexdigest()
-        files.append(("validation", cfg.data.valid_file, digest, cfg.data.valid_items or "all"))
+    # data.valid_file ("validation", keys valid/...), then each data.valid_files set (its stem)
+    held_out = [("validation", cfg.data.valid_file)] if cfg.data.valid_file else []
+    held_out += [(f"validation ({Path(f).stem})", f) for f in cfg.data.valid_files]
+    for split, path in held_out:
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        files.append((split, path, digest, cfg.data.valid_items or "all"))
     lines = [
         "---",
         f"base_model: {json.dumps(cfg.model.path) if cfg.model.path else 'null'}",

@@ -425,8 +425,11 @@ class Run:
     ) -> None:
         """`checkpoints/step-N/`: model, optimiser and RNG (`psyrl.runtime.checkpoint`), the
         resolved config, trainer.json (step, data fingerprint, `state`), `files`, and
-        validation.json / validation.jsonl when `validation` is (records, metrics, outputs); a
-        failed write raises CheckpointError (the previous checkpoints are intact)."""
+        validation.json (every held-out set's metrics) and one responses file per set
+        (validation.jsonl for data.valid_file, validation-<stem>.jsonl for each data.valid_files
+        entry; with data.valid_samples > 1 a row per response, numbered by "sample") when
+        `validation` is (`psyrl.run.validation.ValidSet`s, metrics, each set's outputs); a failed
+        write raises CheckpointError (the previous checkpoints are intact)."""
         files = {
             "config.resolved.toml": self.resolved,
             "trainer.json": json_text(
@@ -440,21 +443,26 @@ class Run:
             **files,
         }
         if validation is not None:
-            records, metrics, outputs = validation
+            sets, metrics, outputs = validation
             files["validation.json"] = json_text({"step": step, **metrics})
-            files["validation.jsonl"] = "".join(
-                json.dumps(
-                    {
-                        "id": r.id,
-                        "answer": r.answer,
-                        "response": s.text,
-                        "tokens": len(s.token_ids),
-                        "finish_reason": s.finish_reason,
-                    }
+            n = self.cfg.data.valid_samples
+            for held_out, completions in zip(sets, outputs):
+                files[held_out.responses_file] = "".join(
+                    json.dumps(
+                        {
+                            "id": r.id,
+                            **({"sample": j % n} if n > 1 else {}),
+                            "answer": r.answer,
+                            "response": s.text,
+                            "tokens": len(s.token_ids),
+                            "finish_reason": s.finish_reason,
+                        }
+                    )
+                    + "\n"
+                    for j, (r, s) in enumerate(
+                        zip((r for r in held_out.records for _ in range(n)), completions)
+                    )
                 )
-                + "\n"
-                for r, s in zip(records, outputs)
-            )
         keep, dtype = self.cfg.checkpoint.keep_state, self.cfg.checkpoint.export_dtype
         save_checkpoint(self.dir, step, policy, optimizer, tokenizer, files, self.dist, keep, dtype)
         self.saved = step
