@@ -122,6 +122,7 @@ def test_two_steps_update_every_parameter_and_checkpoint_the_cache(start, tmp_pa
         "actor/clip_frac_low",
         "actor/dual_clip_frac",
         "actor/ppo_kl",
+        "actor/sampled_neg_logp",
         "actor/entropy",
         "actor/grad_norm",
         "actor/skipped_updates",

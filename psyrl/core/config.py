@@ -494,6 +494,11 @@ class LossConfig:
     trainer (vLLM in bf16 on GPUs); logged as rollout/correction_mean and .../correction_capped."""
     rollout_correction_cap: float = 3.0
     """The cap C of loss.rollout_correction (TRL's vllm_importance_sampling_clip_max default)."""
+    entropy_coef: float = 0.0
+    """Weight of an entropy bonus: the loss less entropy_coef times the policy's true next-token
+    entropy over the response tokens, under loss.agg (verl's actor.entropy_coeff,
+    verl/workers/utils/losses.py:123-128 at 1dda039). 0: none (the paper); actor/entropy is logged
+    either way, actor/sampled_neg_logp beside it (-log pi of the sampled tokens, its estimate)."""
     agg_norm_tokens: int = 0
     """agg = "seq-mean-token-sum-norm": the constant each response's token sum is divided by; 0 =
     rollout.max_new_tokens (Dr. GRPO's generation budget; verl's default, loss_mask.shape[-1], is
@@ -509,6 +514,7 @@ class LossConfig:
         )
         require(self.kl_coef >= 0, "kl_coef", f"expected >= 0, got {self.kl_coef}")
         check_choices(self)
+        require(self.entropy_coef >= 0, "entropy_coef", f"expected >= 0, got {self.entropy_coef}")
         require(
             self.rollout_correction_cap >= 1,
             "rollout_correction_cap",

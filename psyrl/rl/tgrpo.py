@@ -137,12 +137,15 @@ def tgrpo_loss(
     logp_ref: torch.Tensor | None = None,
     norm_tokens: int = 1,
     correction: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Eq. 1 as a loss to minimise: -min(r A, clip(r, 1-eps_low, 1+eps_high) A), with the dual clip
     for A < 0 (loss capped at -c A), plus beta * low_var_kl, aggregated by `loss.agg` (`aggregate`:
     eq. 1's sequence-mean-token-mean by default; `normalizer`, `norm_tokens` are its divisors).
     `correction` [N, T] (`rollout_correction`) multiplies the clipped policy-gradient term only, as
-    TRL applies it (after the clip, before the KL term).
+    TRL applies it (after the clip, before the KL term). `entropy` [N, T]: the policy's true
+    next-token entropy, logged, and with loss.entropy_coef > 0 subtracted as a bonus under the same
+    aggregation (verl's entropy_coeff, verl/workers/utils/losses.py:123-128).
 
     logp, logp_old, logp_ref: [N, T] token log-probs (current, sampling-time, reference policy);
     advantages: [N]; mask: [N, T] (bool or 0/1). Detached metrics of this call: `pg_loss` and `kl`
@@ -169,6 +172,10 @@ def tgrpo_loss(
         pg = pg * correction
     kl = low_var_kl(logp, logp_ref) if logp_ref is not None else torch.zeros_like(pg)  # [N, T]
     loss = aggregate(pg + cfg.kl_coef * kl, mask, cfg.agg, normalizer, norm_tokens)
+    if cfg.entropy_coef > 0:
+        if entropy is None:
+            raise ValueError("loss.entropy_coef > 0 needs the policy's entropy `entropy`")
+        loss = loss - cfg.entropy_coef * aggregate(entropy, mask, cfg.agg, normalizer, norm_tokens)
 
     with torch.no_grad():
         metrics = {
@@ -180,7 +187,9 @@ def tgrpo_loss(
             "dual_clip_frac": masked_mean(dual.float(), mask),
             "ratio_mean": masked_mean(ratio, mask),
             "ppo_kl": masked_mean(-log_ratio, mask),  # mean of logp_old - logp
-            "entropy": masked_mean(-logp, mask),  # -log pi of sampled tokens estimates the entropy
+            # -log pi of the sampled tokens: an estimate of the entropy, not the entropy
+            "sampled_neg_logp": masked_mean(-logp, mask),
+            **({"entropy": masked_mean(entropy.detach(), mask)} if entropy is not None else {}),
             "tokens": mask.sum(),
             "sequences": torch.tensor(len(mask)),
         }

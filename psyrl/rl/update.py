@@ -30,6 +30,7 @@ TOKEN_METRICS = (
     "dual_clip_frac",
     "ratio_mean",
     "ppo_kl",
+    "sampled_neg_logp",
     "entropy",
 )
 SEQUENCE_METRICS = ("pg_loss", "kl")
@@ -186,8 +187,8 @@ def update(
         if dist.sharded and cfg.fsdp.defer_grad_sync:
             policy.set_requires_gradient_sync(k == count - 1)
         inputs, mask = model_inputs(chunk, pad_id, dist.device, cfg.model.packing)
-        with amp:
-            logp = policy(**inputs, temperature=temperature)  # [b, T-1]
+        with amp:  # the true entropy from the same chunked pass (logp's bits unchanged)
+            logp, entropy = policy(**inputs, temperature=temperature, entropy=True)  # [b, T-1]
         logp_old = as_padded(chunk.logp_old, mask) if chunk.logp_old is not None else logp.detach()
         logp_ref = as_padded(chunk.logp_ref, mask) if cfg.loss.kl_coef > 0 else None
         adv = torch.tensor(chunk.advantages, dtype=torch.float32, device=dist.device)  # [b]
@@ -202,7 +203,16 @@ def update(
                 logp_old, sampler_logp, mask, cfg.loss.rollout_correction, cap
             )
         loss, metrics = tgrpo_loss(
-            logp, logp_old, adv, loss_mask, normalizer, cfg.loss, logp_ref, norm_tokens, correction
+            logp,
+            logp_old,
+            adv,
+            loss_mask,
+            normalizer,
+            cfg.loss,
+            logp_ref,
+            norm_tokens,
+            correction,
+            entropy,
         )
         (loss * weight).backward()
         if not weight:

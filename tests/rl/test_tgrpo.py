@@ -178,7 +178,7 @@ def test_ratio_one_gives_minus_mean_advantage_and_kl_term():
     loss, m = tgrpo_loss(logp, logp, adv, mask, 4, NO_KL)
     assert loss.item() == pytest.approx(-adv.mean().item(), abs=1e-6)
     assert m["ppo_kl"].item() == 0.0 and m["ratio_mean"].item() == pytest.approx(1.0)
-    assert m["entropy"].item() == pytest.approx(
+    assert m["sampled_neg_logp"].item() == pytest.approx(
         -(logp * mask).sum().item() / mask.sum().item(), abs=1e-5
     )
     # with beta: + beta * seq-mean-token-mean of low_var_kl
@@ -353,3 +353,21 @@ def test_rollout_correction_weights_the_policy_term_only():
     # ratio 1: pg = -A per token, mean -1; KL term unchanged: 0.5 * pg + kl
     assert half.item() == pytest.approx(0.5 * m["pg_loss"].item() + 0.1 * m["kl"].item(), abs=1e-6)
     assert plain.item() == pytest.approx(m["pg_loss"].item() + 0.1 * m["kl"].item(), abs=1e-6)
+
+
+def test_entropy_is_logged_and_its_bonus_subtracted_under_the_aggregation():
+    # responses of 2 and 1 tokens with entropies (1, 3) and (2): seq-mean-token-mean of H is
+    # (2 + 2) / 2 = 2; the loss with entropy_coef 0.1 is the plain loss - 0.2; the logged entropy
+    # is the token mean (1 + 3 + 2) / 3 = 2
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, 0.0]])
+    mask = torch.tensor([[1, 1], [1, 0]]).bool()
+    entropy = torch.tensor([[1.0, 3.0], [2.0, 9.0]])
+    adv = torch.tensor([1.0, -1.0])
+    plain, m = tgrpo_loss(logp, logp, adv, mask, 2, NO_KL, entropy=entropy)
+    bonus, _ = tgrpo_loss(
+        logp, logp, adv, mask, 2, LossConfig(kl_coef=0.0, entropy_coef=0.1), entropy=entropy
+    )
+    assert bonus.item() == pytest.approx(plain.item() - 0.2, abs=1e-6)
+    assert m["entropy"].item() == pytest.approx(2.0) and "entropy" in m
+    with pytest.raises(ValueError, match="entropy_coef > 0 needs"):
+        tgrpo_loss(logp, logp, adv, mask, 2, LossConfig(kl_coef=0.0, entropy_coef=0.1))
