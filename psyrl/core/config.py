@@ -186,7 +186,8 @@ class DataConfig:
     responses in `checkpoints/step-N/validation-<stem>.jsonl`. `valid_file`'s keys stay
     `valid/f1`, ... (the paper's single test split; `psyrl select-checkpoint` reads it). Issue 42,
     after verl's per-data-source validation metrics (`val-core/<data_source>/...`,
-    verl/trainer/ppo/metric_utils.py `process_validation_metrics`)."""
+    verl/trainer/ppo/metric_utils.py:896 `process_validation_metrics`, ray_trainer.py:734 at
+    1dda039)."""
     valid_samples: int = 1
     """Responses per held-out item, all at `rollout.valid_temperature` (1 = the paper's validation,
     unchanged). With n > 1 the set's usual keys still score each item's first response, and it also
