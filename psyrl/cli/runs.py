@@ -42,7 +42,7 @@ def select_checkpoint_command(run_dir, rule):
     run."""
     from psyrl.core.checkpoints import select_checkpoint
 
-    with reported("psyrl select-checkpoint", also=(FileNotFoundError,)):
+    with reported("psyrl select-checkpoint", also=(FileNotFoundError, ValueError)):
         step, score, path = select_checkpoint(run_dir, rule)
     click.echo(f"step {step}: valid F1 {score:.4f}", err=True)
     click.echo(path / "hf")

@@ -229,7 +229,11 @@ def checkpoint_scores(
     for step, d in checkpoint_dirs(run_dir):
         scores = d / "validation.json"
         if scores.is_file() and verify(d) is None:
-            found.append((step, json.loads(scores.read_text())[metric], d))
+            held_out = json.loads(scores.read_text())
+            if metric not in held_out:  # e.g. a run validated on data.valid_files alone
+                keys = ", ".join(k for k in held_out if k.endswith("/f1")) or "none"
+                raise ValueError(f"{scores}: no {metric!r} score (its F1 keys: {keys})")
+            found.append((step, held_out[metric], d))
     return found
 
 

@@ -69,7 +69,7 @@ def resolve(experiment: Experiment, reference: str, seed: int | None, dry: bool)
 
     try:
         return str(select_checkpoint(directory, rule)[2] / "hf")
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"psyrl experiment: {experiment.path}: run {name!r}: {e}") from None
 
 

@@ -360,7 +360,7 @@ def validation_section(runs: list[RunData]) -> str:
         if trainer(run).startswith("SFT"):  # appendix B picks the GRPO start among SFT ones
             try:
                 chosen = select_checkpoint(run.dir, "median")[0]
-            except (FileNotFoundError, KeyError):
+            except (FileNotFoundError, ValueError):
                 chosen = None
         head = (
             "<tr><th>step</th>"

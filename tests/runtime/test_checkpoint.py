@@ -83,6 +83,16 @@ def test_no_checkpoints(tmp_path):
         select_checkpoint(tmp_path)
 
 
+def test_a_run_without_the_metric_says_which_scores_it_has(tmp_path):
+    # validated on data.valid_files alone: valid/<stem>/f1, no valid/f1
+    d = tmp_path / "checkpoints" / "step-10"
+    d.mkdir(parents=True)
+    (d / "validation.json").write_text(json_text({"valid/tom/f1": 0.5, "valid/tom/items": 4}))
+    write_manifest(d)
+    with pytest.raises(ValueError, match=r"no 'valid/f1' score \(its F1 keys: valid/tom/f1\)"):
+        select_checkpoint(tmp_path)
+
+
 def test_export_reloads_with_identical_logits(tmp_path):
     tokenizer = load_tokenizer(TINY)
     model = load_model(TINY, tokenizer, seed=3)
