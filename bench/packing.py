@@ -16,8 +16,8 @@ a packed row takes here, and what packing saves in the demo's T-GRPO step.
    flex attention only with a C++ toolchain, which psyrl does not require; torch 2.13 has no flex
    backward on a CPU, so the experience only). Median of 5.
 2. The demo's step (--demo-model): `train_tgrpo.py --config configs/tgrpo/tiny.toml` for 3 steps,
-   packed and padded, one process; medians of time/logprobs and time/update over steps 2-3, and
-   actor/padding_fraction.
+   packed and padded by 16 sequences, and packed by a token budget (VARIANTS), one process; medians
+   of time/logprobs and time/update over steps 2-3, and actor/padding_fraction.
 """
 
 from __future__ import annotations
@@ -180,6 +180,11 @@ def attention_paths() -> dict:
     return results
 
 
+# the demo step's micro-batching: 16 sequences each (configs/tgrpo/tiny.toml), packed or padded,
+# or packed by a token budget of 16 sequences of ~160 tokens (optim.micro_batch_tokens)
+VARIANTS = (("packed", True, 0), ("padded", False, 0), ("packed-budget", True, 2560))
+
+
 def demo_step(model_dir: str) -> dict:
     sys.path.insert(0, str(ROOT))
     import train_tgrpo
@@ -187,11 +192,12 @@ def demo_step(model_dir: str) -> dict:
 
     out = {}
     with tempfile.TemporaryDirectory(prefix="psyrl-packing-") as tmp:
-        for packing in (True, False):
-            name = "packed" if packing else "padded"
+        for name, packing, budget in VARIANTS:
             args = ["--config", str(ROOT / "configs/tgrpo/tiny.toml")]
             for key, value in {
                 "run.name": name,
+                "optim.micro_batch_tokens": budget,
+                "optim.logprob_micro_batch_tokens": budget,
                 "run.output_dir": tmp,
                 "run.steps": 3,
                 "model.path": model_dir,
