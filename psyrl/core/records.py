@@ -81,6 +81,13 @@ class BenchmarkRecord:
     meta: dict = field(default_factory=dict)
 
 
+def stimulus_and_question(record: StimuliRecord | BenchmarkRecord) -> tuple[str, str]:
+    """What an accuracy signal (the judge) reads beside the two answers: a StimuliQA record's
+    stimuli or a benchmark item's context, and its question."""
+    stimulus = record.context if isinstance(record, BenchmarkRecord) else record.stimuli
+    return stimulus, record.question
+
+
 # ---------------------------------------------------------------- validation of one JSON object
 # (key, type, may be empty); a type of `tuple` means a JSON list of strings
 _STIMULI_KEYS = {

@@ -192,12 +192,6 @@ def score_response(
     return row
 
 
-def signal_inputs(record: BenchmarkRecord | StimuliRecord) -> tuple[str, str]:
-    """(stimulus, question): what an accuracy signal (the judge) reads beside the two answers."""
-    stimulus = record.context if isinstance(record, BenchmarkRecord) else record.stimuli
-    return stimulus, record.question
-
-
 def choose_by_scores(row: dict, record: BenchmarkRecord, scores: Sequence[float]) -> None:
     """`--choose-by similarity`: the row's choice is the option of highest similarity to the
     extracted answer, by SPEC §7's rule otherwise (a tie at the top, or a top of 0, is E)."""

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from psyrl.core.records import stimulus_and_question
 from psyrl.core.text import extract_answer
 from psyrl.rl.accuracy import Pair, Scores, TokenF1, reward_accuracy
 
@@ -65,8 +66,7 @@ class Accuracy:
             Pair(
                 gold,
                 extract_answer(response),
-                "\n".join(getattr(record, "stimuli", None) or ()),
-                getattr(record, "question", "") or "",
+                *(stimulus_and_question(record) if record is not None else ("", "")),
             )
             for response, gold, record in zip(responses, golds, records)
         ]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from psyrl.core.config import Config, load_config
 from psyrl.core.presets import resolve_config
-from psyrl.eval.benchmarks import SIGNAL_PREFIX, EvalError, choose_by_scores, signal_inputs
+from psyrl.core.records import stimulus_and_question
+from psyrl.eval.benchmarks import SIGNAL_PREFIX, EvalError, choose_by_scores
 from psyrl.rl.accuracy import Pair
 from psyrl.signals.build import build_signal
 
@@ -119,7 +120,7 @@ def score_signals(rows: list[dict], records: dict, scorers: Scorers) -> dict:
     fallbacks = 0
     for group in by_benchmark.values():
         pairs = [
-            Pair(records[r["id"]].answer, r["extracted"], *signal_inputs(records[r["id"]]))
+            Pair(records[r["id"]].answer, r["extracted"], *stimulus_and_question(records[r["id"]]))
             for r in group
         ]
         for name, scorer in scorers.accuracy.items():
