@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from psyrl.cli import train as cli_train
 from psyrl.core.checkpoints import write_manifest
 from psyrl.core.config import load_config
+from psyrl.core.errors import RunError
 from psyrl.core.records import load_stimuliqa
 from psyrl.core.runlog import read_metrics
 from psyrl.recipes import tgrpo as program
@@ -29,6 +30,7 @@ from psyrl.rl.rewards import answer_components, final_rewards, reward_metrics
 from psyrl.rl.scoring import Sample, answer_tensors
 from psyrl.rl.tgrpo import advantages
 from psyrl.rl.trajectory_cache import TrajectoryCache
+from psyrl.runtime.distributed import ONE_PROCESS
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 TIME_KEYS = ("time/", "perf/")
@@ -627,3 +629,15 @@ def test_dr_grpo_and_dapo_keys_reach_the_update(start, tmp_path):
         )
     row = read_metrics(tmp_path / "rl" / "metrics.jsonl")[-1]
     assert row["actor/grad_norm"] > 0 and math.isfinite(row["actor/pg_loss"])
+
+
+def test_options_that_need_another_tables_value_are_refused_before_the_run():
+    cfg = load_config("configs/tgrpo/tiny.toml", ["reward.overlong_buffer=100"])
+    with pytest.raises(RunError, match="must be at most rollout.max_new_tokens = 64"):
+        program.check_batches(cfg, ONE_PROCESS)
+    sets = ["loss.rollout_correction=token-truncate", 'sampler.engine="vllm"']
+    cfg = load_config("configs/tgrpo/tiny.toml", sets)  # temperature 0.7, top_p 0.99
+    with pytest.raises(RunError, match="renormalised over the nucleus"):
+        program.check_batches(cfg, ONE_PROCESS)
+    cfg.rollout.temperature = 1.0  # vLLM's raw log-probs: the trainer's quantity
+    program.check_batches(cfg, ONE_PROCESS)

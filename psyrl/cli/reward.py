@@ -3,6 +3,7 @@ signal ranks right answers above wrong ones before training on it (issue 41 item
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -66,6 +67,9 @@ def _scores(names, config_path, overrides, pairs) -> dict:
 
     transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar on stderr
     cfg = load_config(None if config_path is None else resolve_config(config_path), overrides)
+    # a score or an audit of the judge must be the judge's: an unanswered request stops the command
+    # (naming the endpoint) instead of standing in the paper's F1 as training does
+    cfg = dataclasses.replace(cfg, judge=dataclasses.replace(cfg.judge, on_failure="stop"))
 
     chunk = cfg.semantic.batch_size * max(1, CHUNK // cfg.semantic.batch_size)
     results = {}

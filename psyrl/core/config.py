@@ -298,7 +298,8 @@ class RewardConfig:
     """DAPO's soft overlong punishment (Yu et al. 2025; verl's overlong_buffer.len,
     verl/workers/reward_manager/dapo.py:121-127 at 1dda039): over the last this many tokens before
     rollout.max_new_tokens, a penalty falling linearly from 0 to -overlong_penalty is added to the
-    final reward of any variant (reward/overlong). 0: none (the paper)."""
+    final reward of any variant (reward/overlong); at most rollout.max_new_tokens. 0: none (the
+    paper)."""
     overlong_penalty: float = 1.0
     """The penalty at rollout.max_new_tokens (verl's overlong_buffer.penalty_factor, 1.0)."""
     accuracy: Literal["f1", "semantic", "judge", "custom", "mix"] = "f1"
@@ -492,7 +493,9 @@ class LossConfig:
     f2cd577): `token-truncate` (TIS) each token's ratio capped at rollout_correction_cap;
     `sequence-mask` (MIS) the response's product of ratios, the response dropped where it exceeds
     the cap. `none`: the paper. It matters where the sampler computes in another precision than the
-    trainer (vLLM in bf16 on GPUs); logged as rollout/correction_mean and .../correction_capped."""
+    trainer (vLLM in bf16 on GPUs); logged as rollout/correction_mean and .../correction_capped.
+    Refused with sampler.engine = "vllm" at a rollout.temperature other than 0 or 1 with top_p < 1:
+    vLLM's log-probs are renormalised over the nucleus there (vllm_sampler.logprobs_mode)."""
     rollout_correction_cap: float = 3.0
     """The cap C of loss.rollout_correction (TRL's vllm_importance_sampling_clip_max default)."""
     entropy_coef: float = 0.0

@@ -67,7 +67,6 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
         tokenizer = load_tokenizer(cfg.model)
         check_memory_plan(cfg, dist, "sft")
         policy = build_policy(cfg, tokenizer, dist)
-        accuracy = Accuracy(cfg, dist.device, run.dir / "judge_cache", dist.rank)
     examples, counts = build_examples(
         train_records, tokenizer, cfg.prompt, cfg.data.max_length, cfg.data.think_from
     )
@@ -76,6 +75,8 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
     run.check_data(cfg.data.train_file, len(examples))
     valid_records = [r for valid_set in valid_sets for r in valid_set.records]
     run.start(train_records, valid_records)
+    with setup_errors():  # after start: a judge's score cache lives in the run directory
+        accuracy = Accuracy(cfg, dist.device, run.dir / "judge_cache", dist.rank)
 
     policy.train()
     optimizer = build_optimizer(policy, cfg.optim)

@@ -64,7 +64,8 @@ LINE_FIELDS = [
 
 
 def check_batches(cfg: Config, dist: Dist) -> None:
-    """The batch sizes a step can split: B prompts into mini-batches, a mini-batch over ranks."""
+    """The batch sizes a step can split (B prompts into mini-batches, a mini-batch over ranks), and
+    the options that need another table's value."""
     B, batch, G = cfg.rollout.prompts, cfg.optim.global_batch, cfg.rollout.samples
     if B % batch:
         raise RunError(
@@ -76,6 +77,20 @@ def check_batches(cfg: Config, dist: Dist) -> None:
             f"optim.global_batch = {batch} must be a multiple of the {dist.world} ranks "
             "(each rank takes an equal share of every mini-batch)"
         )
+    if cfg.reward.overlong_buffer > cfg.rollout.max_new_tokens:
+        raise RunError(
+            f"reward.overlong_buffer = {cfg.reward.overlong_buffer} must be at most "
+            f"rollout.max_new_tokens = {cfg.rollout.max_new_tokens} (the penalty's ramp ends there)"
+        )
+    T, top_p = cfg.rollout.temperature, cfg.rollout.top_p
+    if cfg.loss.rollout_correction != "none" and cfg.sampler.engine == "vllm":
+        if T not in (0, 1) and top_p < 1:
+            raise RunError(
+                f"loss.rollout_correction with sampler.engine = 'vllm' at rollout.temperature = {T}"
+                f" and top_p = {top_p}: vLLM reports log-probs renormalised over the nucleus "
+                "there (psyrl.runtime.vllm_sampler.logprobs_mode), biased by up to -log(top_p) a "
+                "token, which the weights would multiply; use temperature 1 or top_p = 1"
+            )
     if cfg.advantage.scope == "group" and G < 2:
         raise RunError(
             f"advantage.scope = 'group' needs rollout.samples >= 2 (the std of a group of "
@@ -103,9 +118,10 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
         check_memory_plan(cfg, dist, "tgrpo")
         policy = build_policy(cfg, tokenizer, dist)
         reference = build_reference(cfg, tokenizer, dist) if cfg.loss.kl_coef > 0 else None
-        # reward.accuracy's signals (the paper's F1 by default); a judge caches scores in the run
-        accuracy = Accuracy(cfg, dist.device, run.dir / "judge_cache", dist.rank)
     run.start(train_records, valid_records)
+    with setup_errors():  # after start: a judge's score cache lives in the run directory
+        # reward.accuracy's signals (the paper's F1 by default)
+        accuracy = Accuracy(cfg, dist.device, run.dir / "judge_cache", dist.rank)
     pad_id = tokenizer.pad_token_id
 
     policy.train()

@@ -148,10 +148,10 @@ def final_rewards(
     c["short"] = short_reward(c["f1"], c["ratio"], mean_f1, cfg)
     c["final"] = VARIANTS[cfg.variant](c, cfg)
     if cfg.overlong_buffer > 0:
-        if max_new_tokens <= cfg.overlong_buffer:
+        if max_new_tokens < cfg.overlong_buffer:  # verl allows the ramp to span the whole budget
             raise ValueError(
                 f"reward.overlong_buffer = {cfg.overlong_buffer} needs rollout.max_new_tokens "
-                f"> it, got {max_new_tokens}"
+                f">= it, got {max_new_tokens}"
             )
         c["overlong"] = overlong_penalty(c["length"], max_new_tokens, cfg)
         c["final"] = c["final"] + c["overlong"]

@@ -157,7 +157,8 @@ def update(
 ) -> tuple[float, bool, dict]:
     """One optimiser step on this rank's share of a mini-batch (eq. 1), gradients accumulated over
     micro-batches and divided by the mini-batch's sequence count over all ranks (optim.global_batch
-    x rollout.samples), or with loss.agg = "token-mean" its response tokens over all ranks.
+    x rollout.samples), or with loss.agg = "token-mean" its response tokens over all ranks
+    (`seq-mean-token-sum-norm` also divides each response's token sum by loss.agg_norm_tokens).
     `fsdp.defer_grad_sync`: the gradient reduce-scatter runs at the last micro-batch only. Returns
     (grad norm, applied, sums): sums holds the loss metrics' token- and sequence-weighted sums
     (float64 tensors, read once per step by `reduce_sums`: .item() per micro-batch would sync a GPU
@@ -169,7 +170,8 @@ def update(
         tokens = sum(
             len(ids) - p for ids, p, k in zip(batch.token_ids, batch.prompt_lengths, kept) if k
         )
-        normalizer = float(all_reduce(torch.tensor(float(tokens)), dist).item())
+        # at least 1: a mini-batch whose responses were all cut trains on nothing, not on NaN
+        normalizer = max(float(all_reduce(torch.tensor(float(tokens)), dist).item()), 1.0)
     norm_tokens = cfg.loss.agg_norm_tokens or cfg.rollout.max_new_tokens
     cap = cfg.loss.rollout_correction_cap
     sums = defaultdict(float)

@@ -189,6 +189,8 @@ class JudgeSignal:
             return request_body(model, messages, 0.0, 1.0, max_tokens, seed=0)
 
         failed: set[str] = set()
+        if self.cache_file:  # the run directory may have been made afresh since (--overwrite)
+            self.cache_file.parent.mkdir(parents=True, exist_ok=True)
         sink = self.cache_file.open("a", encoding="utf-8") if self.cache_file else None
         try:
             answers = complete_all(

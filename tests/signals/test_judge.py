@@ -9,6 +9,7 @@ kept, keyed by the rubric too), and that the key reaches the server and nothing 
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from collections import Counter
@@ -357,3 +358,13 @@ def test_unusable_settings_are_refused_at_once(stub, tmp_path, monkeypatch):
     with pytest.raises(JudgeError, match="control characters") as raised:
         judge(stub)
     assert "sk-bad" not in str(raised.value)
+
+
+def test_a_cache_directory_removed_since_is_made_again(stub, tmp_path):
+    # `--overwrite` deletes the run directory after the signal is built: the next call still keeps
+    # its scores
+    cache = tmp_path / "run" / "judge_cache"
+    signal = judge(stub, cache)
+    shutil.rmtree(tmp_path / "run")
+    assert signal([pair("good")]).tolist() == [0.75]
+    assert (cache / "rank-0.jsonl").read_text().count("\n") == 1

@@ -92,3 +92,25 @@ def test_missing_file_and_unknown_signal_are_usage_errors(tmp_path):
     assert missing.exit_code == 2 and missing.stdout == "" and "does not exist" in missing.stderr
     unknown = run("audit", str(TRIPLES), "--accuracy", "bleu")
     assert unknown.exit_code == 2 and "'bleu' is not one of" in unknown.stderr
+
+
+def test_an_unanswered_judge_stops_the_command_instead_of_scoring_f1(tmp_path):
+    # port 9 (discard) refuses the connection: training would fall back to F1 (judge.on_failure),
+    # but a score or an audit labelled "judge" must be the judge's
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"gold": "proud", "prediction": "proud"}) + "\n")
+    result = run(
+        "score",
+        str(rows),
+        "--accuracy",
+        "judge",
+        "--set",
+        'judge.base_url="http://127.0.0.1:9/v1"',
+        "--set",
+        'judge.model="x"',
+        "--set",
+        "judge.retries=0",
+    )
+    assert result.exit_code == 1, result.output
+    assert "http://127.0.0.1:9/v1/chat/completions" in result.output
+    assert '"judge"' not in result.stdout
