@@ -23,11 +23,9 @@ from psyrl.rl.accuracy import Pair, token_f1
 from psyrl.signals.judge import JudgeError, JudgeSignal
 
 pytest.importorskip("vllm")
-from test_openai_vllm_serve import tiny_model, vllm_serve  # noqa: F401
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-KEY = "sk-judge-vllm-SENTINEL-51e0"  # vllm serve --api-key: the value no file or message may hold
 KEY_ENV = "PSYRL_TEST_JUDGE_KEY"
 RETRIES = 1
 ACCESS = '"POST /v1/chat/completions HTTP/1.1" '  # uvicorn's access log line, then the status
@@ -39,17 +37,6 @@ PAIRS = [
     Pair("More confident", "less confident", STIMULUS, "How does Xiao Qiang's confidence change?"),
     Pair("Proud", "She beams with pride at his achievement", STIMULUS, "How does his mother feel?"),
 ]  # the last repeats the first: asked once
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):  # noqa: F811
-    """`vllm serve --api-key KEY` on 127.0.0.1 (tests/test_openai_vllm_serve.py's server; a request
-    without `Authorization: Bearer KEY` gets 401), up when /v1/models answers; (base URL, log)."""
-    log = tmp_path_factory.mktemp("serve") / "vllm.log"
-    key = {"Authorization": f"Bearer {KEY}"}
-    with vllm_serve(tiny_model, log, "--api-key", KEY, headers=key) as (url, seconds):
-        print(f"\nvllm serve up in {seconds:.1f} s")
-        yield url, log
 
 
 def answered(log) -> dict[str, int]:
@@ -76,9 +63,12 @@ def judge(url: str, cache_dir=None, **cfg) -> JudgeSignal:
     return JudgeSignal(JudgeConfig(**{**settings, **cfg}), cache_dir, retry_wait=0.01)
 
 
-def test_the_judge_reaches_vllm_serve_and_falls_back_on_its_answers(server, tmp_path, monkeypatch):
-    url, log = server
-    monkeypatch.setenv(KEY_ENV, KEY)
+def test_the_judge_reaches_vllm_serve_and_falls_back_on_its_answers(
+    vllm_server, tmp_path, monkeypatch
+):
+    # the session's `vllm serve --api-key` (tests/conftest.py)
+    url, log, key = vllm_server.url, vllm_server.log, vllm_server.key
+    monkeypatch.setenv(KEY_ENV, key)
     cache = tmp_path / "judge"
     signal_ = judge(url, cache)
     before = answered(log).get("200", 0)
@@ -105,22 +95,22 @@ def test_the_judge_reaches_vllm_serve_and_falls_back_on_its_answers(server, tmp_
     print(f"\n4 pairs x {RETRIES + 1} attempts: {took:.1f} s; the last: {signal_.last_error}")
 
 
-def test_the_key_comes_from_its_variable_only(server, tmp_path, monkeypatch):
-    url, log = server
+def test_the_key_comes_from_its_variable_only(vllm_server, tmp_path, monkeypatch):
+    url, log, key = vllm_server.url, vllm_server.log, vllm_server.key
     unauthorised = answered(log).get("401", 0)
     monkeypatch.delenv(KEY_ENV, raising=False)
     with pytest.raises(JudgeError, match="HTTP 401") as raised:  # no key: refused
         judge(url, on_failure="stop")(PAIRS[:1])
     assert f"{url}/chat/completions" in str(raised.value)
-    monkeypatch.setenv(KEY_ENV, "sk-wrong-" + KEY[::-1])
+    monkeypatch.setenv(KEY_ENV, "sk-wrong-" + key[::-1])
     with pytest.raises(JudgeError, match="HTTP 401") as raised:  # another key: refused
         judge(url, on_failure="stop")(PAIRS[:1])
-    assert KEY[::-1] not in str(raised.value)
+    assert key[::-1] not in str(raised.value)
     assert answered(log)["401"] - unauthorised == 2  # a 401 is not retried
-    monkeypatch.setenv(KEY_ENV, KEY)
+    monkeypatch.setenv(KEY_ENV, key)
     signal_ = judge(url, tmp_path / "judge")
     signal_(PAIRS[1:2])  # the right key: answered (and refused as a score)
     assert "HTTP 401" not in signal_.last_error and "answer refused" in signal_.last_error
     for path in tmp_path.rglob("*"):
         if path.is_file():
-            assert KEY not in path.read_text(errors="replace")
+            assert key not in path.read_text(errors="replace")

