@@ -6,7 +6,7 @@ bad input raises one `ConfigError` naming the file, the line and the key. The co
 of `Config`'s tables (the T-GRPO ones: reward, cache, advantage, loss, rollout, sampler; SPEC §2-4);
 the TOML plumbing itself is in `psyrl.core.tomlconf`.
 
-One concept in one file, over 600 lines: 16 small tables a run's config holds, 247 of its lines the
+One concept in one file, over 600 lines: 16 small tables a run's config holds, 309 of its lines the
 docstrings a user reads in --help and docs/config.md; split, a key would be harder to find.
 """
 
