@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
+from http_stub import serve_posts
 from safetensors.torch import load_file
 from test_train_tgrpo import rows_without_timing, run_cli
 
@@ -75,41 +74,31 @@ class ScoringStub:
 
     def __init__(self):
         self.requests, self.headers = 0, set()
-        stub = self
+        self.server, self.url = serve_posts(self.handle)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                prompt = body["messages"][-1]["content"]
-                gold = prompt.split("Gold answer:\n")[1].split("\n")[0].strip().lower()
-                prediction = prompt.split("Predicted answer:\n")[1].strip().lower()
-                score = 0.9 if gold in prediction.split() else 0.2
-                stub.requests += 1
-                stub.headers.add(self.headers.get("Authorization"))
-                data = json.dumps(
+    def handle(self, handler, body):
+        prompt = body["messages"][-1]["content"]
+        gold = prompt.split("Gold answer:\n")[1].split("\n")[0].strip().lower()
+        prediction = prompt.split("Predicted answer:\n")[1].strip().lower()
+        score = 0.9 if gold in prediction.split() else 0.2
+        self.requests += 1
+        self.headers.add(handler.headers.get("Authorization"))
+        data = json.dumps(
+            {
+                "choices": [
                     {
-                        "choices": [
-                            {
-                                "message": {"role": "assistant", "content": f"SCORE: {score}"},
-                                "finish_reason": "stop",
-                            }
-                        ],
-                        "usage": {"completion_tokens": 3},
+                        "message": {"role": "assistant", "content": f"SCORE: {score}"},
+                        "finish_reason": "stop",
                     }
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+                ],
+                "usage": {"completion_tokens": 3},
+            }
+        ).encode()
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
 
 
 def test_judge_accuracy_trains_resumes_from_its_cache_and_keeps_the_key_out(

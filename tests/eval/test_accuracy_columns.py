@@ -8,16 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from test_evaluate import tiny_model  # noqa: F401 (the evaluation tests' model)
 
 import evaluate as evaluate_script
-from psyrl.core.config import ModelConfig
 from psyrl.core.presets import benchmarks_dir
 from psyrl.core.records import BenchmarkRecord, StimuliRecord
 from psyrl.core.text import choice_of
 from psyrl.eval.benchmarks import EvalError, aggregate, resolve_sources, score_response
 from psyrl.eval.report import compare_markdown, results_markdown
 from psyrl.rl.accuracy import Pair
-from psyrl.runtime.model import load_model, load_tokenizer
 from psyrl.signals.evaluation import Scorers, score_signals
 from psyrl.signals.semantic import SemanticSignal
 
@@ -33,19 +32,6 @@ PROUD = BenchmarkRecord(
     answer_index=1,
     answer="She is proud of him",
 )
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    """A random-init tiny Qwen2 exported like a psyrl run's hf/."""
-    out = tmp_path_factory.mktemp("model") / "hf"
-    cfg = ModelConfig(
-        hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
-    )
-    tokenizer = load_tokenizer(cfg)
-    load_model(cfg, tokenizer, seed=0).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +51,7 @@ def results_of(out: Path) -> dict:
     return json.loads((out / "results.json").read_text())["results"]
 
 
-def test_semantic_column_beside_the_paper_and_the_default_unchanged(tiny_model, tmp_path, semantic):
+def test_semantic_column_beside_the_paper_and_the_default_unchanged(tiny_model, tmp_path, semantic):  # noqa: F811
     plain, scored = tmp_path / "plain", tmp_path / "scored"
     args = ["--model", tiny_model, "--benchmarks", SOURCES, *FAST]
     assert (done := here(*args, "--out", plain)).exit_code == 0, done.output[-2000:]

@@ -14,11 +14,11 @@ import sys
 import threading
 import time
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from http_stub import serve_posts
 
 from psyrl.cli.evaluate import evaluate as evaluate_command
 from psyrl.eval.benchmarks import item_seed, resolve_sources, select_items
@@ -60,20 +60,7 @@ class Stub:
     def __init__(self, plan):
         self.plan, self.log, self.answered = plan, [], Counter()
         self.lock, self.release = threading.Lock(), threading.Event()
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                stub.handle(self, body)
-
-            def log_message(self, *args):  # quiet
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+        self.server, self.url = serve_posts(self.handle)
 
     def handle(self, handler, body):
         seed = body["seed"]

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
+from test_model_packing import TINY
 
-from psyrl.core.config import ModelConfig
 from psyrl.runtime.model import (
     HeadLogprobs,
     Policy,
@@ -18,14 +18,6 @@ from psyrl.runtime.model import (
     token_logprobs,
 )
 
-TINY = ModelConfig(
-    tokenizer="tiny",
-    hidden_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    intermediate_size=128,
-)
 SHAPES = [(7, 3), (5, 11), (9, 2), (6, 8)]  # (prompt, response) tokens
 
 
