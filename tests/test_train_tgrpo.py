@@ -385,6 +385,10 @@ def test_reference_never_changes_and_a_nan_loss_skips_one_update(start, tmp_path
             "advantage.scope = 'group' needs rollout.samples >= 2",
         ),
         (["rollout.prompts=6"], "must be a multiple of optim.global_batch = 4"),
+        (
+            ["rollout.filter_groups=true", "rollout.samples=1", "advantage.scope=batch"],
+            "rollout.filter_groups needs rollout.samples >= 2",
+        ),
     ],
 )
 def test_bad_input_is_refused_with_one_message(start, tmp_path, extra, message):
@@ -629,6 +633,53 @@ def test_dr_grpo_and_dapo_keys_reach_the_update(start, tmp_path):
         )
     row = read_metrics(tmp_path / "rl" / "metrics.jsonl")[-1]
     assert row["actor/grad_norm"] > 0 and math.isfinite(row["actor/pg_loss"])
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_trains_on_varied_groups_and_resumes_bitwise(start, tmp_path):
+    """rollout.filter_groups (DAPO, issue 42 item 3): the start model answers yes or no at random,
+    so many groups of 4 are all right or all wrong (F1 all 1 or all 0). Every step trains on groups
+    whose F1s differ, drawn over as many rounds as it took (the rows count them), and a run cut
+    after step 2 resumes to the same weights, rows and cache: the data cursor and the per-round
+    seeds are part of the state."""
+    extra = [
+        "run.steps=3",
+        "checkpoint.every=1",
+        "checkpoint.keep_state=0",
+        "rollout.filter_groups=true",
+        "rollout.filter_max_rounds=4",
+        "advantage.scope=group",
+        "log.samples_every=1",
+    ]
+    result = run_in_process(start, tmp_path / "a", *extra)
+    assert result.exit_code == 0, result.output
+    whole = tmp_path / "a" / "rl"
+    rows = read_metrics(whole / "metrics.jsonl")
+    for row in rows:
+        step = row["step"]
+        samples = [
+            json.loads(x) for x in (whole / f"samples/step-{step}.jsonl").read_text().splitlines()
+        ]
+        f1s = [[s["f1"] for s in samples[k : k + 4]] for k in range(0, 32, 4)]
+        varied = sum(max(g) > min(g) for g in f1s)
+        assert varied == 8 - row["rollout/filter_filled"], (step, f1s)
+        drawn = 8 * row["rollout/filter_rounds"]
+        assert drawn - row["rollout/filter_dropped"] - row["rollout/filter_surplus"] == varied
+    assert any(row["rollout/filter_rounds"] > 1 for row in rows)  # a second round was needed
+    assert all(
+        row["rollout/zero_variance_groups"] == 0 for row in rows if not row["rollout/filter_filled"]
+    )
+    cut = tmp_path / "b" / "rl"
+    shutil.copytree(whole, cut)
+    shutil.rmtree(cut / "checkpoints" / "step-3")
+    shutil.rmtree(cut / "hf")
+    result = run_in_process(start, tmp_path / "b", *extra, resume=True)
+    assert result.exit_code == 0, result.output
+    a, b = (load_file(d / "hf" / "model.safetensors") for d in (whole, cut))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    cache = "checkpoints/step-3/trajectory_cache.json"
+    assert (whole / cache).read_text() == (cut / cache).read_text()
+    assert rows_without_timing(whole) == rows_without_timing(cut)
 
 
 def test_options_that_need_another_tables_value_are_refused_before_the_run():

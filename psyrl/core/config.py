@@ -550,9 +550,22 @@ class RolloutConfig:
     2048)."""
     valid_temperature: float = 0.5
     """Sampling temperature of validation generations (A.3: 0.5); 0 = greedy."""
+    filter_groups: bool = False
+    """DAPO's dynamic sampling (Yu et al. 2025): drop each group whose G accuracies (r_F1, or the
+    signal in its role) are all equal, and sample rounds of `prompts` more until `prompts` groups
+    are kept (verl's filter_groups with metric "acc": a group goes when its std is 0,
+    verl/trainer/ppo/v1/replay_buffer.py:295 at 1dda039). Surplus groups are discarded; only kept
+    groups enter the trajectory cache. With advantage.scope = "cache" an all-equal group still has a
+    non-zero advantage (the pool is the cache), so the filter drops signal there. false: the
+    paper."""
+    filter_max_rounds: int = 10
+    """rollout.filter_groups: sampling rounds per step at most (verl's max_num_gen_batches, 10 in
+    its DAPO example). At the limit the step is filled with the earliest dropped groups, counted in
+    rollout/filter_filled (verl raises an error instead)."""
 
     def __post_init__(self):
-        for key in ("prompts", "samples", "max_new_tokens", "max_prompt_tokens"):
+        counts = ("prompts", "samples", "max_new_tokens", "max_prompt_tokens", "filter_max_rounds")
+        for key in counts:
             require(getattr(self, key) >= 1, key, f"expected >= 1, got {getattr(self, key)}")
         require(self.temperature > 0, "temperature", f"expected > 0, got {self.temperature}")
         require(0 < self.top_p <= 1, "top_p", f"expected 0 < top_p <= 1, got {self.top_p}")

@@ -7,7 +7,8 @@
 
 One step, one call per phase:
   1. sample      B prompts in a seeded, resumable order, split over ranks (a prompt's G responses
-                 stay on one rank), G responses each from the sampler
+                 stay on one rank), G responses each from the sampler (rollout.filter_groups:
+                 more rounds until B groups have unequal accuracies)
   2. score       each response's r_F1, r_fmt and p_rep (eq. 4-6, 9), gathered from every rank
   3. cache       the trajectory cache takes the step's F1s and lengths: L-bar, r-bar_F1 (eq. 7)
   4. rewards     the final reward of `reward.variant` (eq. 3, 8; appendix A.2), cached in turn
@@ -33,7 +34,15 @@ from psyrl.core.config import Config
 from psyrl.core.errors import RunError
 from psyrl.core.records import Cursor, DataError, load_stimuliqa, next_indices
 from psyrl.rl.rewards import final_rewards
-from psyrl.rl.rollout import build_prompts, rank_positions, rollout_batch, sample_seed
+from psyrl.rl.rollout import (
+    Drawn,
+    build_prompts,
+    keep_groups,
+    rank_positions,
+    rollout_batch,
+    sample_seed,
+    varied_groups,
+)
 from psyrl.rl.scoring import answer_tensors, gather_samples, score_responses, step_metrics
 from psyrl.rl.tgrpo import advantages
 from psyrl.rl.trajectory_cache import TrajectoryCache
@@ -91,6 +100,11 @@ def check_batches(cfg: Config, dist: Dist) -> None:
                 "there (psyrl.runtime.vllm_sampler.logprobs_mode), biased by up to -log(top_p) a "
                 "token, which the weights would multiply; use temperature 1 or top_p = 1"
             )
+    if cfg.rollout.filter_groups and G < 2:
+        raise RunError(
+            f"rollout.filter_groups needs rollout.samples >= 2 (a group of {G} has no spread to "
+            "filter on; verl keeps such groups)"
+        )
     if cfg.advantage.scope == "group" and G < 2:
         raise RunError(
             f"advantage.scope = 'group' needs rollout.samples >= 2 (the std of a group of "
@@ -181,36 +195,52 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
                 # vLLM's sleep-mode pools are not the trainer's memory (psyrl.runtime.timing)
                 timer = PhaseTimer(dist.device, sampler.pool_bytes)
                 # ------------------------------------------- 1. sample G responses for every prompt
-                with timer("sample"):
-                    before = cursor
-                    indices, cursor = next_indices(
-                        cursor, len(train_prompts), B, cfg.run.seed, cfg.data.shuffle
-                    )
-                    positions = rank_positions(B, batch, dist)  # this rank's prompts
-                    records = [train_prompts[indices[p]][0] for p in positions]
-                    prompt_ids = [train_prompts[indices[p]][1] for p in positions]
-                    seeds = [sample_seed(cfg.run.seed, step, p) for p in positions]
-                    groups = sampler.generate(
-                        prompt_ids,
-                        G,
-                        cfg.rollout.temperature,
-                        cfg.rollout.top_p,
-                        cfg.rollout.max_new_tokens,
-                        seeds,
-                    )
-                # run.preempt_now: a signal stops the run here, nothing of this step kept yet (the
-                # cache, model and data position are the previous step's; seeds are per step)
-                if cfg.run.preempt_now and (signal := run.preempted()):
-                    if 0 < step - 1 != run.saved:
-                        save(step - 1, None, before)
-                    raise run.stop(signal)
+                # (rollout.filter_groups, DAPO: rounds of B more prompts until B groups have unequal
+                # accuracies; the paper samples one round)
+                before, drawn = cursor, []
+                while True:
+                    with timer("sample"):
+                        indices, cursor = next_indices(
+                            cursor, len(train_prompts), B, cfg.run.seed, cfg.data.shuffle
+                        )
+                        positions = rank_positions(B, batch, dist)  # this rank's prompts
+                        seeds = [
+                            sample_seed(cfg.run.seed, step, len(drawn) * B + p) for p in positions
+                        ]
+                        groups = sampler.generate(
+                            [train_prompts[indices[p]][1] for p in positions],
+                            G,
+                            cfg.rollout.temperature,
+                            cfg.rollout.top_p,
+                            cfg.rollout.max_new_tokens,
+                            seeds,
+                        )
+                    # run.preempt_now: a signal stops the run here, nothing of this step kept yet
+                    # (the cache, model, data position are the previous step's; seeds are per step)
+                    if cfg.run.preempt_now and (signal := run.preempted()):
+                        if 0 < step - 1 != run.saved:
+                            save(step - 1, None, before)
+                        raise run.stop(signal)
+                    # ------------------------- 2. score every response (eq. 4-6, 9), all ranks'
+                    with timer("score"):
+                        records = [train_prompts[indices[p]][0] for p in positions]
+                        local = score_responses(
+                            groups, records, positions, cfg.prompt.mode, cfg.reward, accuracy
+                        )
+                        samples = gather_samples(local, dist)  # B x G, in step order
+                    drawn.append(Drawn(indices, positions, groups, samples))
+                    varied = sum(sum(varied_groups(d.samples, G)) for d in drawn)
+                    if not cfg.rollout.filter_groups or varied >= B:
+                        break
+                    if len(drawn) == cfg.rollout.filter_max_rounds:
+                        break  # keep_groups fills the step with groups of equal accuracies
 
                 with timer("score"):
-                    # ----------------------------- 2. score every response (eq. 4-6, 9), all ranks'
-                    local = score_responses(
-                        groups, records, positions, cfg.prompt.mode, cfg.reward, accuracy
-                    )
-                    samples = gather_samples(local, dist)  # B x G, in step order
+                    filtered = {}
+                    if cfg.rollout.filter_groups:  # the B groups kept, on the ranks that train them
+                        kept, filtered = keep_groups(drawn, B, batch, G, dist)
+                        indices, positions, groups = kept.indices, kept.positions, kept.groups
+                        samples = kept.samples
                     parts, lengths = answer_tensors(samples)  # [B*G] each
                     # ------------- 3. the trajectory cache takes this step: L-bar, r-bar_F1 (eq. 7)
                     cache.push_answers(parts["f1"], lengths)
@@ -229,6 +259,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
                         cfg.advantage.eps,
                         cfg.advantage.std,
                     )  # [B*G]
+                    prompt_ids = [train_prompts[indices[p]][1] for p in positions]
                     rollout = rollout_batch(groups, prompt_ids, adv, positions, G)  # this rank's
                     scores = step_metrics(samples, components, adv, G)
                 step_records = [train_prompts[indices[p]][0] for p in range(B)]
@@ -273,6 +304,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
                     "step": step,
                     "steps": steps,
                     **scores,
+                    **filtered,
                     **reduce_sums(sums, dist),
                     "actor/grad_norm": sum(grad_norms) / len(grad_norms),
                     "actor/lr": lr,

@@ -1,17 +1,19 @@
 """A T-GRPO step's rollout on each rank (SPEC §3, §9): the training prompts, which rank samples
-which prompt, the sampling seeds, and `RolloutBatch`, the typed batch of this rank's sequences that
-the experience pass fills in and the updates read."""
+which prompt, the sampling seeds, the groups kept under rollout.filter_groups (DAPO's dynamic
+sampling), and `RolloutBatch`, the typed batch of this rank's sequences that the experience pass
+fills in and the updates read."""
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
 from psyrl.core import prompts
 from psyrl.core.config import Config
-from psyrl.runtime.distributed import Dist, rank_share
+from psyrl.runtime.distributed import Dist, all_gather_lists, rank_share
 
 
 def sample_seed(seed: int, step: int, position: int) -> int:
@@ -42,6 +44,72 @@ def build_prompts(records, tokenizer, cfg: Config) -> tuple[list, int]:
         if len(ids) <= cfg.rollout.max_prompt_tokens:
             kept.append((r, ids))
     return kept, len(records) - len(kept)
+
+
+@dataclass
+class Drawn:
+    """A step's prompts and responses: one sampling round, or the groups kept from several
+    (rollout.filter_groups)."""
+
+    indices: list[int]
+    """The step's prompts, position by position, as indices into the training prompts (every
+    rank)."""
+    positions: list[int]
+    """This rank's positions in the step (`rank_positions`)."""
+    groups: list
+    """This rank's G completions of the prompt at each of its positions."""
+    samples: list
+    """Every rank's scored responses (psyrl.rl.scoring.Sample), in step order."""
+
+
+def varied_groups(samples: Sequence, G: int) -> list[bool]:
+    """rollout.filter_groups: whether each group of G consecutive samples has unequal accuracies
+    (r_F1, or the signal in its role); verl's DAPO filter drops a group whose metric has std 0
+    (verl/trainer/ppo/v1/replay_buffer.py:295 at 1dda039)."""
+    f1 = [s.f1 for s in samples]
+    return [max(f1[k : k + G]) > min(f1[k : k + G]) for k in range(0, len(f1), G)]
+
+
+def choose_groups(varied: list[list[bool]], prompts: int) -> tuple[list[tuple[int, int]], int]:
+    """The step's `prompts` groups as (round, position), from each round's `varied_groups`: the
+    varied ones in sampling order, the first `prompts` of them; when there are fewer, the earliest
+    all-equal ones fill the rest. Returns (chosen, how many were filled)."""
+    order = [(r, p) for r, flags in enumerate(varied) for p in range(len(flags))]
+    kept = [(r, p) for r, p in order if varied[r][p]][:prompts]
+    fill = [(r, p) for r, p in order if not varied[r][p]][: prompts - len(kept)]
+    return kept + fill, len(fill)
+
+
+def keep_groups(drawn: list[Drawn], prompts: int, global_batch: int, G: int, dist: Dist):
+    """rollout.filter_groups: the step's `prompts` groups chosen from every round drawn
+    (`choose_groups`), renumbered 0.. in that order and laid over the ranks as `rank_positions`
+    lays out a step: a group may move to another rank. Returns (the step, its rollout/filter_*
+    metrics)."""
+    varied = [varied_groups(d.samples, G) for d in drawn]
+    chosen, filled = choose_groups(varied, prompts)
+    mine = [((r, p), group) for r, d in enumerate(drawn) for p, group in zip(d.positions, d.groups)]
+    completions = dict(all_gather_lists(mine, dist))  # every rank's groups, by (round, position)
+    renumber = {key: k for k, key in enumerate(chosen)}
+    samples = [
+        replace(s, position=renumber[r, s.position])
+        for r, d in enumerate(drawn)
+        for s in d.samples
+        if (r, s.position) in renumber
+    ]
+    positions = rank_positions(prompts, global_batch, dist)
+    step = Drawn(
+        [drawn[r].indices[p] for r, p in chosen],
+        positions,
+        [completions[chosen[k]] for k in positions],
+        sorted(samples, key=lambda s: (s.position, s.index)),
+    )
+    n_varied = sum(map(sum, varied))
+    return step, {
+        "rollout/filter_rounds": len(drawn),
+        "rollout/filter_dropped": len(drawn) * prompts - n_varied,
+        "rollout/filter_surplus": max(n_varied - prompts, 0),
+        "rollout/filter_filled": filled,
+    }
 
 
 @dataclass
