@@ -5,38 +5,22 @@ key's type, default and meaning, the meaning being the docstring written under t
     python tools/config_reference.py docs/config.md     write it between the file's markers
 
 `make docs` runs the second; a test (tests/core/test_config_reference.py) fails when docs/config.md
-is out of date. Nothing in psyrl imports this file: field docstrings are not kept at run time, so
-they are read from the source.
+is out of date. Nothing in psyrl imports this file; `psyrl config show --explain` prints the same
+docstrings (psyrl.core.tomlconf.field_docs) as comments above a config's keys.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
 import sys
 import typing
 from pathlib import Path
 from typing import Literal
 
 from psyrl.core.config import Config
-from psyrl.core.tomlconf import table_classes, toml_value
+from psyrl.core.tomlconf import field_docs, table_classes, toml_value
 
 START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a dataclass, read from its source, on one line."""
-    body = ast.parse(inspect.getsource(cls)).body[0].body
-    docs = {}
-    for node, after in zip(body, body[1:]):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-        ):
-            docs[node.target.id] = " ".join(str(after.value.value).split())
-    return docs
 
 
 def reference(root: type = Config) -> str:

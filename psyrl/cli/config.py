@@ -33,11 +33,17 @@ def config_group():
     metavar="TABLE.KEY=VALUE",
     help="Override one key; repeatable.",
 )
-def show(path, overrides):
+@click.option(
+    "--explain",
+    is_flag=True,
+    help="Above each key, its meaning and source (the paper's equation or a peer's file and line) "
+    "as TOML comments: docs/config.md's text.",
+)
+def show(path, overrides, explain):
     """Validate a config and print it resolved (defaults and overrides applied), as TOML."""
     with reported("psyrl config show"):
         config = None if path is None else resolve_config(path)
-        click.echo(dump_config(load_config(config, overrides)), nl=False)
+        click.echo(dump_config(load_config(config, overrides), explain), nl=False)
 
 
 @config_group.command("list")

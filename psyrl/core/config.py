@@ -823,9 +823,10 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Confi
     return tomlconf.load(Config, path, overrides)
 
 
-def dump_config(config: Config) -> str:
-    """The resolved config as TOML (`config.resolved.toml`); `load_config` reads it back equal."""
-    return tomlconf.dump(config)
+def dump_config(config: Config, explain: bool = False) -> str:
+    """The resolved config as TOML (`config.resolved.toml`); `load_config` reads it back equal.
+    `explain`: each key's docstring above it, as comments (`psyrl config show --explain`)."""
+    return tomlconf.dump(config, explain)
 
 
 def config_changes(old: Config, new: Config) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import textwrap
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -236,12 +237,34 @@ def find_line(text: str, path: tuple) -> int | None:
 # ---------------------------------------------------------------- writing
 
 
-def dump(config) -> str:
-    """TOML text that `load` reads back to an equal config."""
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a dataclass, read from its source (Python keeps no field
+    docstrings at run time), on one line each."""
+    import ast
+    import inspect
+
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+        ):
+            docs[node.target.id] = " ".join(str(after.value.value).split())
+    return docs
+
+
+def dump(config, explain: bool = False) -> str:
+    """TOML text that `load` reads back to an equal config; with `explain`, each key's docstring
+    (its meaning, and the paper's or a peer's source) above it as comments."""
     out = []
-    for table in table_classes(type(config)):
+    for table, cls in table_classes(type(config)).items():
         out.append(f"[{table}]")
+        docs = field_docs(cls) if explain else {}
         for key, value in dataclasses.asdict(getattr(config, table)).items():
+            if key in docs:
+                out += textwrap.wrap(docs[key], 98, initial_indent="# ", subsequent_indent="# ")
             out.append(f"{key} = {toml_value(value)}")
         out.append("")
     return "\n".join(out)

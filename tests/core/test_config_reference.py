@@ -49,3 +49,30 @@ def test_the_tool_writes_between_the_markers(tmp_path):
     assert no_markers.read_text() == "# nothing here\n"
     with pytest.raises(ValueError, match="markers"):
         tool.between_markers(f"{tool.END} {tool.START}", "x")
+
+
+def test_config_show_explain_prints_every_keys_meaning_and_reads_back_equal(tmp_path):
+    from click.testing import CliRunner
+
+    from psyrl.cli.config import config_group
+    from psyrl.core.config import load_config
+
+    args = ["show", "--config", "configs/tgrpo/tiny.toml", "--set", "rollout.filter_groups=true"]
+    plain, explained = (
+        CliRunner().invoke(config_group, args + extra) for extra in ([], ["--explain"])
+    )
+    assert plain.exit_code == 0 and explained.exit_code == 0, explained.output
+    # the comments are the only difference: the same keys and values, in the same order
+    assert [x for x in explained.output.splitlines() if not x.startswith("#")] == (
+        plain.output.splitlines()
+    )
+    lines = explained.output.splitlines()
+    keys = [i for i, x in enumerate(lines) if " = " in x and not x.startswith("#")]
+    assert all(lines[i - 1].startswith("# ") for i in keys)  # every key has its meaning above it
+    assert max(map(len, lines[: keys[-1]])) <= 100
+    text = " ".join(x[2:] for x in lines if x.startswith("# "))
+    assert "verl/trainer/ppo/v1/replay_buffer.py:295" in text  # the peer's line it follows
+    path = tmp_path / "explained.toml"
+    path.write_text(explained.output)
+    expected = load_config("configs/tgrpo/tiny.toml", ["rollout.filter_groups=true"])
+    assert load_config(path) == expected
