@@ -41,7 +41,7 @@ ONLY = {
     "table1-tiny": ("sft-set-1-median", "r1-set-1"),
     "table3-tiny": ("sft-median", "psy-interpreter", "after-cosmosqa"),
     "rq4-tiny": ("before-split", "after-split"),
-    "baselines-tiny": ("grpo", "dapo", "tgrpo-br"),
+    "baselines-tiny": ("dapo",),
 }
 # further overrides for one file: baselines-tiny's dapo row sets reward.overlong_buffer = 16, which
 # the trainer refuses above rollout.max_new_tokens (ONE_STEP's 4), so its responses get 16 tokens
