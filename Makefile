@@ -29,8 +29,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # the lint and format check first: CI holds the layout as it holds the tests
+# --durations: the 20 slowest tests in every log, CI's included (its time is a target, docs/install.md)
 test: lint
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal --durations=20
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -x -n $(TEST_JOBS)
