@@ -12,6 +12,7 @@ from psyrl.cli.errors import reported
 from psyrl.core.presets import copy_benchmarks
 from psyrl.core.records import DataError, load_records
 from psyrl.dataset.convert import KINDS, TARGETS, ConvertError, convert, parse_map
+from psyrl.dataset.testbed import TASKS as TESTBED_TASKS
 
 
 @click.group("data")
@@ -146,11 +147,19 @@ def benchmarks_command(out: Path, overwrite: bool):
 
 @click.command("demo-data")
 @click.option(
+    "--task",
+    type=click.Choice(("demo", *TESTBED_TASKS)),
+    default="demo",
+    show_default=True,
+    help="demo: the demo set of the CPU demo; drift: the mood-drift testbed (issue 43), items "
+    "of 1, 2 and 3 events where the answer needs the events combined (docs/testbed.md).",
+)
+@click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path("data/demo"),
-    show_default=True,
-    help="Directory to write train.jsonl, test.jsonl, mc.jsonl and README.md into.",
+    default=None,
+    help="Directory to write the files into.  [default: data/demo; data/testbed for a testbed "
+    "task]",
 )
 @click.option(
     "--seed",
@@ -159,23 +168,37 @@ def benchmarks_command(out: Path, overwrite: bool):
     show_default=True,
     help="Seed of the generator (same seed, same bytes).",
 )
-def demo_data_command(out: Path, seed: int):
-    """Write the SYNTHETIC StimuliQA-format demo set (for the CPU demo and tests; NOT the paper's
+def demo_data_command(task: str, out: Path | None, seed: int):
+    """Write a SYNTHETIC StimuliQA-format data set (for the CPU runs and tests; NOT the paper's
     data).
 
-    Template-generated and not psychologically validated: 18 variables (3 per subdimension) x 60
-    items split 40/20 into train.jsonl/test.jsonl by the paper's per-variable rule, 2 low-frequency
-    variables excluded by that rule, 20 fresh 4-option items per variable in mc.jsonl (benchmark
-    schema), and a README.md describing it all. Deterministic: the same seed writes the same bytes.
-    """
-    from psyrl.dataset.demo_data import generate, write
+    --task demo (the default): template-generated and not psychologically validated: 18 variables
+    (3 per subdimension) x 60 items split 40/20 into train.jsonl/test.jsonl by the paper's
+    per-variable rule, 2 low-frequency variables excluded by that rule, 20 fresh 4-option items per
+    variable in mc.jsonl (benchmark schema), and a README.md describing it all.
 
+    --task drift: a testbed where reasoning length matters: a mood on a 7-word scale, then k = 1,
+    2 or 3 events that shift it; the answer is the final mood. train.jsonl, test.jsonl, the test
+    items by level in test-k1/2/3.jsonl, and a README.md with the shortcut baselines.
+
+    Deterministic: the same task and seed write the same bytes.
+    """
+    if task == "demo":
+        from psyrl.dataset import demo_data
+
+        what, out = "demo set", out or Path("data/demo")
+        generate, write = (lambda: demo_data.generate(seed)), demo_data.write
+    else:
+        from psyrl.dataset import testbed
+
+        what, out = f"{task} testbed", out or Path("data/testbed")
+        generate, write = (lambda: testbed.generate(task, seed)), testbed.write
     try:
-        counts = write(generate(seed), out)
+        counts = write(generate(), out)
     except OSError as e:  # --out not writable, a file in its way, a full disk
-        raise click.ClickException(f"cannot write the demo set to {out}: {e}") from None
+        raise click.ClickException(f"cannot write the {what} to {out}: {e}") from None
     click.echo(
-        f"wrote synthetic demo data to {out}: "
+        f"wrote synthetic {'demo data' if task == 'demo' else what} to {out}: "
         + ", ".join(f"{k} {v} lines" for k, v in counts.items())
     )
 

@@ -1,0 +1,373 @@
+"""A SYNTHETIC testbed where reasoning length matters (issue 43): `mood drift`, in StimuliQA format.
+
+Each item: the narrator starts at a stated mood on an ordered scale of 7 words (LEVELS), then k
+events happen in order (k = 1, 2, 3), each a sentence from a fixed bank (EVENTS) with a signed
+shift of -2, -1, +1 or +2 levels; after each event the mood is clamped to the scale. The question
+asks how the narrator feels at the end; the gold answer is the final mood word.
+
+Why the scratchpad matters for k > 1: a direct answer has to combine k signed shifts, each clamped
+in turn, in one forward pass; with the think text each step is one local lookup (the running level
+written just before, and this event's shift). The SFT reasoning says so: short for k = 1 ("Calm,
+then the job offer: happy."), one clause per event naming the running level for k > 1 ("Calm to
+start. The cancelled dinner: uneasy. The job offer: happy."), ending on the answer word as a worked
+computation does.
+
+Sampling: for each k, every (start, event sequence) combination is enumerated and grouped by its
+final level; a seeded quarter of each group is held out, so train and test never share a
+combination. Every answer is equally frequent (TRAIN_PER_ANSWER, TEST_PER_ANSWER per level), and
+within an answer the combinations are drawn uniformly, so neither the start nor the last event
+alone determines the answer for k > 1 (`shortcut_baselines` measures it; the README written with
+the data prints it). Deterministic: one `random.Random` per (seed, k), fixed table order.
+Not psychologically validated; not the paper's data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from psyrl.core.records import StimuliRecord, write_jsonl
+
+TASKS = ("drift",)
+"""The testbed tasks `psyrl demo-data --task` writes (beside the demo set, `demo`)."""
+
+# the ordered mood scale: single common words, each its own token set under eq. 5's normalisation,
+# and distinct first tokens under psyrl's tiny tokenizer (with and without a leading space)
+LEVELS = ("miserable", "sad", "uneasy", "calm", "content", "happy", "elated")
+
+
+@dataclass(frozen=True)
+class Event:
+    sentence: str  # follows a connective: "Then my friend cancelled our dinner."
+    gist: str  # the reasoning's name for it: "the cancelled dinner"
+    shift: int  # signed levels
+
+
+EVENTS: tuple[Event, ...] = (
+    # +2
+    Event("I got the job I wanted", "the job offer", 2),
+    Event("my sister told me she is expecting a baby", "the baby news", 2),
+    Event("I won first prize in the photo contest", "the prize", 2),
+    Event("an old friend surprised me with a visit", "the surprise visit", 2),
+    Event("I passed my driving test", "the driving test", 2),
+    Event("the doctor said my mother is healthy again", "my mother's health", 2),
+    # +1
+    Event("a stranger held the door for me", "the kind stranger", 1),
+    Event("the sun came out", "the sunshine", 1),
+    Event("I found a coin on the pavement", "the found coin", 1),
+    Event("my neighbour gave me fresh bread", "the fresh bread", 1),
+    Event("my favourite song came on the radio", "the favourite song", 1),
+    Event("a colleague thanked me for my help", "the colleague's thanks", 1),
+    # -1
+    Event("I missed my bus", "the missed bus", -1),
+    Event("my friend cancelled our dinner", "the cancelled dinner", -1),
+    Event("it started to rain on my walk", "the rain", -1),
+    Event("I spilled coffee on my shirt", "the spilled coffee", -1),
+    Event("my phone battery died", "the dead phone", -1),
+    Event("the shop had closed early", "the closed shop", -1),
+    # -2
+    Event("my dog ran away", "the lost dog", -2),
+    Event("I failed my final exam", "the failed exam", -2),
+    Event("my landlord told me to move out", "the eviction", -2),
+    Event("my best friend stopped talking to me", "the broken friendship", -2),
+    Event("I lost my wallet with all my money", "the lost wallet", -2),
+    Event("my grandmother was taken to hospital", "the hospital news", -2),
+)
+OPENERS = (
+    "I woke up feeling {mood}.",
+    "This morning I felt {mood}.",
+    "I started the day {mood}.",
+    "At breakfast I felt {mood}.",
+)
+FIRST = ("Then", "Soon", "Before noon")  # the first event's connective
+LATER = ("Later", "After that", "In the afternoon", "That evening")  # the others', in this order
+QUESTIONS = (
+    "How do I feel at the end of the day?",
+    "How am I feeling now?",
+    "What is my mood at the end?",
+    "How do I feel after all of this?",
+)
+KS = (1, 2, 3)
+# per k and answer, so that every answer is equally frequent at every level (7 x 85 = 595 train,
+# 7 x 25 = 175 test per level): enough for a from-scratch tiny model to learn the 24 shifts and the
+# clamp in a few hundred SFT steps, and a held-out split whose per-level F1 has intervals of a few
+# points over 3 seeds, evaluated in well under a minute per level on a CPU
+TRAIN_PER_ANSWER, TEST_PER_ANSWER = 85, 25
+TEST_FRACTION = 0.25  # of each answer's combinations, held out
+FILES = ("train.jsonl", "test.jsonl", *(f"test-k{k}.jsonl" for k in KS), "README.md")
+
+
+def running_levels(start: int, shifts: Sequence[int]) -> list[int]:
+    """The running levels after each shift, clamped to the scale at every step (the last one is the
+    answer's)."""
+    levels, level = [], start
+    for shift in shifts:
+        level = min(len(LEVELS) - 1, max(0, level + shift))
+        levels.append(level)
+    return levels
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+@dataclass(frozen=True)
+class DriftItem:
+    """One generated item and the facts it was made from (what the tests and baselines read)."""
+
+    record: StimuliRecord
+    k: int
+    split: str  # train | test
+    start: int  # index into LEVELS
+    events: tuple[int, ...]  # indices into EVENTS, in story order
+    levels: tuple[int, ...]  # the running level after each event; levels[-1] is the answer's
+
+
+def reasoning_text(start: int, events: Sequence[int]) -> str:
+    """The SFT think text: one short clause for k = 1, one clause per event naming the running level
+    for k > 1."""
+    levels = running_levels(start, [EVENTS[e].shift for e in events])
+    if len(events) == 1:
+        return f"{_cap(LEVELS[start])}, then {EVENTS[events[0]].gist}: {LEVELS[levels[0]]}."
+    steps = [f"{_cap(EVENTS[e].gist)}: {LEVELS[lv]}." for e, lv in zip(events, levels)]
+    return " ".join([f"{_cap(LEVELS[start])} to start.", *steps])
+
+
+def _story(start: int, events: Sequence[int], rng: random.Random) -> str:
+    later = [LATER[i] for i in sorted(rng.sample(range(len(LATER)), len(events) - 1))]
+    connectives = [rng.choice(FIRST), *later]
+    sentences = [rng.choice(OPENERS).format(mood=LEVELS[start])]
+    sentences += [f"{c} {EVENTS[e].sentence}." for c, e in zip(connectives, events)]
+    return " ".join(sentences)
+
+
+def combinations(k: int) -> dict[int, list[tuple[int, tuple[int, ...]]]]:
+    """Every (start, event sequence) of k events, grouped by its final level, in a fixed order."""
+    groups: dict[int, list] = {level: [] for level in range(len(LEVELS))}
+    for start in range(len(LEVELS)):
+        for events in itertools.product(range(len(EVENTS)), repeat=k):
+            answer = running_levels(start, [EVENTS[e].shift for e in events])[-1]
+            groups[answer].append((start, events))
+    return groups
+
+
+def _level_items(k: int, seed: int) -> list[DriftItem]:
+    """Train then test items of level k: disjoint combinations, each answer equally frequent."""
+    rng = random.Random(f"testbed:drift:{seed}:k{k}")
+    pools: dict[str, list] = {"train": [], "test": []}
+    for combos in combinations(k).values():
+        rng.shuffle(combos)
+        held = math.ceil(TEST_FRACTION * len(combos))
+        pools["test"].append(combos[:held])  # one pool per answer, in level order
+        pools["train"].append(combos[held:])
+    items, seen = [], set()
+    for split, per_answer in (("train", TRAIN_PER_ANSWER), ("test", TEST_PER_ANSWER)):
+        chosen = []
+        for pool in pools[split]:
+            # distinct combinations while the pool lasts, then each again with another wording
+            order = rng.sample(pool, min(per_answer, len(pool)))
+            chosen += [order[i % len(order)] for i in range(per_answer)]
+        rng.shuffle(chosen)
+        for start, events in chosen:
+            for _ in range(1000):
+                stimuli = _story(start, events, rng)
+                if stimuli not in seen:
+                    break
+            else:
+                raise RuntimeError(f"drift k={k}: no fresh wording of {start}, {events}")
+            seen.add(stimuli)
+            levels = tuple(running_levels(start, [EVENTS[e].shift for e in events]))
+            record = StimuliRecord(
+                id=f"testbed/drift-k{k}/{len(items) + 1:04d}",
+                stimuli=stimuli,
+                question=rng.choice(QUESTIONS),
+                answer=LEVELS[levels[-1]],
+                variable=f"drift_k{k}",
+                reasoning=reasoning_text(start, events),
+            )
+            items.append(DriftItem(record, k, split, start, tuple(events), levels))
+    return items
+
+
+@dataclass(frozen=True)
+class Testbed:
+    task: str
+    seed: int
+    items: list[DriftItem]
+
+    def records(self, split: str, k: int | None = None) -> list[StimuliRecord]:
+        return [i.record for i in self.items if i.split == split and (k is None or i.k == k)]
+
+
+def generate(task: str = "drift", seed: int = 0) -> Testbed:
+    """The whole testbed of `task` for `seed`: pure and deterministic."""
+    if task not in TASKS:
+        raise ValueError(f"unknown testbed task {task!r}; expected one of {', '.join(TASKS)}")
+    return Testbed(task, seed, [item for k in KS for item in _level_items(k, seed)])
+
+
+# ---------------------------------------------------------------- shortcut baselines
+def _shifts(item: DriftItem) -> tuple[int, ...]:
+    return tuple(EVENTS[e].shift for e in item.events)
+
+
+SHORTCUTS = {
+    "majority": lambda i: (),
+    "start only": lambda i: (i.start,),
+    "last event only": lambda i: _shifts(i)[-1:],
+    "start + last event": lambda i: (i.start, *_shifts(i)[-1:]),
+    "events without the start": _shifts,
+}
+"""A shortcut reads these facts of an item (an event as its shift, so that a table fitted on the
+training combinations applies to the held-out ones); its baseline is the best lookup table from them
+to an answer, fitted on the training split (the most frequent answer per key, ties to the lower
+level; a key unseen in training gets the overall most frequent answer) and scored on the test split
+of the same level. `start + last event` is the whole item for k = 1."""
+
+
+def shortcut_baselines(items: Sequence[DriftItem]) -> dict[int, dict[str, float]]:
+    """k -> shortcut -> accuracy (exact match, = F1 for one-word answers) on the test split of k."""
+    out = {}
+    for k in sorted({i.k for i in items}):
+        train = [i for i in items if i.k == k and i.split == "train"]
+        test = [i for i in items if i.k == k and i.split == "test"]
+        out[k] = {}
+        for name, key in SHORTCUTS.items():
+            counts: dict[tuple, Counter] = {}
+            for i in train:
+                counts.setdefault(key(i), Counter())[i.levels[-1]] += 1
+            overall = Counter(i.levels[-1] for i in train)
+
+            def best(c: Counter) -> int:
+                return min(c, key=lambda level: (-c[level], level))
+
+            table = {key_: best(c) for key_, c in counts.items()}
+            fallback = best(overall)
+            hits = sum(table.get(key(i), fallback) == i.levels[-1] for i in test)
+            out[k][name] = hits / len(test)
+    return out
+
+
+# ---------------------------------------------------------------- files
+def render_readme(bed: Testbed) -> str:
+    """The output directory's README.md, generated with the data so that counts cannot drift."""
+    baselines = shortcut_baselines(bed.items)
+    several = [baselines[k] for k in KS if k > 1]
+    single = 100 * max(b[n] for b in several for n in ("start only", "last event only"))
+    pair = 100 * max(max(b.values()) for b in several)
+    header = "| k | " + " | ".join(SHORTCUTS) + " |"
+    rows = [header, "| --- |" + " ---: |" * len(SHORTCUTS)]
+    rows += [
+        f"| {k} | " + " | ".join(f"{100 * v:.1f}" for v in baselines[k].values()) + " |" for k in KS
+    ]
+    words = {k: [len(i.record.reasoning.split()) for i in bed.items if i.k == k] for k in KS}
+    counts = [
+        f"| k = {k} | `drift_k{k}` | {len(bed.records('train', k))} | {len(bed.records('test', k))}"
+        f" | {min(words[k])}-{max(words[k])} |"
+        for k in KS
+    ]
+    events = [
+        f"| {e.shift:+d} | {e.sentence} | {e.gist} |"
+        for shift in (2, 1, -1, -2)
+        for e in EVENTS
+        if e.shift == shift
+    ]
+    lines = [
+        "# A SYNTHETIC testbed: mood drift (issue 43)",
+        "",
+        "**This data is synthetic.** Every line was generated by `psyrl/dataset/testbed.py` from a",
+        "fixed table of 24 events and 7 mood words. It is **not** the paper's StimuliQA, **not**",
+        "psychologically validated, and a score on it says nothing about psychological reasoning.",
+        "It is a task where reasoning length matters: the design is in `docs/testbed.md`.",
+        "",
+        "## How it was generated",
+        "",
+        "```",
+        f"psyrl demo-data --task {bed.task} --out data/testbed --seed {bed.seed}",
+        "```",
+        "",
+        "Deterministic: the same seed writes the same bytes (`tests/dataset/test_testbed.py`",
+        "regenerates the committed copy and compares it).",
+        "",
+        "The narrator starts at a mood on the scale",
+        "",
+        "    " + " < ".join(LEVELS),
+        "",
+        "then k events happen in order (k = 1, 2, 3), each shifting the mood by -2, -1, +1 or +2",
+        "levels (the table below), clamped to the scale after each event. The question asks how",
+        "the narrator feels at the end; the answer is the final mood word. For each k every",
+        "(start, event sequence) is enumerated and grouped by its answer; a seeded "
+        f"{TEST_FRACTION:.0%} of each",
+        "group is held out, so train and test share no combination. Each answer is equally",
+        f"frequent ({TRAIN_PER_ANSWER} train and {TEST_PER_ANSWER} test items per answer and k).",
+        "Combinations are drawn uniformly within an answer, each once while they last (k = 1 has",
+        f"only {len(LEVELS) * len(EVENTS)}, so each comes back with another wording). Openers, "
+        "connectives and questions",
+        "are drawn at random; no two stories are the same.",
+        "",
+        "| shift | event (after a connective: Then, Later, ...) | in the reasoning |",
+        "| ---: | --- | --- |",
+        *events,
+        "",
+        "## Files",
+        "",
+        "| level | variable | train | test | reasoning words |",
+        "| --- | --- | ---: | ---: | ---: |",
+        *counts,
+        "",
+        "`train.jsonl` holds every level's training items, `test.jsonl` every level's test items",
+        "(the trainers' `data.valid_file`); `test-k1.jsonl`, `test-k2.jsonl`, `test-k3.jsonl` hold",
+        "the same test items by level, so that an evaluation reports each level as its own",
+        'benchmark (an experiment table with `columns = "benchmarks"`). Records are StimuliQA',
+        "(`psyrl.core.records.StimuliRecord`): `id` (`testbed/drift-k<k>/<0001>`), `stimuli`,",
+        "`question`, `answer`, `variable` (`drift_k<k>`), `reasoning` (the SFT think text, which",
+        "ends on the answer word); no `dimension` or `subdimension` (none of the paper's six",
+        "fits; evaluations group these items by file instead).",
+        "",
+        "## Shortcut baselines (test accuracy %, exact match = F1)",
+        "",
+        "The best lookup table from the named facts to an answer, fitted on `train.jsonl` and",
+        "scored on the test items of the same level; an event is read as its shift, so that a",
+        "table fitted on the training combinations applies to the held-out ones. With k = 1 the",
+        "start and the one event determine the answer. For k > 1 no single fact does (at most",
+        f"{single:.1f} here), and the best partial combination (the start with the last event, or",
+        f"all the events without the start) reaches {pair:.1f}: better than one fact because the",
+        "scale's ends clamp.",
+        "",
+        *rows,
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _line(record: StimuliRecord) -> dict:
+    """A record as its JSON line: the empty `dimension` and `subdimension` left out (none of the
+    paper's fits, and the loader takes them as optional), so no file says a label it does not
+    have."""
+    return {
+        k: v
+        for k, v in dataclasses.asdict(record).items()
+        if not (k in ("dimension", "subdimension") and not v) and v is not None
+    }
+
+
+def write(bed: Testbed, out_dir: Path) -> dict:
+    """Write FILES into `out_dir`; returns {file: line count}."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {"train.jsonl": bed.records("train"), "test.jsonl": bed.records("test")}
+    files.update({f"test-k{k}.jsonl": bed.records("test", k) for k in KS})
+    for name, records in files.items():
+        write_jsonl(out_dir / name, [_line(r) for r in records])
+    readme = render_readme(bed)
+    (out_dir / "README.md").write_text(readme, encoding="utf-8")
+    return {
+        **{name: len(records) for name, records in files.items()},
+        "README.md": readme.count("\n"),
+    }

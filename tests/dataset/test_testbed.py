@@ -1,0 +1,224 @@
+"""The mood-drift testbed (psyrl/dataset/testbed.py, issue 43): deterministic, the committed copy ==
+a fresh generation, every answer recomputed from the story's own words, reasoning that grows with
+k, disjoint splits, shortcut baselines under a bound, files that `psyrl data check` accepts."""
+
+import itertools
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from psyrl.cli.data import data_check, demo_data_command
+from psyrl.core.records import load_stimuliqa
+from psyrl.core.text import normalize, token_f1
+from psyrl.dataset.testbed import (
+    EVENTS,
+    FILES,
+    FIRST,
+    KS,
+    LATER,
+    LEVELS,
+    OPENERS,
+    QUESTIONS,
+    TEST_PER_ANSWER,
+    TRAIN_PER_ANSWER,
+    generate,
+    shortcut_baselines,
+    write,
+)
+
+SHIPPED = Path(__file__).resolve().parents[2] / "data" / "testbed"
+
+
+@pytest.fixture(scope="module")
+def bed():
+    return generate("drift", 0)
+
+
+def _bytes(directory: Path) -> dict[str, bytes]:
+    return {name: (directory / name).read_bytes() for name in FILES}
+
+
+def parse(stimuli: str) -> tuple[int, list[int]]:
+    """(start level, the events' shifts) read back from the story's words alone."""
+    sentences = [s + "." for s in stimuli.removesuffix(".").split(". ")]
+    start = None
+    for opener in OPENERS:
+        found = re.fullmatch(re.escape(opener).replace(r"\{mood\}", r"(\w+)"), sentences[0])
+        if found:
+            start = LEVELS.index(found.group(1))
+    assert start is not None, stimuli
+    by_sentence = {e.sentence: e.shift for e in EVENTS}
+    shifts = []
+    for i, sentence in enumerate(sentences[1:]):
+        connective = next(c for c in (FIRST if i == 0 else LATER) if sentence.startswith(c + " "))
+        shifts.append(by_sentence[sentence[len(connective) + 1 : -1]])
+    return start, shifts
+
+
+def clamped(start: int, shifts: list[int]) -> list[int]:
+    levels = [start]
+    for shift in shifts:
+        levels.append(min(6, max(0, levels[-1] + shift)))
+    return levels[1:]
+
+
+def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path, bed):
+    write(bed, tmp_path / "a")
+    write(generate("drift", 0), tmp_path / "b")
+    write(generate("drift", 1), tmp_path / "c")
+    a, b, c = _bytes(tmp_path / "a"), _bytes(tmp_path / "b"), _bytes(tmp_path / "c")
+    assert a == b
+    assert all(a[name] != c[name] for name in FILES if name.endswith(".jsonl"))
+
+
+def test_committed_files_equal_a_fresh_generation_and_pass_data_check(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(
+        demo_data_command, ["--task", "drift", "--out", str(tmp_path), "--seed", "0"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "wrote synthetic drift testbed" in result.output
+    fresh, shipped = _bytes(tmp_path), _bytes(SHIPPED)
+    for name in FILES:
+        assert shipped[name] == fresh[name], (
+            f"data/testbed/{name} drifted: run `psyrl demo-data --task drift --out data/testbed "
+            "--seed 0`"
+        )
+    checked = runner.invoke(data_check, [str(tmp_path / n) for n in FILES if n.endswith(".jsonl")])
+    assert checked.exit_code == 0, checked.output
+    assert checked.output.count("all valid") == len(FILES) - 1
+    assert sum(p.stat().st_size for p in SHIPPED.iterdir()) < 1_000_000  # small enough to commit
+    readme = (SHIPPED / "README.md").read_text(encoding="utf-8")
+    assert readme.startswith("# A SYNTHETIC testbed") and "Shortcut baselines" in readme
+
+
+def test_the_files_hold_the_splits_by_level(bed):
+    train, test = load_stimuliqa(SHIPPED / "train.jsonl"), load_stimuliqa(SHIPPED / "test.jsonl")
+    assert [r.id for r in train] == [r.id for r in bed.records("train")]
+    assert [r.id for r in test] == [
+        r.id for k in KS for r in load_stimuliqa(SHIPPED / f"test-k{k}.jsonl")
+    ]
+    for k in KS:
+        level = load_stimuliqa(SHIPPED / f"test-k{k}.jsonl")
+        assert {r.variable for r in level} == {f"drift_k{k}"}
+        assert all(r.id.startswith(f"testbed/drift-k{k}/") for r in level)
+        assert all(not r.dimension and not r.subdimension for r in level)
+    assert '"subdimension"' not in (SHIPPED / "train.jsonl").read_text(encoding="utf-8")
+
+
+def test_every_answer_is_the_clamped_sum_of_the_storys_own_events(bed):
+    for item in bed.items:
+        r = item.record
+        start, shifts = parse(r.stimuli)
+        levels = clamped(start, shifts)
+        assert len(shifts) == item.k and r.question in QUESTIONS, r.id
+        assert r.answer == LEVELS[levels[-1]], r.id
+        assert (start, tuple(levels)) == (item.start, item.levels), r.id
+        # the reasoning walks the same levels: the start, then one level per event
+        named = [w for w in normalize(r.reasoning) if w in LEVELS]
+        assert named == [LEVELS[start]] + [LEVELS[lv] for lv in levels], r.id
+
+
+def test_clamping_happens_at_every_step():
+    # miserable, then -2 (stays miserable), then +1: sad; summing first would give miserable
+    assert clamped(0, [-2, 1]) == [0, 1]
+    assert [LEVELS[lv] for lv in clamped(5, [2, 2, -1])] == ["elated", "elated", "happy"]
+
+
+def test_answers_are_balanced_and_reasoning_grows_with_k(bed):
+    words = {}
+    for k in KS:
+        for split, per_answer in (("train", TRAIN_PER_ANSWER), ("test", TEST_PER_ANSWER)):
+            counts = Counter(r.answer for r in bed.records(split, k))
+            assert counts == dict.fromkeys(LEVELS, per_answer), (k, split)
+        words[k] = [
+            len(r.reasoning.split()) for r in bed.records("train", k) + bed.records("test", k)
+        ]
+    assert max(words[1]) < min(words[2]) and max(words[2]) < min(words[3]), words
+    short = bed.records("train", 1)[0].reasoning
+    assert re.fullmatch(r"[A-Z][a-z]+, then [^:]+: [a-z]+\.", short), short
+    step = bed.records("train", 3)[0].reasoning
+    assert re.fullmatch(r"[A-Z][a-z]+ to start\.( [A-Z][^:]*: [a-z]+\.){3}", step), step
+
+
+def test_train_and_test_share_no_combination_and_no_story(bed):
+    for k in KS:
+        combos = {
+            split: {(i.start, i.events) for i in bed.items if i.k == k and i.split == split}
+            for split in ("train", "test")
+        }
+        assert combos["train"] and combos["test"] and not combos["train"] & combos["test"], k
+    stories = [i.record.stimuli for i in bed.items]
+    ids = [i.record.id for i in bed.items]
+    assert len(set(stories)) == len(stories) and len(set(ids)) == len(ids)
+    # every (level, event) step a test story takes is taught somewhere in training
+    taught = {
+        (lv, e)
+        for i in bed.items
+        if i.split == "train"
+        for lv, e in zip((i.start, *i.levels), i.events)
+    }
+    for i in bed.items:
+        if i.split == "test":
+            assert set(zip((i.start, *i.levels), i.events)) <= taught, i.record.id
+
+
+def test_no_shortcut_gives_the_answer_for_more_than_one_event(bed):
+    baselines = shortcut_baselines(bed.items)
+    for k in KS:
+        assert baselines[k]["majority"] == pytest.approx(1 / len(LEVELS))
+    assert baselines[1]["start + last event"] == 1.0  # k = 1: the whole item; the tables work
+    for k in (2, 3):
+        for name in ("start only", "last event only"):
+            assert baselines[k][name] < 0.35, (k, name, baselines[k])
+        assert max(baselines[k].values()) < 0.55, (k, baselines[k])
+
+
+def test_mood_words_are_distinct_single_tokens_for_f1_and_appear_only_as_moods():
+    sets = [frozenset(normalize(w)) for w in LEVELS]
+    assert all(len(s) == 1 for s in sets) and len(set(sets)) == len(LEVELS)
+    for a, b in itertools.product(LEVELS, repeat=2):
+        assert token_f1(a, b) == float(a == b)
+    templates = [e.sentence for e in EVENTS] + [e.gist for e in EVENTS]
+    templates += [o.replace("{mood}", "") for o in OPENERS] + list(FIRST + LATER + QUESTIONS)
+    for text in templates:
+        assert not set(normalize(text)) & set(LEVELS), text
+    assert len({e.sentence for e in EVENTS}) == len({e.gist for e in EVENTS}) == len(EVENTS)
+
+
+def test_the_tiny_tokenizer_encodes_every_text_without_an_unknown_token(bed):
+    from psyrl.core.config import ModelConfig
+    from psyrl.runtime.model import load_tokenizer
+
+    tokenizer = load_tokenizer(ModelConfig(tokenizer="tiny"))
+    assert tokenizer.unk_token_id is None  # byte-level BPE: every byte has a token
+    texts = {
+        t for i in bed.items for t in (i.record.stimuli, i.record.question, i.record.reasoning)
+    }
+    for text in sorted(texts)[:300] + [" ".join(LEVELS)]:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert tokenizer.decode(ids) == text
+    # the answers differ in their first token, with and without a leading space
+    for prefix in ("", " "):
+        firsts = [tokenizer.tokenize(prefix + w)[0] for w in LEVELS]
+        assert len(set(firsts)) == len(LEVELS), firsts
+
+
+def test_an_unknown_task_is_refused_with_the_known_ones(tmp_path):
+    result = CliRunner().invoke(demo_data_command, ["--task", "appraisal", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "Invalid value for '--task'" in result.output and "'drift'" in result.output
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(ValueError, match="unknown testbed task 'appraisal'"):
+        generate("appraisal", 0)
+
+
+def test_the_default_output_directory_follows_the_task(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(demo_data_command, ["--task", "drift", "--seed", "1"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "data" / "testbed").iterdir()) == sorted(FILES)
+    assert not (tmp_path / "data" / "demo").exists()
