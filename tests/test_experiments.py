@@ -42,6 +42,7 @@ ONLY = {
     "table3-tiny": ("sft-median", "psy-interpreter", "after-cosmosqa"),
     "rq4-tiny": ("before-split", "after-split"),
     "baselines-tiny": ("dapo",),
+    "testbed-check-tiny": ("sft-cot", "cot"),  # the direct row is table2-tiny naive's kind of run
 }
 # further overrides for one file: baselines-tiny's dapo row sets reward.overlong_buffer = 16, which
 # the trainer refuses above rollout.max_new_tokens (ONE_STEP's 4), so its responses get 16 tokens
