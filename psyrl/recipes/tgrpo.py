@@ -229,11 +229,11 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
                         )
                         samples = gather_samples(local, dist)  # B x G, in step order
                     drawn.append(Drawn(indices, positions, groups, samples))
-                    varied = sum(sum(varied_groups(d.samples, G)) for d in drawn)
-                    if not cfg.rollout.filter_groups or varied >= B:
+                    if not cfg.rollout.filter_groups:
                         break
-                    if len(drawn) == cfg.rollout.filter_max_rounds:
-                        break  # keep_groups fills the step with groups of equal accuracies
+                    varied = sum(sum(varied_groups(d.samples, G)) for d in drawn)
+                    if varied >= B or len(drawn) == cfg.rollout.filter_max_rounds:
+                        break  # at the limit keep_groups fills the step with equal-accuracy groups
 
                 with timer("score"):
                     filtered = {}
