@@ -151,15 +151,15 @@ def benchmarks_command(out: Path, overwrite: bool):
     type=click.Choice(("demo", *TESTBED_TASKS)),
     default="demo",
     show_default=True,
-    help="demo: the demo set of the CPU demo; drift: the mood-drift testbed (issue 43), items "
+    help="demo: the demo set of the CPU demo; drift, swing: the testbeds of issue 43, items "
     "of 1, 2 and 3 events where the answer needs the events combined (docs/testbed.md).",
 )
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Directory to write the files into.  [default: data/demo; data/testbed for a testbed "
-    "task]",
+    help="Directory to write the files into.  [default: data/demo; data/testbed for drift, "
+    "data/testbed-swing for swing]",
 )
 @click.option(
     "--seed",
@@ -181,6 +181,9 @@ def demo_data_command(task: str, out: Path | None, seed: int):
     2 or 3 events that shift it; the answer is the final mood. train.jsonl, test.jsonl, the test
     items by level in test-k1/2/3.jsonl, and a README.md with the shortcut baselines.
 
+    --task swing: drift with mood swings among the events (a swing mirrors the mood on the scale),
+    so that no sum of per-event effects gives the answer; written to data/testbed-swing.
+
     Deterministic: the same task and seed write the same bytes.
     """
     if task == "demo":
@@ -191,7 +194,7 @@ def demo_data_command(task: str, out: Path | None, seed: int):
     else:
         from psyrl.dataset import testbed
 
-        what, out = f"{task} testbed", out or Path("data/testbed")
+        what, out = f"{task} testbed", out or Path(testbed.DEFAULT_DIRS[task])
         generate, write = (lambda: testbed.generate(task, seed)), testbed.write
     try:
         counts = write(generate(), out)

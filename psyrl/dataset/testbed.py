@@ -34,8 +34,9 @@ from pathlib import Path
 
 from psyrl.core.records import StimuliRecord, write_jsonl
 
-TASKS = ("drift",)
-"""The testbed tasks `psyrl demo-data --task` writes (beside the demo set, `demo`)."""
+TASKS = ("drift", "swing")
+"""The testbed tasks `psyrl demo-data --task` writes (beside the demo set, `demo`): `drift`, the
+signed shifts alone; `swing`, the same with mood swings among the events (SWINGS)."""
 
 # the ordered mood scale: single common words, each its own token set under eq. 5's normalisation,
 # and distinct first tokens under psyrl's tiny tokenizer (with and without a leading space)
@@ -46,7 +47,8 @@ LEVELS = ("miserable", "sad", "uneasy", "calm", "content", "happy", "elated")
 class Event:
     sentence: str  # follows a connective: "Then my friend cancelled our dinner."
     gist: str  # the reasoning's name for it: "the cancelled dinner"
-    shift: int  # signed levels
+    shift: int  # signed levels (0 for a swing)
+    swing: bool = False  # the mood turns to its mirror on the scale: miserable <-> elated, ...
 
 
 EVENTS: tuple[Event, ...] = (
@@ -79,6 +81,19 @@ EVENTS: tuple[Event, ...] = (
     Event("I lost my wallet with all my money", "the lost wallet", -2),
     Event("my grandmother was taken to hospital", "the hospital news", -2),
 )
+# a swing mirrors the mood on the scale (sad <-> happy; calm stays calm): no sum of per-event
+# effects gives the answer once a swing follows other events, so a direct answer cannot add shifts
+SWINGS: tuple[Event, ...] = (
+    Event("my mood swung to its opposite, as it often does", "the mood swing", 0, True),
+    Event("out of nowhere my feelings flipped around", "the sudden flip", 0, True),
+    Event("I saw the whole day the other way round", "the new view", 0, True),
+    Event("my feelings turned upside down for no reason", "the upturn", 0, True),
+    Event("a strange reversal came over me", "the reversal", 0, True),
+    Event("everything I felt switched to its opposite", "the switch", 0, True),
+)
+ALL_EVENTS = EVENTS + SWINGS  # an item's events index this table in either task
+BANKS = {"drift": range(len(EVENTS)), "swing": range(len(ALL_EVENTS))}
+DEFAULT_DIRS = {"drift": "data/testbed", "swing": "data/testbed-swing"}  # the committed copies
 OPENERS = (
     "I woke up feeling {mood}.",
     "This morning I felt {mood}.",
@@ -103,14 +118,25 @@ TEST_FRACTION = 0.25  # of each answer's combinations, held out
 FILES = ("train.jsonl", "test.jsonl", *(f"test-k{k}.jsonl" for k in KS), "README.md")
 
 
-def running_levels(start: int, shifts: Sequence[int]) -> list[int]:
-    """The running levels after each shift, clamped to the scale at every step (the last one is the
-    answer's)."""
+def step(level: int, event: Event) -> int:
+    """The mood after one event: mirrored by a swing, else shifted and clamped to the scale."""
+    top = len(LEVELS) - 1
+    return top - level if event.swing else min(top, max(0, level + event.shift))
+
+
+def running_levels(start: int, events: Sequence[int]) -> list[int]:
+    """The running levels after each event (indices into ALL_EVENTS), each step clamped (the last
+    one is the answer's)."""
     levels, level = [], start
-    for shift in shifts:
-        level = min(len(LEVELS) - 1, max(0, level + shift))
+    for e in events:
+        level = step(level, ALL_EVENTS[e])
         levels.append(level)
     return levels
+
+
+def op(e: int) -> int | str:
+    """What an event does to the mood, as a key: its shift, or "swing"."""
+    return "swing" if ALL_EVENTS[e].swing else ALL_EVENTS[e].shift
 
 
 def _cap(text: str) -> str:
@@ -125,17 +151,17 @@ class DriftItem:
     k: int
     split: str  # train | test
     start: int  # index into LEVELS
-    events: tuple[int, ...]  # indices into EVENTS, in story order
+    events: tuple[int, ...]  # indices into ALL_EVENTS, in story order
     levels: tuple[int, ...]  # the running level after each event; levels[-1] is the answer's
 
 
 def reasoning_text(start: int, events: Sequence[int]) -> str:
     """The SFT think text: one short clause for k = 1, one clause per event naming the running level
     for k > 1."""
-    levels = running_levels(start, [EVENTS[e].shift for e in events])
+    levels = running_levels(start, events)
     if len(events) == 1:
-        return f"{_cap(LEVELS[start])}, then {EVENTS[events[0]].gist}: {LEVELS[levels[0]]}."
-    steps = [f"{_cap(EVENTS[e].gist)}: {LEVELS[lv]}." for e, lv in zip(events, levels)]
+        return f"{_cap(LEVELS[start])}, then {ALL_EVENTS[events[0]].gist}: {LEVELS[levels[0]]}."
+    steps = [f"{_cap(ALL_EVENTS[e].gist)}: {LEVELS[lv]}." for e, lv in zip(events, levels)]
     return " ".join([f"{_cap(LEVELS[start])} to start.", *steps])
 
 
@@ -143,29 +169,45 @@ def _story(start: int, events: Sequence[int], rng: random.Random) -> str:
     later = [LATER[i] for i in sorted(rng.sample(range(len(LATER)), len(events) - 1))]
     connectives = [rng.choice(FIRST), *later]
     sentences = [rng.choice(OPENERS).format(mood=LEVELS[start])]
-    sentences += [f"{c} {EVENTS[e].sentence}." for c, e in zip(connectives, events)]
+    sentences += [f"{c} {ALL_EVENTS[e].sentence}." for c, e in zip(connectives, events)]
     return " ".join(sentences)
 
 
-def combinations(k: int) -> dict[int, list[tuple[int, tuple[int, ...]]]]:
-    """Every (start, event sequence) of k events, grouped by its final level, in a fixed order."""
+def combinations(k: int, task: str = "drift") -> dict[int, list[tuple[int, tuple[int, ...]]]]:
+    """Every (start, event sequence) of k events of the task's bank, grouped by its final level, in
+    a fixed order."""
     groups: dict[int, list] = {level: [] for level in range(len(LEVELS))}
     for start in range(len(LEVELS)):
-        for events in itertools.product(range(len(EVENTS)), repeat=k):
-            answer = running_levels(start, [EVENTS[e].shift for e in events])[-1]
+        for events in itertools.product(BANKS[task], repeat=k):
+            answer = running_levels(start, events)[-1]
             groups[answer].append((start, events))
     return groups
 
 
-def _level_items(k: int, seed: int) -> list[DriftItem]:
+def split_key(start: int, events: Sequence[int]) -> tuple:
+    """What train and test never share. For k = 1 the (start, event): every (start, shift) step is
+    taught, in other events' words. For k > 1 the (start, shift sequence): a held-out item is a new
+    combination of taught steps, not a new wording of a taught combination, so that a model cannot
+    answer it from a memorised table of (start, shifts) -> answer, only by combining the steps."""
+    if len(events) == 1:
+        return (start, events[0])
+    return (start, *(op(e) for e in events))
+
+
+def _level_items(k: int, seed: int, task: str = "drift") -> list[DriftItem]:
     """Train then test items of level k: disjoint combinations, each answer equally frequent."""
-    rng = random.Random(f"testbed:drift:{seed}:k{k}")
+    rng = random.Random(f"testbed:{task}:{seed}:k{k}")
     pools: dict[str, list] = {"train": [], "test": []}
-    for combos in combinations(k).values():
-        rng.shuffle(combos)
-        held = math.ceil(TEST_FRACTION * len(combos))
-        pools["test"].append(combos[:held])  # one pool per answer, in level order
-        pools["train"].append(combos[held:])
+    for combos in combinations(k, task).values():
+        groups: dict[tuple, list] = {}
+        for start, events in combos:
+            groups.setdefault(split_key(start, events), []).append((start, events))
+        keys = list(groups)
+        rng.shuffle(keys)
+        held = math.ceil(TEST_FRACTION * len(keys))
+        # one pool per answer, in level order
+        pools["test"].append([c for key in keys[:held] for c in groups[key]])
+        pools["train"].append([c for key in keys[held:] for c in groups[key]])
     items, seen = [], set()
     for split, per_answer in (("train", TRAIN_PER_ANSWER), ("test", TEST_PER_ANSWER)):
         chosen = []
@@ -180,15 +222,15 @@ def _level_items(k: int, seed: int) -> list[DriftItem]:
                 if stimuli not in seen:
                     break
             else:
-                raise RuntimeError(f"drift k={k}: no fresh wording of {start}, {events}")
+                raise RuntimeError(f"{task} k={k}: no fresh wording of {start}, {events}")
             seen.add(stimuli)
-            levels = tuple(running_levels(start, [EVENTS[e].shift for e in events]))
+            levels = tuple(running_levels(start, events))
             record = StimuliRecord(
-                id=f"testbed/drift-k{k}/{len(items) + 1:04d}",
+                id=f"testbed/{task}-k{k}/{len(items) + 1:04d}",
                 stimuli=stimuli,
                 question=rng.choice(QUESTIONS),
                 answer=LEVELS[levels[-1]],
-                variable=f"drift_k{k}",
+                variable=f"{task}_k{k}",
                 reasoning=reasoning_text(start, events),
             )
             items.append(DriftItem(record, k, split, start, tuple(events), levels))
@@ -209,12 +251,12 @@ def generate(task: str = "drift", seed: int = 0) -> Testbed:
     """The whole testbed of `task` for `seed`: pure and deterministic."""
     if task not in TASKS:
         raise ValueError(f"unknown testbed task {task!r}; expected one of {', '.join(TASKS)}")
-    return Testbed(task, seed, [item for k in KS for item in _level_items(k, seed)])
+    return Testbed(task, seed, [item for k in KS for item in _level_items(k, seed, task)])
 
 
 # ---------------------------------------------------------------- shortcut baselines
-def _shifts(item: DriftItem) -> tuple[int, ...]:
-    return tuple(EVENTS[e].shift for e in item.events)
+def _shifts(item: DriftItem) -> tuple[int | str, ...]:
+    return tuple(op(e) for e in item.events)
 
 
 SHORTCUTS = {
@@ -268,28 +310,32 @@ def render_readme(bed: Testbed) -> str:
     ]
     words = {k: [len(i.record.reasoning.split()) for i in bed.items if i.k == k] for k in KS}
     counts = [
-        f"| k = {k} | `drift_k{k}` | {len(bed.records('train', k))} | {len(bed.records('test', k))}"
-        f" | {min(words[k])}-{max(words[k])} |"
+        f"| k = {k} | `{bed.task}_k{k}` | {len(bed.records('train', k))} | "
+        f"{len(bed.records('test', k))} | {min(words[k])}-{max(words[k])} |"
         for k in KS
     ]
+    bank = [ALL_EVENTS[e] for e in BANKS[bed.task]]
     events = [
         f"| {e.shift:+d} | {e.sentence} | {e.gist} |"
         for shift in (2, 1, -1, -2)
-        for e in EVENTS
-        if e.shift == shift
+        for e in bank
+        if e.shift == shift and not e.swing
     ]
+    events += [f"| swing | {e.sentence} | {e.gist} |" for e in bank if e.swing]
+    swing = bed.task == "swing"
     lines = [
-        "# A SYNTHETIC testbed: mood drift (issue 43)",
+        f"# A SYNTHETIC testbed: mood {bed.task} (issue 43)",
         "",
         "**This data is synthetic.** Every line was generated by `psyrl/dataset/testbed.py` from a",
-        "fixed table of 24 events and 7 mood words. It is **not** the paper's StimuliQA, **not**",
+        f"fixed table of {len(bank)} events and 7 mood words. It is **not** the paper's StimuliQA, "
+        "**not**",
         "psychologically validated, and a score on it says nothing about psychological reasoning.",
         "It is a task where reasoning length matters: the design is in `docs/testbed.md`.",
         "",
         "## How it was generated",
         "",
         "```",
-        f"psyrl demo-data --task {bed.task} --out data/testbed --seed {bed.seed}",
+        f"psyrl demo-data --task {bed.task} --out {DEFAULT_DIRS[bed.task]} --seed {bed.seed}",
         "```",
         "",
         "Deterministic: the same seed writes the same bytes (`tests/dataset/test_testbed.py`",
@@ -300,14 +346,22 @@ def render_readme(bed: Testbed) -> str:
         "    " + " < ".join(LEVELS),
         "",
         "then k events happen in order (k = 1, 2, 3), each shifting the mood by -2, -1, +1 or +2",
-        "levels (the table below), clamped to the scale after each event. The question asks how",
-        "the narrator feels at the end; the answer is the final mood word. For each k every",
-        "(start, event sequence) is enumerated and grouped by its answer; a seeded "
-        f"{TEST_FRACTION:.0%} of each",
-        "group is held out, so train and test share no combination. Each answer is equally",
+        "levels (the table below), clamped to the scale after each event"
+        + (
+            "; a swing (a fifth of the events)\nturns the mood to its mirror on the scale (sad <->"
+            " happy, calm stays calm)."
+            if swing
+            else "."
+        ),
+        "The question asks how the narrator feels at the end; the answer is the final mood word.",
+        "For each k every (start, event sequence) is enumerated and grouped by its answer; a",
+        f"seeded {TEST_FRACTION:.0%} of each group's step sequences (for k = 1 the (start, event); "
+        "for k > 1",
+        "the (start, shift-or-swing sequence)) is held out, so a test item is a new combination of",
+        "steps, never a seen one in other words. Each answer is equally",
         f"frequent ({TRAIN_PER_ANSWER} train and {TEST_PER_ANSWER} test items per answer and k).",
         "Combinations are drawn uniformly within an answer, each once while they last (k = 1 has",
-        f"only {len(LEVELS) * len(EVENTS)}, so each comes back with another wording). Openers, "
+        f"only {len(LEVELS) * len(bank)}, so each comes back with another wording). Openers, "
         "connectives and questions",
         "are drawn at random; no two stories are the same.",
         "",
@@ -325,8 +379,10 @@ def render_readme(bed: Testbed) -> str:
         "(the trainers' `data.valid_file`); `test-k1.jsonl`, `test-k2.jsonl`, `test-k3.jsonl` hold",
         "the same test items by level, so that an evaluation reports each level as its own",
         'benchmark (an experiment table with `columns = "benchmarks"`). Records are StimuliQA',
-        "(`psyrl.core.records.StimuliRecord`): `id` (`testbed/drift-k<k>/<0001>`), `stimuli`,",
-        "`question`, `answer`, `variable` (`drift_k<k>`), `reasoning` (the SFT think text, which",
+        f"(`psyrl.core.records.StimuliRecord`): `id` (`testbed/{bed.task}-k<k>/<0001>`), "
+        "`stimuli`,",
+        f"`question`, `answer`, `variable` (`{bed.task}_k<k>`), `reasoning` (the SFT think text, "
+        "which",
         "ends on the answer word); no `dimension` or `subdimension` (none of the paper's six",
         "fits; evaluations group these items by file instead).",
         "",

@@ -1,6 +1,7 @@
-"""The mood-drift testbed (psyrl/dataset/testbed.py, issue 43): deterministic, the committed copy ==
-a fresh generation, every answer recomputed from the story's own words, reasoning that grows with
-k, disjoint splits, shortcut baselines under a bound, files that `psyrl data check` accepts."""
+"""The testbed tasks (psyrl/dataset/testbed.py, issue 43), mood drift and mood swing: deterministic,
+the committed copies == a fresh generation, every answer recomputed from the story's own words,
+reasoning that grows with k, splits that share no combination of steps, shortcut baselines under a
+bound, files that `psyrl data check` accepts."""
 
 import itertools
 import re
@@ -14,6 +15,7 @@ from psyrl.cli.data import data_check, demo_data_command
 from psyrl.core.records import load_stimuliqa
 from psyrl.core.text import normalize, token_f1
 from psyrl.dataset.testbed import (
+    ALL_EVENTS,
     EVENTS,
     FILES,
     FIRST,
@@ -22,6 +24,8 @@ from psyrl.dataset.testbed import (
     LEVELS,
     OPENERS,
     QUESTIONS,
+    SWINGS,
+    TASKS,
     TEST_PER_ANSWER,
     TRAIN_PER_ANSWER,
     generate,
@@ -29,20 +33,22 @@ from psyrl.dataset.testbed import (
     write,
 )
 
-SHIPPED = Path(__file__).resolve().parents[2] / "data" / "testbed"
+DATA = Path(__file__).resolve().parents[2] / "data"
+SHIPPED = {"drift": DATA / "testbed", "swing": DATA / "testbed-swing"}
 
 
-@pytest.fixture(scope="module")
-def bed():
-    return generate("drift", 0)
+@pytest.fixture(scope="module", params=TASKS)
+def bed(request):
+    return generate(request.param, 0)
 
 
 def _bytes(directory: Path) -> dict[str, bytes]:
     return {name: (directory / name).read_bytes() for name in FILES}
 
 
-def parse(stimuli: str) -> tuple[int, list[int]]:
-    """(start level, the events' shifts) read back from the story's words alone."""
+def parse(stimuli: str) -> tuple[int, list[int | str]]:
+    """(start level, what each event does: its shift or "swing") read back from the story's words
+    alone."""
     sentences = [s + "." for s in stimuli.removesuffix(".").split(". ")]
     start = None
     for opener in OPENERS:
@@ -50,7 +56,7 @@ def parse(stimuli: str) -> tuple[int, list[int]]:
         if found:
             start = LEVELS.index(found.group(1))
     assert start is not None, stimuli
-    by_sentence = {e.sentence: e.shift for e in EVENTS}
+    by_sentence = {e.sentence: "swing" if e.swing else e.shift for e in ALL_EVENTS}
     shifts = []
     for i, sentence in enumerate(sentences[1:]):
         connective = next(c for c in (FIRST if i == 0 else LATER) if sentence.startswith(c + " "))
@@ -58,74 +64,89 @@ def parse(stimuli: str) -> tuple[int, list[int]]:
     return start, shifts
 
 
-def clamped(start: int, shifts: list[int]) -> list[int]:
+def clamped(start: int, ops: list[int | str]) -> list[int]:
+    """The running levels: a shift clamped to 0..6, a swing mirrored (level -> 6 - level)."""
     levels = [start]
-    for shift in shifts:
-        levels.append(min(6, max(0, levels[-1] + shift)))
+    for op in ops:
+        levels.append(6 - levels[-1] if op == "swing" else min(6, max(0, levels[-1] + op)))
     return levels[1:]
 
 
 def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path, bed):
     write(bed, tmp_path / "a")
-    write(generate("drift", 0), tmp_path / "b")
-    write(generate("drift", 1), tmp_path / "c")
+    write(generate(bed.task, 0), tmp_path / "b")
+    write(generate(bed.task, 1), tmp_path / "c")
     a, b, c = _bytes(tmp_path / "a"), _bytes(tmp_path / "b"), _bytes(tmp_path / "c")
     assert a == b
     assert all(a[name] != c[name] for name in FILES if name.endswith(".jsonl"))
 
 
-def test_committed_files_equal_a_fresh_generation_and_pass_data_check(tmp_path):
+@pytest.mark.parametrize("task", TASKS)
+def test_committed_files_equal_a_fresh_generation_and_pass_data_check(tmp_path, task):
     runner = CliRunner()
     result = runner.invoke(
-        demo_data_command, ["--task", "drift", "--out", str(tmp_path), "--seed", "0"]
+        demo_data_command, ["--task", task, "--out", str(tmp_path), "--seed", "0"]
     )
     assert result.exit_code == 0, result.output
-    assert "wrote synthetic drift testbed" in result.output
-    fresh, shipped = _bytes(tmp_path), _bytes(SHIPPED)
+    assert f"wrote synthetic {task} testbed" in result.output
+    fresh, shipped = _bytes(tmp_path), _bytes(SHIPPED[task])
     for name in FILES:
         assert shipped[name] == fresh[name], (
-            f"data/testbed/{name} drifted: run `psyrl demo-data --task drift --out data/testbed "
-            "--seed 0`"
+            f"{SHIPPED[task].relative_to(DATA.parent)}/{name} drifted: run `psyrl demo-data --task "
+            f"{task} --out {SHIPPED[task].relative_to(DATA.parent)} --seed 0`"
         )
     checked = runner.invoke(data_check, [str(tmp_path / n) for n in FILES if n.endswith(".jsonl")])
     assert checked.exit_code == 0, checked.output
     assert checked.output.count("all valid") == len(FILES) - 1
-    assert sum(p.stat().st_size for p in SHIPPED.iterdir()) < 1_000_000  # small enough to commit
-    readme = (SHIPPED / "README.md").read_text(encoding="utf-8")
+    # small enough to commit
+    assert sum(p.stat().st_size for p in SHIPPED[task].iterdir()) < 1_000_000
+    readme = (SHIPPED[task] / "README.md").read_text(encoding="utf-8")
     assert readme.startswith("# A SYNTHETIC testbed") and "Shortcut baselines" in readme
 
 
 def test_the_files_hold_the_splits_by_level(bed):
-    train, test = load_stimuliqa(SHIPPED / "train.jsonl"), load_stimuliqa(SHIPPED / "test.jsonl")
+    shipped, task = SHIPPED[bed.task], bed.task
+    train, test = load_stimuliqa(shipped / "train.jsonl"), load_stimuliqa(shipped / "test.jsonl")
     assert [r.id for r in train] == [r.id for r in bed.records("train")]
     assert [r.id for r in test] == [
-        r.id for k in KS for r in load_stimuliqa(SHIPPED / f"test-k{k}.jsonl")
+        r.id for k in KS for r in load_stimuliqa(shipped / f"test-k{k}.jsonl")
     ]
     for k in KS:
-        level = load_stimuliqa(SHIPPED / f"test-k{k}.jsonl")
-        assert {r.variable for r in level} == {f"drift_k{k}"}
-        assert all(r.id.startswith(f"testbed/drift-k{k}/") for r in level)
+        level = load_stimuliqa(shipped / f"test-k{k}.jsonl")
+        assert {r.variable for r in level} == {f"{task}_k{k}"}
+        assert all(r.id.startswith(f"testbed/{task}-k{k}/") for r in level)
         assert all(not r.dimension and not r.subdimension for r in level)
-    assert '"subdimension"' not in (SHIPPED / "train.jsonl").read_text(encoding="utf-8")
+    assert '"subdimension"' not in (shipped / "train.jsonl").read_text(encoding="utf-8")
 
 
-def test_every_answer_is_the_clamped_sum_of_the_storys_own_events(bed):
+def test_every_answer_is_the_clamped_walk_of_the_storys_own_events(bed):
+    swings = 0
     for item in bed.items:
         r = item.record
-        start, shifts = parse(r.stimuli)
-        levels = clamped(start, shifts)
-        assert len(shifts) == item.k and r.question in QUESTIONS, r.id
+        start, ops = parse(r.stimuli)
+        levels = clamped(start, ops)
+        swings += "swing" in ops
+        assert len(ops) == item.k and r.question in QUESTIONS, r.id
         assert r.answer == LEVELS[levels[-1]], r.id
         assert (start, tuple(levels)) == (item.start, item.levels), r.id
         # the reasoning walks the same levels: the start, then one level per event
         named = [w for w in normalize(r.reasoning) if w in LEVELS]
         assert named == [LEVELS[start]] + [LEVELS[lv] for lv in levels], r.id
+    # drift has no swing; in swing a fair share of the items has one (a fifth of the bank)
+    assert swings == 0 if bed.task == "drift" else swings > 0.2 * len(bed.items)
 
 
-def test_clamping_happens_at_every_step():
+def test_clamping_happens_at_every_step_and_a_swing_mirrors():
     # miserable, then -2 (stays miserable), then +1: sad; summing first would give miserable
     assert clamped(0, [-2, 1]) == [0, 1]
     assert [LEVELS[lv] for lv in clamped(5, [2, 2, -1])] == ["elated", "elated", "happy"]
+    swung = clamped(1, ["swing", -1, "swing"])
+    assert [LEVELS[lv] for lv in swung] == ["happy", "content", "uneasy"]
+    assert clamped(3, ["swing"]) == [3]  # calm is its own mirror
+    from psyrl.dataset.testbed import running_levels
+
+    swing, minus_one = len(EVENTS), EVENTS.index(next(e for e in EVENTS if e.shift == -1))
+    assert running_levels(1, [swing, minus_one, swing]) == [5, 4, 2]
 
 
 def test_answers_are_balanced_and_reasoning_grows_with_k(bed):
@@ -144,10 +165,16 @@ def test_answers_are_balanced_and_reasoning_grows_with_k(bed):
     assert re.fullmatch(r"[A-Z][a-z]+ to start\.( [A-Z][^:]*: [a-z]+\.){3}", step), step
 
 
-def test_train_and_test_share_no_combination_and_no_story(bed):
+def test_train_and_test_share_no_combination_of_steps_and_no_story(bed):
     for k in KS:
+        # k = 1: no (start, event); k > 1: no (start, shift-or-swing sequence), so that a held-out
+        # item cannot be answered from a memorised table of seen step sequences
         combos = {
-            split: {(i.start, i.events) for i in bed.items if i.k == k and i.split == split}
+            split: {
+                (i.start, *(i.events if k == 1 else parse(i.record.stimuli)[1]))
+                for i in bed.items
+                if i.k == k and i.split == split
+            }
             for split in ("train", "test")
         }
         assert combos["train"] and combos["test"] and not combos["train"] & combos["test"], k
@@ -182,11 +209,12 @@ def test_mood_words_are_distinct_single_tokens_for_f1_and_appear_only_as_moods()
     assert all(len(s) == 1 for s in sets) and len(set(sets)) == len(LEVELS)
     for a, b in itertools.product(LEVELS, repeat=2):
         assert token_f1(a, b) == float(a == b)
-    templates = [e.sentence for e in EVENTS] + [e.gist for e in EVENTS]
+    templates = [e.sentence for e in ALL_EVENTS] + [e.gist for e in ALL_EVENTS]
     templates += [o.replace("{mood}", "") for o in OPENERS] + list(FIRST + LATER + QUESTIONS)
     for text in templates:
         assert not set(normalize(text)) & set(LEVELS), text
-    assert len({e.sentence for e in EVENTS}) == len({e.gist for e in EVENTS}) == len(EVENTS)
+    assert len({e.sentence for e in ALL_EVENTS}) == len({e.gist for e in ALL_EVENTS})
+    assert len({e.gist for e in ALL_EVENTS}) == len(EVENTS) + len(SWINGS)
 
 
 def test_the_tiny_tokenizer_encodes_every_text_without_an_unknown_token(bed):
