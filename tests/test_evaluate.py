@@ -159,6 +159,10 @@ def test_every_benchmark_on_two_ranks_then_resume(tiny_model, tmp_path):
     figure = evaluate("lengths", out, "--out", tmp_path / "fig6.png")
     assert figure.returncode == 0, figure.stderr
     assert (tmp_path / "fig6.png").stat().st_size > 0 and "index 1" in figure.stdout
+    by_file = evaluate("lengths", out, "--by", "benchmark", "--out", tmp_path / "by.png")
+    assert by_file.returncode == 0, by_file.stderr
+    assert (tmp_path / "by.png").stat().st_size > 0 and "| tombench: " in by_file.stdout
+    assert "| tombench: " in (tmp_path / "by.md").read_text()
 
 
 @pytest.mark.slow

@@ -43,6 +43,8 @@ ONLY = {
     "rq4-tiny": ("before-split", "after-split"),
     "baselines-tiny": ("dapo",),
     "testbed-check-tiny": ("sft-cot", "cot"),  # the direct row is table2-tiny naive's kind of run
+    # Figure 6 by level: Basic R1 and BR from the stand-in, `evaluate lengths --by benchmark`
+    "testbed-tiny": ("fig6",),
 }
 # further overrides for one file: baselines-tiny's dapo row sets reward.overlong_buffer = 16, which
 # the trainer refuses above rollout.max_new_tokens (ONE_STEP's 4), so its responses get 16 tokens
@@ -123,7 +125,12 @@ def test_tiny_files_write_figures_5_and_6():
 
 # tiny SFT runs that stand in for a model the paper starts from, evaluated as it is: table2-tiny's
 # for Qwen2.5-Instruct (its prompting rows); fig6-tiny's and rq4-tiny's start RL or self-training
-STAND_INS = {"table2-tiny": {"instruct"}, "fig6-tiny": {"sft"}, "rq4-tiny": {"sft"}}
+STAND_INS = {
+    "table2-tiny": {"instruct"},
+    "fig6-tiny": {"sft"},
+    "rq4-tiny": {"sft"},
+    "testbed-tiny": {"instruct"},
+}
 
 
 @pytest.mark.parametrize(

@@ -306,22 +306,44 @@ def compare_command(run_dirs, labels):
     default=None,
     help="PNG to write (default: RUN_DIR/lengths.png for one run, lengths.png here for several).",
 )
-def lengths_command(run_dirs, labels, out):
+@click.option(
+    "--by",
+    type=click.Choice(("index", "benchmark")),
+    default="index",
+    show_default=True,
+    help="index: ToMbench's Unexpected Outcome Test by question index (Figure 6); benchmark: by "
+    "file evaluated (the testbed's levels, test-k1/2/3.jsonl).",
+)
+def lengths_command(run_dirs, labels, out, by):
     """RQ5 / Figure 6: response lengths by question index (1-3) on ToMbench's Unexpected Outcome
-    Test, non-zero-F1 samples only, one box per index and run (e.g. a base and a bilateral run side
-    by side), and the counts of valid samples. Needs evaluate.py runs that include tombench, and
-    matplotlib."""
+    Test (or, with --by benchmark, by file evaluated), non-zero-F1 samples only, one box per group
+    and run (e.g. a base and a bilateral run side by side); the counts of valid samples, and how far
+    the last group's median length lies from the first's, with a bootstrap interval (printed, and
+    written beside the figure as OUT with .md). Needs evaluate.py runs (with tombench for --by
+    index), and matplotlib."""
     from psyrl.eval.benchmarks import read_predictions
-    from psyrl.eval.lengths import counts_markdown, lengths_by_index, plot_lengths
+    from psyrl.eval.lengths import (
+        counts_markdown,
+        lengths_by_benchmark,
+        lengths_by_index,
+        plot_lengths,
+    )
 
+    group = lengths_by_index if by == "index" else lengths_by_benchmark
     labels = run_labels(labels, run_dirs)
     out = out or (Path(run_dirs[0]) / "lengths.png" if len(run_dirs) == 1 else Path("lengths.png"))
     with reported("psyrl evaluate lengths", also=(ValueError,)):
-        groups = [
-            lengths_by_index(read_predictions(Path(d) / "predictions.jsonl")[0]) for d in run_dirs
-        ]
-        click.echo(counts_markdown(labels, groups))
-        click.echo(f"wrote {plot_lengths(labels, groups, out)}")
+        groups = [group(read_predictions(Path(d) / "predictions.jsonl")[0]) for d in run_dirs]
+        if any(list(g[0]) != list(groups[0][0]) for g in groups):
+            raise ValueError(
+                "the runs evaluated different benchmarks: "
+                + "; ".join(f"{d}: {', '.join(g[0])}" for d, g in zip(run_dirs, groups))
+            )
+        table = counts_markdown(labels, groups)
+        click.echo(table)
+        figure = plot_lengths(labels, groups, out)
+        figure.with_suffix(".md").write_text(table + "\n", encoding="utf-8")
+        click.echo(f"wrote {figure} and {figure.with_suffix('.md')}")
 
 
 @click.command("self-label")

@@ -53,7 +53,7 @@ TABLE_KEYS = {
     "paper",
 }
 COLUMNS = ("tasks", "benchmarks", "index")
-METRICS = ("f1", "accuracy", "valid")
+METRICS = ("f1", "accuracy", "valid", "tokens")
 PAPER_KEYS = {"table", "block", "columns", "rows", "differences"}
 PAPER_ROW_KEYS = {"row", "block", "values"}
 PAPER_DIFFERENCE_KEYS = {"minus", "row", "block", "values"}

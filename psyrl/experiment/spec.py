@@ -88,7 +88,8 @@ class TableSpec:
     rows: tuple[str, ...]
     columns: str = "tasks"  # "tasks" of `benchmark`, "benchmarks", or "index" (Figure 6)
     benchmark: str = ""
-    metric: str = "f1"  # f1 (x100) | accuracy (%) | valid (count of non-zero-F1 responses)
+    # f1 (x100) | accuracy (%) | valid (count of non-zero-F1 responses) | tokens (response length)
+    metric: str = "f1"
     deltas: tuple[str, ...] = ()
     compare: tuple[tuple[str, str], ...] = ()
     note: str = ""

@@ -17,8 +17,13 @@ from psyrl.experiment.stats import UNSEEDED, bootstrap, paired
 ALL = "all items"
 SEP = " / "  # benchmark / task, where a table's tasks come from several benchmarks
 Scores = dict[int, dict[str, float]]  # seed (UNSEEDED for a run without) -> item id -> score
-METRIC_NAMES = {"f1": "F1 ×100", "accuracy": "accuracy %", "valid": "valid samples (non-zero F1)"}
-PAPER_DIGITS = {"f1": 2, "accuracy": 2, "valid": 0}  # as the paper prints them
+METRIC_NAMES = {
+    "f1": "F1 ×100",
+    "accuracy": "accuracy %",
+    "valid": "valid samples (non-zero F1)",
+    "tokens": "response length (tokens, every response)",
+}
+PAPER_DIGITS = {"f1": 2, "accuracy": 2, "valid": 0, "tokens": 0}  # as the paper prints them
 RULE_NAMES = {
     "median": "median-F1 checkpoint (appendix B)",
     "best": "best-F1 checkpoint",
@@ -64,6 +69,8 @@ def _metric(row: dict, metric: str) -> float | None:
         return 100 * row["f1"]
     if metric == "valid":  # Figure 6 counts the responses with non-zero F1
         return float(row["f1"] > 0)
+    if metric == "tokens":  # every response, so that two rows pair on the same items
+        return float(row["tokens"])
     correct = row.get("correct")
     return None if correct is None else 100.0 * bool(correct)
 

@@ -28,7 +28,13 @@ from psyrl.eval.benchmarks import (
     score_response,
     select_items,
 )
-from psyrl.eval.lengths import counts_markdown, lengths_by_index, plot_lengths
+from psyrl.eval.lengths import (
+    counts_markdown,
+    lengths_by_benchmark,
+    lengths_by_index,
+    plot_lengths,
+    separation,
+)
 from psyrl.eval.report import (
     compare_markdown,
     main_table,
@@ -427,10 +433,72 @@ def test_rq5_lengths_count_only_non_zero_f1_samples(tmp_path):
     table = counts_markdown(
         ["base", "bilateral"], [(lengths, items), (lengths, items)]
     ).splitlines()
-    assert table[2] == "| base | 1 / 2 (10) | 2 / 2 (40) | 0 / 1 (-) | 3 |"
+    # index 3 has no valid sample: no separation
+    assert table[2] == "| base | 1 / 2 (10) | 2 / 2 (40) | 0 / 1 (-) | 3 | - |"
     out = plot_lengths(
         ["base", "bilateral"], [(lengths, items), (lengths, items)], tmp_path / "fig6.png"
     )
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(EvalError, match="no Unexpected Outcome Test item"):
         lengths_by_index(rows[-1:])
+
+
+def test_lengths_by_benchmark_and_the_separation_of_the_last_level_from_the_first(tmp_path):
+    """The testbed's Figure 6: valid samples' lengths per benchmark file, in the predictions'
+    order, and median(last) - median(first) with an unpaired bootstrap interval."""
+    rows = [
+        {"benchmark": b, "f1": f1, "tokens": n}
+        for b, f1, n in [
+            ("test-k1", 1.0, 20),
+            ("test-k1", 1.0, 24),
+            ("test-k1", 0.0, 90),  # wrong: not counted
+            ("test-k3", 1.0, 40),
+            ("test-k3", 1.0, 44),
+            ("test-k3", 1.0, 48),
+            ("test-k2", 0.0, 30),
+        ]
+    ]
+    lengths, items = lengths_by_benchmark(rows)
+    assert list(lengths) == ["test-k1", "test-k3", "test-k2"]
+    assert lengths == {"test-k1": [20, 24], "test-k3": [40, 44, 48], "test-k2": []}
+    assert items == {"test-k1": 3, "test-k3": 3, "test-k2": 1}
+    # last group here is test-k2 with no valid sample: no separation
+    assert separation(lengths) is None
+    two = {"test-k1": [20, 24], "test-k3": [40, 44, 48]}
+    # medians 22 and 44: +22; a resample's medians lie in [20, 24] and [40, 48], so the interval
+    # lies in [+16, +28]; every resample of a constant group has the same median
+    mid, low, high = separation(two)
+    assert mid == 22.0 and 16.0 <= low <= 22.0 <= high <= 28.0
+    assert separation({"a": [5, 5], "b": [9]}) == (4.0, 4.0, 4.0)
+    table = counts_markdown(["BR"], [(two, {"test-k1": 3, "test-k3": 3})]).splitlines()
+    assert table[0].startswith("| run | test-k1: valid / items (median tokens) | test-k3: ")
+    assert table[0].endswith("| total valid | test-k3 − test-k1 median tokens [95 % CI] |")
+    assert table[2].startswith("| BR | 2 / 3 (22) | 3 / 3 (44) | 5 | +22 [")
+    out = plot_lengths(["BR"], [(two, {"test-k1": 3, "test-k3": 3})], tmp_path / "levels.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(EvalError, match="no predictions"):
+        lengths_by_benchmark([])
+
+
+def test_lengths_by_benchmark_refuses_runs_of_different_benchmarks(tmp_path):
+    """`psyrl evaluate lengths --by benchmark` over two runs that evaluated different files: an
+    error that names each run's benchmarks, no figure."""
+    from click.testing import CliRunner
+
+    from psyrl.cli.evaluate import evaluate
+
+    for name, benchmarks in (("a", ["test-k1", "test-k3"]), ("b", ["test-k1"])):
+        (tmp_path / name).mkdir()
+        rows = [
+            {"id": str(i), "benchmark": b, "task": "-", "f1": 1.0, "format": 1.0, "tokens": 9}
+            for i, b in enumerate(benchmarks)
+        ]
+        (tmp_path / name / "predictions.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows)
+        )
+    out = tmp_path / "fig.png"
+    args = ["lengths", str(tmp_path / "a"), str(tmp_path / "b"), "--by", "benchmark"]
+    result = CliRunner().invoke(evaluate, [*args, "--out", str(out)])
+    assert result.exit_code != 0 and not out.exists()
+    assert "the runs evaluated different benchmarks" in result.output
+    assert f"{tmp_path / 'a'}: test-k1, test-k3; {tmp_path / 'b'}: test-k1" in result.output

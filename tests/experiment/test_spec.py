@@ -336,7 +336,7 @@ CASES = [
     (
         "bad-metric",
         EVALUATE + "[runs.a]\n" + SFT + '[[tables]]\nrows = ["a"]\nmetric = "bleu"  # <-\n',
-        "metric must be one of 'f1', 'accuracy', 'valid', got 'bleu'",
+        "metric must be one of 'f1', 'accuracy', 'valid', 'tokens', got 'bleu'",
     ),
     (
         "tables-not-an-array",

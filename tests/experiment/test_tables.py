@@ -484,3 +484,63 @@ def test_a_rule_row_states_the_checkpoint_it_chose(tmp_path, monkeypatch):
         "- SFT: the median-F1 checkpoint (appendix B) of SFT run sft (seed 0: step 3, valid F1 "
         "0.2000; seed 1: step 2, valid F1 0.4000)"
     ) in table_markdown(table).splitlines()
+
+
+TOKENS_FILE = """[experiment]
+bootstrap = 400
+
+[evaluate]
+benchmarks = ["k1.jsonl", "k3.jsonl"]
+
+[runs.base]
+kind = "evaluate"
+label = "Basic R1"
+model = "models/base"
+
+[runs.bilateral]
+kind = "evaluate"
+label = "BR"
+model = "models/br"
+
+[[tables]]
+title = "response length by level"
+columns = "benchmarks"
+metric = "tokens"
+rows = ["base", "bilateral"]
+compare = [["bilateral", "base"]]
+"""
+
+
+def test_response_length_by_level_pairs_every_response(tmp_path, monkeypatch):
+    """The testbed's Figure 6 table: mean response tokens of every response (right or wrong, so
+    two rows pair on the same items) per benchmark file, and BR - Basic R1 per item."""
+    monkeypatch.chdir(REPO)
+    path = tmp_path / "tokens.toml"
+    path.write_text(TOKENS_FILE)
+    experiment = load_experiment(path, str(tmp_path / "runs"))
+    units = {u.key: u for u in plan(experiment)}
+
+    def rows(lengths: dict[str, list[int]]) -> list[dict]:
+        return [
+            {**row(bench, i, "-", 1.0 if i % 2 else 0.0, None), "tokens": n}
+            for bench, ns in lengths.items()
+            for i, n in enumerate(ns)
+        ]
+
+    # base: k1 (20, 30) -> 25, k3 (40, 50) -> 45, all 35; BR: k1 (10, 10) -> 10, k3 (50, 70) -> 60
+    write_evaluation(units[("base", None)].eval_dir, rows({"k1": [20, 30], "k3": [40, 50]}))
+    write_evaluation(units[("bilateral", None)].eval_dir, rows({"k1": [10, 10], "k3": [50, 70]}))
+    table = build_table(experiment, experiment.tables[0], plan(experiment))
+    assert table["columns"] == ["k1", "k3", ALL]
+    base = next(r for r in table["rows"] if r["run"] == "base")["cells"]
+    assert {c: cell["psyrl"]["mean"] for c, cell in base.items()} == pytest.approx(
+        {"k1": 25.0, "k3": 45.0, ALL: 35.0}
+    )
+    # the interval of two items: both short, both long, or one of each -> [20, 30]
+    assert (base["k1"]["psyrl"]["low"], base["k1"]["psyrl"]["high"]) == (20.0, 30.0)
+    # BR - Basic R1 per item: k1 (-10, -20) -> -15; k3 (+10, +20) -> +15; all 0
+    cells = table["compare"][0]["cells"]
+    assert [cells[c]["psyrl"]["mean"] for c in table["columns"]] == pytest.approx([-15, 15, 0])
+    text = table_markdown(table)
+    assert text.splitlines()[2].startswith("response length (tokens, every response): mean over")
+    assert "| BR − Basic R1 | -15.0 [-20.0, -10.0] | +15.0 [+10.0, +20.0] |" in text
