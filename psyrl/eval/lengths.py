@@ -22,16 +22,31 @@ BENCHMARK, TASK, INDICES = "tombench", "Unexpected Outcome Test", (1, 2, 3)
 Groups = tuple[dict, dict]  # (group -> valid samples' lengths, group -> items evaluated)
 
 
+def _grouped(rows: Sequence[dict], group, groups: Sequence = ()) -> Groups:
+    """(valid samples' response tokens per group, items evaluated per group); `group(row)` names a
+    row's group or None to leave it out; `groups` come first, in order, even where empty."""
+    lengths: dict = {g: [] for g in groups}
+    items: dict = dict.fromkeys(groups, 0)
+    for r in rows:
+        g = group(r)
+        if g is None:
+            continue
+        lengths.setdefault(g, [])
+        items[g] = items.get(g, 0) + 1
+        if r["f1"] > 0:
+            lengths[g].append(r["tokens"])
+    return lengths, items
+
+
 def lengths_by_index(rows: Sequence[dict]) -> tuple[dict[int, list[int]], dict[int, int]]:
     """(response tokens of the non-zero-F1 samples per index, items evaluated per index) of one
     run's predictions."""
-    lengths: dict[int, list[int]] = {i: [] for i in INDICES}
-    items = dict.fromkeys(INDICES, 0)
-    for r in rows:
-        if r["benchmark"] == BENCHMARK and r["task"] == TASK and r.get("index") in INDICES:
-            items[r["index"]] += 1
-            if r["f1"] > 0:
-                lengths[r["index"]].append(r["tokens"])
+
+    def index(r: dict) -> int | None:
+        wanted = r["benchmark"] == BENCHMARK and r["task"] == TASK
+        return r.get("index") if wanted and r.get("index") in INDICES else None
+
+    lengths, items = _grouped(rows, index, INDICES)
     if not sum(items.values()):
         raise EvalError(
             f"no {TASK} item of {BENCHMARK} in these predictions (evaluate with --benchmarks "
@@ -43,13 +58,7 @@ def lengths_by_index(rows: Sequence[dict]) -> tuple[dict[int, list[int]], dict[i
 def lengths_by_benchmark(rows: Sequence[dict]) -> tuple[dict[str, list[int]], dict[str, int]]:
     """The same by benchmark (a file evaluated: the testbed's test-k1, test-k2, test-k3), in the
     order of the predictions."""
-    lengths: dict[str, list[int]] = {}
-    items: dict[str, int] = {}
-    for r in rows:
-        lengths.setdefault(r["benchmark"], [])
-        items[r["benchmark"]] = items.get(r["benchmark"], 0) + 1
-        if r["f1"] > 0:
-            lengths[r["benchmark"]].append(r["tokens"])
+    lengths, items = _grouped(rows, lambda r: r["benchmark"])
     if not items:
         raise EvalError("no predictions to group")
     return lengths, items

@@ -370,13 +370,8 @@ def test_tasks_of_several_benchmarks_are_named_with_their_benchmark(experiment):
     assert cells_of(table, "b")[f"{Y} / T3"] is None
 
 
-VALID_FILE = """[experiment]
-bootstrap = 400
-
-[evaluate]
-benchmarks = ["tombench"]
-
-[runs.base]
+# two evaluations of fixed models, Basic R1 and BR: the rows of the Figure 6 tables below
+TWO_RUNS = """[runs.base]
 kind = "evaluate"
 label = "Basic R1"
 model = "models/base"
@@ -385,7 +380,17 @@ model = "models/base"
 kind = "evaluate"
 label = "BR"
 model = "models/br"
+"""
+VALID_FILE = (
+    """[experiment]
+bootstrap = 400
 
+[evaluate]
+benchmarks = ["tombench"]
+
+"""
+    + TWO_RUNS
+    + """
 [[tables]]
 title = "valid samples"
 columns = "index"
@@ -400,6 +405,7 @@ columns = ["index 1", "index 2", "index 3"]
 [tables.paper.differences]
 bilateral = { minus = "base", row = "1, 0 and 1 more", values = [1, 0, 1] }
 """
+)
 UOT = "Unexpected Outcome Test"
 
 
@@ -486,22 +492,16 @@ def test_a_rule_row_states_the_checkpoint_it_chose(tmp_path, monkeypatch):
     ) in table_markdown(table).splitlines()
 
 
-TOKENS_FILE = """[experiment]
+TOKENS_FILE = (
+    """[experiment]
 bootstrap = 400
 
 [evaluate]
 benchmarks = ["k1.jsonl", "k3.jsonl"]
 
-[runs.base]
-kind = "evaluate"
-label = "Basic R1"
-model = "models/base"
-
-[runs.bilateral]
-kind = "evaluate"
-label = "BR"
-model = "models/br"
-
+"""
+    + TWO_RUNS
+    + """
 [[tables]]
 title = "response length by level"
 columns = "benchmarks"
@@ -509,6 +509,7 @@ metric = "tokens"
 rows = ["base", "bilateral"]
 compare = [["bilateral", "base"]]
 """
+)
 
 
 def test_response_length_by_level_pairs_every_response(tmp_path, monkeypatch):
