@@ -191,6 +191,34 @@ def test_every_run_config_loads(path, monkeypatch):
     assert checked
 
 
+def test_testbed_reward_rows_differ_only_in_the_reward_variant(monkeypatch):
+    """Issue 43 item 4: on the testbed, every T-GRPO row shares all but its reward variant (and the
+    advantage scope of the eq. 2 pair), so what was chosen on the Basic R1 row (the rollout
+    temperature) holds for every row, and the reward's constants are the tiny config's (the
+    paper's δ, τ−, τ+, τ_rep)."""
+    from psyrl.core.config import config_changes, load_config
+    from psyrl.experiment.runner import substitute
+
+    monkeypatch.chdir(REPO)
+    experiment = load_experiment(REPO / "experiments" / "testbed-tiny.toml")
+    configs = {}
+    for unit in plan(experiment):
+        if unit.run.kind == "tgrpo" and unit.seed == 0:
+            sets = [substitute(experiment, unit, o, dry=True) for o in unit.run.overrides]
+            configs[unit.run.name] = load_config(unit.run.config, sets)
+    variants = {"base", "length", "short", "length_rp", "bilateral"}
+    assert set(configs) == variants | {"base-cache", "bilateral-cache"}
+    base = configs["base"]
+    for name, cfg in configs.items():
+        changed = set(config_changes(base, cfg))
+        assert changed <= {"run.name", "reward.variant", "advantage.scope"}, name
+        assert cfg.reward.variant == name.removesuffix("-cache")
+        assert cfg.advantage.scope == ("cache" if name.endswith("-cache") else "group")
+    tiny = load_config("configs/tgrpo/tiny.toml")
+    assert {c for c in config_changes(tiny, base) if c.startswith("reward.")} == {"reward.variant"}
+    assert base.rollout.temperature == 1.0  # the paper's (A.3), chosen once on the Basic R1 row
+
+
 PREEMPTED_FILE = """
 [experiment]
 nproc = 1
