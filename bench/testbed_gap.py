@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from psyrl.eval.benchmarks import read_predictions
+from psyrl.experiment.stats import interval, resample_weights
 
 
 def gaps(root: Path) -> dict[str, np.ndarray]:
@@ -42,12 +43,11 @@ def main(root: Path, resamples: int = 4000, seed: int = 0) -> None:
     levels = sorted(by_level)
     count = by_level[levels[0]].shape[0]
     rng = np.random.default_rng(seed)
-    seed_w = rng.multinomial(count, np.full(count, 1 / count), size=resamples) / count  # [B, S]
+    seed_w = resample_weights(count, resamples, rng)  # [B, S], the same seeds for every level
     means = {}
     for level in levels:
         matrix = by_level[level]  # [S, N]
-        n = matrix.shape[1]
-        item_w = rng.multinomial(n, np.full(n, 1 / n), size=resamples) / n  # [B, N]
+        item_w = resample_weights(matrix.shape[1], resamples, rng)  # [B, N], the level's own items
         means[level] = np.einsum("bs,sn,bn->b", seed_w, matrix, item_w)
     print(f"{root}: {count} seeds; F1 x100, mean [95 % bootstrap interval]")
     print("| level | CoT - direct | minus the gap at the first level |")
@@ -55,13 +55,13 @@ def main(root: Path, resamples: int = 4000, seed: int = 0) -> None:
     first = levels[0]
     for level in levels:
         gap = by_level[level].mean()
-        low, high = np.quantile(means[level], [0.025, 0.975])
+        low, high = interval(means[level])
         cells = [f"{gap:+.1f} [{low:+.1f}, {high:+.1f}]"]
         if level == first:
             cells.append("-")
         else:
             growth = means[level] - means[first]
-            g_low, g_high = np.quantile(growth, [0.025, 0.975])
+            g_low, g_high = interval(growth)
             cells.append(f"{gap - by_level[first].mean():+.1f} [{g_low:+.1f}, {g_high:+.1f}]")
         print(f"| {level} | " + " | ".join(cells) + " |")
 

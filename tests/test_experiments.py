@@ -123,6 +123,16 @@ def test_tiny_files_write_figures_5_and_6():
     assert any(t.metric == "valid" and t.columns == "index" for t in experiment.tables)
 
 
+def run_config(experiment, unit):
+    """A trainer unit's config with the file's overrides, placeholders filled in as a dry run
+    would (run from the repository root)."""
+    from psyrl.core.config import load_config
+    from psyrl.experiment.runner import substitute
+
+    sets = [substitute(experiment, unit, o, dry=True) for o in unit.run.overrides]
+    return load_config(unit.run.config, sets)
+
+
 # tiny SFT runs that stand in for a model the paper starts from, evaluated as it is: table2-tiny's
 # for Qwen2.5-Instruct (its prompting rows); fig6-tiny's and rq4-tiny's start RL or self-training
 STAND_INS = {
@@ -140,17 +150,12 @@ def test_every_sft_row_is_its_runs_median_checkpoint(path, monkeypatch):
     """One rule for every SFT row (appendix B): an evaluation of an SFT run is its median-F1
     checkpoint, chosen on every held-out item in the Qwen files; only a run without checkpoints (a
     continual-learning round) is its final export."""
-    from psyrl.core.config import load_config
-    from psyrl.experiment.runner import substitute
-
     monkeypatch.chdir(REPO)
     experiment = load_experiment(path)
     units = {u.run.name: u for u in plan(experiment)}
 
     def config(name: str):
-        unit = units[name]
-        sets = [substitute(experiment, unit, o, dry=True) for o in unit.run.overrides]
-        return load_config(unit.run.config, sets)
+        return run_config(experiment, units[name])
 
     rows = {r for t in experiment.tables for r in t.rows}
     rows |= {p for r in set(rows) for p in experiment.runs[r].parts}
@@ -175,18 +180,12 @@ def test_every_sft_row_is_its_runs_median_checkpoint(path, monkeypatch):
 def test_every_run_config_loads(path, monkeypatch):
     """Each trainer run's config with the file's overrides (placeholders filled in) is a valid
     config: a bad key or value in any run fails here, not hours into an experiment."""
-    from psyrl.core.config import load_config
-    from psyrl.experiment.runner import substitute
-
     monkeypatch.chdir(REPO)
     experiment = load_experiment(path)
     checked = 0
     for unit in plan(experiment):
         if unit.run.kind in ("sft", "tgrpo"):
-            load_config(
-                unit.run.config,
-                [substitute(experiment, unit, o, dry=True) for o in unit.run.overrides],
-            )
+            run_config(experiment, unit)
             checked += 1
     assert checked
 
@@ -197,15 +196,14 @@ def test_testbed_reward_rows_differ_only_in_the_reward_variant(monkeypatch):
     temperature) holds for every row, and the reward's constants are the tiny config's (the
     paper's δ, τ−, τ+, τ_rep)."""
     from psyrl.core.config import config_changes, load_config
-    from psyrl.experiment.runner import substitute
 
     monkeypatch.chdir(REPO)
     experiment = load_experiment(REPO / "experiments" / "testbed-tiny.toml")
-    configs = {}
-    for unit in plan(experiment):
-        if unit.run.kind == "tgrpo" and unit.seed == 0:
-            sets = [substitute(experiment, unit, o, dry=True) for o in unit.run.overrides]
-            configs[unit.run.name] = load_config(unit.run.config, sets)
+    configs = {
+        unit.run.name: run_config(experiment, unit)
+        for unit in plan(experiment)
+        if unit.run.kind == "tgrpo" and unit.seed == 0
+    }
     variants = {"base", "length", "short", "length_rp", "bilateral"}
     assert set(configs) == variants | {"base-cache", "bilateral-cache"}
     base = configs["base"]

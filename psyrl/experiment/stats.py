@@ -52,6 +52,19 @@ def _by_item(values: Mapping | Sequence) -> Mapping:
     return values if isinstance(values, Mapping) else dict(enumerate(values))
 
 
+def resample_weights(count: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """[resamples, count]: how often each of `count` units is drawn in a resample of them with
+    replacement, divided by `count`, so that weights @ values is the resample's mean."""
+    return rng.multinomial(count, np.full(count, 1 / count), size=resamples) / count
+
+
+def interval(means: np.ndarray) -> tuple[float, float]:
+    """The percentile interval (LEVEL) of bootstrap resample means."""
+    tail = (1 - LEVEL) / 2
+    low, high = np.quantile(means, [tail, 1 - tail])
+    return float(low), float(high)
+
+
 def bootstrap(
     scores: Mapping[int, Mapping[str, float] | Sequence[float]],
     resamples: int = 2000,
@@ -68,13 +81,10 @@ def bootstrap(
     matrix = np.array([[r[i] for i in items] for r in rows], dtype=np.float64)  # [S, N]
     count, n = matrix.shape
     rng = np.random.default_rng(seed)
-    # a resample's seed and item counts, as weights: [B, S] and [B, N]
-    seed_weights = rng.multinomial(count, np.full(count, 1 / count), size=resamples) / count
-    item_weights = rng.multinomial(n, np.full(n, 1 / n), size=resamples) / n
+    seed_weights = resample_weights(count, resamples, rng)  # [B, S]
+    item_weights = resample_weights(n, resamples, rng)  # [B, N]
     means = np.einsum("bs,sn,bn->b", seed_weights, matrix, item_weights)  # [B]
-    tail = (1 - LEVEL) / 2
-    low, high = np.quantile(means, [tail, 1 - tail])
-    return Estimate(float(matrix.mean()), float(low), float(high), count, n)
+    return Estimate(float(matrix.mean()), *interval(means), count, n)
 
 
 def paired(
