@@ -1,14 +1,14 @@
-"""A first pilot of a testbed where the model can choose its length (issue 43, docs/testbed.md
-"What is left"): half of swing's training items get a terse scratchpad instead of the full one.
+"""The length-choice testbed (issue 43, docs/testbed.md): the forms a model answers in, per level.
 
-    python bench/testbed_length_choice.py data OUT    # OUT/train.jsonl, the test files copied
     python bench/testbed_length_choice.py forms PREDICTIONS.jsonl ...
+    python bench/testbed_length_choice.py data OUT    # the first pilot's data (below)
 
-`data`: each training item of data/testbed-swing/ keeps its reasoning or, with probability 0.5
-(random.Random(0)), gets "<Start> to start; at the end: <answer>."; the test files are unchanged.
-`forms`: per level, the share of terse responses (they say "at the end:"), and F1 x100 and mean
-response tokens per form. Run the experiment on it with a copy of experiments/testbed-tiny.toml
-whose data/testbed-swing/ paths point at OUT.
+`forms`: per level, the share of responses in each reasoning form of `psyrl demo-data --task choice`
+(terse: "; at the end:", padded: "Nothing else happens", else short at k = 1 and full at k > 1),
+and F1 x100 and mean response tokens per form. `data`: the first pilot's data, before the
+generator had the task: each training item of data/testbed-swing/ keeps its reasoning or, with
+probability 0.5 (random.Random(0)), gets "<Start> to start; at the end: <answer>."; the test files
+are unchanged.
 """
 
 from __future__ import annotations
@@ -45,22 +45,33 @@ def make_data(out: Path) -> None:
     print(f"{out}: {changed} of {len(lines)} training items terse")
 
 
+def form_of(response: str, level: str) -> str:
+    if "; at the end:" in response:
+        return "terse"
+    if "Nothing else happens" in response:
+        return "padded"
+    return "short" if level == "k1" else "full"
+
+
+FORMS = ("short", "padded", "terse", "full")
+
+
 def forms(path: Path) -> None:
     groups = defaultdict(list)
     for line in path.read_text().splitlines():
         r = json.loads(line)
-        form = "terse" if "at the end:" in r["response"] else "full"
-        groups[r["benchmark"].rsplit("-", 1)[-1], form].append(r)
+        level = r["benchmark"].rsplit("-", 1)[-1]
+        groups[level, form_of(r["response"], level)].append(r)
     print(path)
     for level in ("k1", "k2", "k3"):
-        count = sum(len(groups[level, f]) for f in ("terse", "full"))
+        count = sum(len(groups[level, f]) for f in FORMS)
         cells = [
             f"{f} {len(rows) / count:.0%} F1 {100 * statistics.mean(r['f1'] for r in rows):.1f}"
             f" tok {statistics.mean(r['tokens'] for r in rows):.1f}"
-            for f in ("terse", "full")
+            for f in FORMS
             if (rows := groups[level, f])
         ]
-        every = [r["f1"] for f in ("terse", "full") for r in groups[level, f]]
+        every = [r["f1"] for f in FORMS for r in groups[level, f]]
         print(f"  {level}: all F1 {100 * statistics.mean(every):.1f} | " + " | ".join(cells))
 
 

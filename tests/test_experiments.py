@@ -45,6 +45,7 @@ ONLY = {
     "testbed-check-tiny": ("sft-cot", "cot"),  # the direct row is table2-tiny naive's kind of run
     # Figure 6 by level: Basic R1 and BR from the stand-in, `evaluate lengths --by benchmark`
     "testbed-tiny": ("fig6",),
+    "testbed-choice-tiny": ("cot",),  # its T-GRPO rows are testbed-tiny's on other data (below)
 }
 # further overrides for one file: baselines-tiny's dapo row sets reward.overlong_buffer = 16, which
 # the trainer refuses above rollout.max_new_tokens (ONE_STEP's 4), so its responses get 16 tokens
@@ -140,6 +141,7 @@ STAND_INS = {
     "fig6-tiny": {"sft"},
     "rq4-tiny": {"sft"},
     "testbed-tiny": {"instruct"},
+    "testbed-choice-tiny": {"instruct"},
 }
 
 
@@ -215,6 +217,38 @@ def test_testbed_reward_rows_differ_only_in_the_reward_variant(monkeypatch):
     tiny = load_config("configs/tgrpo/tiny.toml")
     assert {c for c in config_changes(tiny, base) if c.startswith("reward.")} == {"reward.variant"}
     assert base.rollout.temperature == 1.0  # the paper's (A.3), chosen once on the Basic R1 row
+
+
+def test_the_length_choice_file_is_the_testbed_file_on_other_data(monkeypatch):
+    """testbed-choice-tiny runs testbed-tiny's Basic R1 and BR rows (both scopes) and its
+    evaluation unchanged but for the data: nothing chosen again on the new testbed."""
+    from psyrl.core.config import config_changes
+
+    monkeypatch.chdir(REPO)
+    swing = load_experiment(REPO / "experiments" / "testbed-tiny.toml")
+    choice = load_experiment(REPO / "experiments" / "testbed-choice-tiny.toml")
+
+    def configs(experiment):
+        return {
+            u.run.name: run_config(experiment, u)
+            for u in plan(experiment)
+            if u.run.kind in ("sft", "tgrpo") and u.seed in (0, None)
+        }
+
+    ours, theirs = configs(choice), configs(swing)
+    assert set(ours) == {"instruct", "base", "bilateral", "base-cache", "bilateral-cache"}
+    for name, cfg in ours.items():
+        changed = set(config_changes(theirs[name], cfg))
+        steps = {"run.steps", "checkpoint.every"} if name == "instruct" else set()
+        expected = {"data.train_file", "data.valid_file"} | steps
+        assert changed == expected, name
+        assert cfg.data.train_file == "data/testbed-choice/train.jsonl"
+        assert cfg.data.valid_file == "data/testbed-choice/test.jsonl"
+    assert ours["instruct"].run.steps == 800 and theirs["instruct"].run.steps == 400
+    assert choice.eval_args == swing.eval_args
+    assert choice.eval_benchmarks == tuple(
+        b.replace("testbed-swing", "testbed-choice") for b in swing.eval_benchmarks
+    )
 
 
 PREEMPTED_FILE = """

@@ -151,15 +151,15 @@ def benchmarks_command(out: Path, overwrite: bool):
     type=click.Choice(("demo", *TESTBED_TASKS)),
     default="demo",
     show_default=True,
-    help="demo: the demo set of the CPU demo; drift, swing: the testbeds of issue 43, items "
-    "of 1, 2 and 3 events where the answer needs the events combined (docs/testbed.md).",
+    help="demo: the demo set of the CPU demo; drift, swing, choice: the testbeds of issue 43, "
+    "items of 1, 2 and 3 events where the answer needs the events combined (docs/testbed.md).",
 )
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
     help="Directory to write the files into.  [default: data/demo; data/testbed for drift, "
-    "data/testbed-swing for swing]",
+    "data/testbed-swing for swing, data/testbed-choice for choice]",
 )
 @click.option(
     "--seed",
@@ -183,6 +183,10 @@ def demo_data_command(task: str, out: Path | None, seed: int):
 
     --task swing: drift with mood swings among the events (a swing mirrors the mood on the scale),
     so that no sum of per-event effects gives the answer; written to data/testbed-swing.
+
+    --task choice: swing's items with two reasoning lengths at every level (half the items each):
+    at k = 1 the short step or a padded one, at k > 1 the walk or a terse jump to the answer, so
+    that a model can answer any item short or long; written to data/testbed-choice.
 
     Deterministic: the same task and seed write the same bytes.
     """

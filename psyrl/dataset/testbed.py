@@ -34,9 +34,10 @@ from pathlib import Path
 
 from psyrl.core.records import StimuliRecord, write_jsonl
 
-TASKS = ("drift", "swing")
+TASKS = ("drift", "swing", "choice")
 """The testbed tasks `psyrl demo-data --task` writes (beside the demo set, `demo`): `drift`, the
-signed shifts alone; `swing`, the same with mood swings among the events (SWINGS)."""
+signed shifts alone; `swing`, the same with mood swings among the events (SWINGS); `choice`, swing's
+items with reasoning at two lengths at every k (FORMS), so that a model can answer at either."""
 
 # the ordered mood scale: single common words, each its own token set under eq. 5's normalisation,
 # and distinct first tokens under psyrl's tiny tokenizer (with and without a leading space)
@@ -93,7 +94,12 @@ SWINGS: tuple[Event, ...] = (
 )
 ALL_EVENTS = EVENTS + SWINGS  # an item's events index this table in either task
 BANKS = {"drift": range(len(EVENTS)), "swing": range(len(ALL_EVENTS))}
-DEFAULT_DIRS = {"drift": "data/testbed", "swing": "data/testbed-swing"}  # the committed copies
+BANKS["choice"] = BANKS["swing"]
+DEFAULT_DIRS = {  # the committed copies
+    "drift": "data/testbed",
+    "swing": "data/testbed-swing",
+    "choice": "data/testbed-choice",
+}
 OPENERS = (
     "I woke up feeling {mood}.",
     "This morning I felt {mood}.",
@@ -115,6 +121,10 @@ KS = (1, 2, 3)
 # points over 3 seeds, evaluated in well under a minute per level on a CPU
 TRAIN_PER_ANSWER, TEST_PER_ANSWER = 85, 25
 TEST_FRACTION = 0.25  # of each answer's combinations, held out
+# choice's two reasoning forms per level, the first each level's one in drift and swing: at k = 1
+# the short step or a padded one as long as a k = 3 walk; at k > 1 the walk or a terse jump to the
+# answer as short as the k = 1 step (a guess the model must make in one pass, as a direct answer)
+FORMS = {1: ("short", "padded"), 2: ("full", "terse"), 3: ("full", "terse")}
 FILES = ("train.jsonl", "test.jsonl", *(f"test-k{k}.jsonl" for k in KS), "README.md")
 
 
@@ -153,16 +163,26 @@ class DriftItem:
     start: int  # index into LEVELS
     events: tuple[int, ...]  # indices into ALL_EVENTS, in story order
     levels: tuple[int, ...]  # the running level after each event; levels[-1] is the answer's
+    form: str  # the reasoning's form, one of FORMS[k]
 
 
-def reasoning_text(start: int, events: Sequence[int]) -> str:
-    """The SFT think text: one short clause for k = 1, one clause per event naming the running level
-    for k > 1."""
+def reasoning_text(start: int, events: Sequence[int], form: str | None = None) -> str:
+    """The SFT think text in `form` (default: the level's first, drift's and swing's): `short`,
+    one clause (k = 1); `full`, one clause per event naming the running level (k > 1); `padded`,
+    the k = 1 step walked and a closing clause; `terse`, the start and the final level only."""
     levels = running_levels(start, events)
-    if len(events) == 1:
-        return f"{_cap(LEVELS[start])}, then {ALL_EVENTS[events[0]].gist}: {LEVELS[levels[0]]}."
+    form = form or FORMS[len(events)][0]
+    if form not in FORMS[len(events)]:
+        raise ValueError(f"no {form!r} reasoning for {len(events)} events: {FORMS[len(events)]}")
+    mood, end = _cap(LEVELS[start]), LEVELS[levels[-1]]
+    if form == "short":
+        return f"{mood}, then {ALL_EVENTS[events[0]].gist}: {end}."
+    if form == "terse":
+        return f"{mood} to start; at the end: {end}."
     steps = [f"{_cap(ALL_EVENTS[e].gist)}: {LEVELS[lv]}." for e, lv in zip(events, levels)]
-    return " ".join([f"{_cap(LEVELS[start])} to start.", *steps])
+    if form == "padded":
+        steps.append(f"Nothing else happens, so at the end I still feel: {end}.")
+    return " ".join([f"{mood} to start.", *steps])
 
 
 def _story(start: int, events: Sequence[int], rng: random.Random) -> str:
@@ -233,8 +253,30 @@ def _level_items(k: int, seed: int, task: str = "drift") -> list[DriftItem]:
                 variable=f"{task}_k{k}",
                 reasoning=reasoning_text(start, events),
             )
-            items.append(DriftItem(record, k, split, start, tuple(events), levels))
+            form = FORMS[k][0]
+            items.append(DriftItem(record, k, split, start, tuple(events), levels, form))
     return items
+
+
+def _with_forms(items: list[DriftItem], seed: int) -> list[DriftItem]:
+    """swing's items as choice's: new ids and variable, and in each (k, split) a seeded half of the
+    items (exactly, rounded down) with the level's second reasoning form."""
+    out = list(items)
+    for k in KS:
+        for split in ("train", "test"):
+            rng = random.Random(f"testbed:choice:{seed}:k{k}:{split}")
+            where = [n for n, i in enumerate(items) if i.k == k and i.split == split]
+            second = set(rng.sample(where, len(where) // 2))
+            for n in where:
+                i, form = items[n], FORMS[k][n in second]
+                record = dataclasses.replace(
+                    i.record,
+                    id=i.record.id.replace("testbed/swing-", "testbed/choice-"),
+                    variable=f"choice_k{k}",
+                    reasoning=reasoning_text(i.start, i.events, form),
+                )
+                out[n] = dataclasses.replace(i, record=record, form=form)
+    return out
 
 
 @dataclass(frozen=True)
@@ -251,6 +293,8 @@ def generate(task: str = "drift", seed: int = 0) -> Testbed:
     """The whole testbed of `task` for `seed`: pure and deterministic."""
     if task not in TASKS:
         raise ValueError(f"unknown testbed task {task!r}; expected one of {', '.join(TASKS)}")
+    if task == "choice":  # swing's items, stories and all; only the reasoning differs
+        return Testbed(task, seed, _with_forms(generate("swing", seed).items, seed))
     return Testbed(task, seed, [item for k in KS for item in _level_items(k, seed, task)])
 
 
@@ -297,6 +341,43 @@ def shortcut_baselines(items: Sequence[DriftItem]) -> dict[int, dict[str, float]
 
 
 # ---------------------------------------------------------------- files
+TITLES = {
+    "drift": "mood drift",
+    "swing": "mood swing",
+    "choice": "mood swing, two reasoning lengths",
+}
+
+
+def _forms_section(bed: Testbed) -> list[str]:
+    """choice's README paragraph: the two reasoning forms per level, with an example and counts."""
+    rows = []
+    for k in KS:
+        for form in FORMS[k]:
+            items = [i for i in bed.items if i.k == k and i.form == form]
+            words = [len(i.record.reasoning.split()) for i in items]
+            train = sum(i.split == "train" for i in items)
+            rows.append(
+                f"| {k} | {form} | {items[0].record.reasoning} | {train} | {len(items) - train} "
+                f"| {min(words)}-{max(words)} |"
+            )
+    return [
+        "## Two reasoning lengths at every level",
+        "",
+        "The stories, questions and answers are those of `psyrl demo-data --task swing` with the",
+        "same seed; only the reasoning differs. In each level and split a seeded half of the items",
+        "has the level's second form: at k = 1 a padded step (as long as a k = 3 walk) instead of",
+        "the short one, at k > 1 a terse jump from the start to the answer (as short as the k = 1",
+        "step) instead of the walk. Every form ends on the answer word, so a model trained on it",
+        "can answer every level at either length: a terse answer to k > 1 is a guess made in one",
+        "pass, as a direct answer is; a padded answer to k = 1 is as right as a short one.",
+        "",
+        "| k | form | example | train | test | reasoning words |",
+        "| --- | --- | --- | ---: | ---: | ---: |",
+        *rows,
+        "",
+    ]
+
+
 def render_readme(bed: Testbed) -> str:
     """The output directory's README.md, generated with the data so that counts cannot drift."""
     baselines = shortcut_baselines(bed.items)
@@ -322,9 +403,9 @@ def render_readme(bed: Testbed) -> str:
         if e.shift == shift and not e.swing
     ]
     events += [f"| swing | {e.sentence} | {e.gist} |" for e in bank if e.swing]
-    swing = bed.task == "swing"
+    swing = bed.task != "drift"
     lines = [
-        f"# A SYNTHETIC testbed: mood {bed.task} (issue 43)",
+        f"# A SYNTHETIC testbed: {TITLES[bed.task]} (issue 43)",
         "",
         "**This data is synthetic.** Every line was generated by `psyrl/dataset/testbed.py` from a",
         f"fixed table of {len(bank)} events and 7 mood words. It is **not** the paper's StimuliQA, "
@@ -369,6 +450,7 @@ def render_readme(bed: Testbed) -> str:
         "| ---: | --- | --- |",
         *events,
         "",
+        *(_forms_section(bed) if bed.task == "choice" else []),
         "## Files",
         "",
         "| level | variable | train | test | reasoning words |",

@@ -46,7 +46,7 @@ def test_the_presets_are_the_shipped_files():
         "sft/tiny-self-train",
         *(f"tgrpo/{n}" for n in ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "tiny")),
     }
-    assert "table2-tiny" in experiment_presets() and len(experiment_presets()) == 24
+    assert "table2-tiny" in experiment_presets() and len(experiment_presets()) == 25
     assert assets_dir() == Path(os.path.realpath(ASSETS))  # this checkout is the package
 
 

@@ -1,7 +1,8 @@
-"""The testbed tasks (psyrl/dataset/testbed.py, issue 43), mood drift and mood swing: deterministic,
-the committed copies == a fresh generation, every answer recomputed from the story's own words,
-reasoning that grows with k, splits that share no combination of steps, shortcut baselines under a
-bound, files that `psyrl data check` accepts."""
+"""The testbed tasks (psyrl/dataset/testbed.py, issue 43), mood drift, mood swing and swing with two
+reasoning lengths (choice): deterministic, the committed copies == a fresh generation, every answer
+recomputed from the story's own words, reasoning that grows with k (choice: two lengths per level),
+splits that share no combination of steps, shortcut baselines under a bound, files that `psyrl data
+check` accepts."""
 
 import itertools
 import re
@@ -19,6 +20,7 @@ from psyrl.dataset.testbed import (
     EVENTS,
     FILES,
     FIRST,
+    FORMS,
     KS,
     LATER,
     LEVELS,
@@ -34,7 +36,11 @@ from psyrl.dataset.testbed import (
 )
 
 DATA = Path(__file__).resolve().parents[2] / "data"
-SHIPPED = {"drift": DATA / "testbed", "swing": DATA / "testbed-swing"}
+SHIPPED = {
+    "drift": DATA / "testbed",
+    "swing": DATA / "testbed-swing",
+    "choice": DATA / "testbed-choice",
+}
 
 
 @pytest.fixture(scope="module", params=TASKS)
@@ -129,9 +135,11 @@ def test_every_answer_is_the_clamped_walk_of_the_storys_own_events(bed):
         assert len(ops) == item.k and r.question in QUESTIONS, r.id
         assert r.answer == LEVELS[levels[-1]], r.id
         assert (start, tuple(levels)) == (item.start, item.levels), r.id
-        # the reasoning walks the same levels: the start, then one level per event
+        # the reasoning walks the same levels: the start, then one level per event (terse: the
+        # start and the answer; padded: the one step, then the answer again)
         named = [w for w in normalize(r.reasoning) if w in LEVELS]
-        assert named == [LEVELS[start]] + [LEVELS[lv] for lv in levels], r.id
+        walk = {"short": levels, "full": levels, "terse": levels[-1:], "padded": levels * 2}
+        assert named == [LEVELS[start]] + [LEVELS[lv] for lv in walk[item.form]], r.id
     # drift has no swing; in swing a fair share of the items has one (a fifth of the bank)
     assert swings == 0 if bed.task == "drift" else swings > 0.2 * len(bed.items)
 
@@ -158,11 +166,69 @@ def test_answers_are_balanced_and_reasoning_grows_with_k(bed):
         words[k] = [
             len(r.reasoning.split()) for r in bed.records("train", k) + bed.records("test", k)
         ]
+    if (
+        bed.task == "choice"
+    ):  # two lengths per level: test_choice_has_two_reasoning_lengths_per_level
+        return
     assert max(words[1]) < min(words[2]) and max(words[2]) < min(words[3]), words
     short = bed.records("train", 1)[0].reasoning
     assert re.fullmatch(r"[A-Z][a-z]+, then [^:]+: [a-z]+\.", short), short
     step = bed.records("train", 3)[0].reasoning
     assert re.fullmatch(r"[A-Z][a-z]+ to start\.( [A-Z][^:]*: [a-z]+\.){3}", step), step
+
+
+def test_choice_has_two_reasoning_lengths_per_level():
+    choice, swing = generate("choice", 0), generate("swing", 0)
+    # swing's items, only the ids, the variable and the reasoning's form differ
+    assert len(choice.items) == len(swing.items)
+    for c, s in zip(choice.items, swing.items):
+        assert c.record.id == s.record.id.replace("/swing-", "/choice-")
+        assert c.record.variable == f"choice_k{c.k}" and s.form == FORMS[s.k][0]
+        assert (c.record.stimuli, c.record.question, c.record.answer) == (
+            s.record.stimuli,
+            s.record.question,
+            s.record.answer,
+        )
+        assert (c.k, c.split, c.start, c.events) == (s.k, s.split, s.start, s.events)
+        if c.form == FORMS[c.k][0]:
+            assert c.record.reasoning == s.record.reasoning
+    words = {}
+    for k in KS:
+        for split in ("train", "test"):
+            forms = Counter(i.form for i in choice.items if i.k == k and i.split == split)
+            count = sum(forms.values())
+            assert forms == {FORMS[k][0]: count - count // 2, FORMS[k][1]: count // 2}, (k, split)
+        for form in FORMS[k]:
+            words[form, k] = [
+                len(i.record.reasoning.split()) for i in choice.items if (i.k, i.form) == (k, form)
+            ]
+    # at every level a short and a long form: padded k = 1 as long as a k = 3 walk, terse k > 1 as
+    # short as the k = 1 step
+    assert (
+        max(words["short", 1])
+        < min(words["terse", 2])
+        <= max(words["terse", 3])
+        < min(words["full", 2])
+    )
+    assert max(words["full", 3]) < min(words["padded", 1])
+    first = {i.form: i.record.reasoning for i in choice.items if i.k == 1}
+    assert re.fullmatch(
+        r"[A-Z][a-z]+ to start\. [A-Z][^:]*: ([a-z]+)\. "
+        r"Nothing else happens, so at the end I still feel: \1\.",
+        first["padded"],
+    ), first["padded"]
+    terse = next(i.record.reasoning for i in choice.items if i.form == "terse")
+    assert re.fullmatch(r"[A-Z][a-z]+ to start; at the end: [a-z]+\.", terse), terse
+
+
+def test_a_form_that_its_level_does_not_have_is_refused():
+    from psyrl.dataset.testbed import reasoning_text
+
+    assert reasoning_text(3, [0], "padded").endswith("at the end I still feel: happy.")
+    with pytest.raises(ValueError, match="no 'terse' reasoning for 1 events"):
+        reasoning_text(3, [0], "terse")
+    with pytest.raises(ValueError, match="no 'padded' reasoning for 2 events"):
+        reasoning_text(3, [0, 1], "padded")
 
 
 def test_train_and_test_share_no_combination_of_steps_and_no_story(bed):
