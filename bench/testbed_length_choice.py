@@ -1,14 +1,17 @@
 """The length-choice testbed (issue 43, docs/testbed.md): the forms a model answers in, per level.
 
     python bench/testbed_length_choice.py forms PREDICTIONS.jsonl ...
+    python bench/testbed_length_choice.py table RUNS    # RUNS: <output-dir>/testbed-choice-tiny
     python bench/testbed_length_choice.py data OUT    # the first pilot's data (below)
 
 `forms`: per level, the share of responses in each reasoning form of `psyrl demo-data --task choice`
 (terse: "; at the end:", padded: "Nothing else happens", else short at k = 1 and full at k > 1),
-and F1 x100 and mean response tokens per form. `data`: the first pilot's data, before the
-generator had the task: each training item of data/testbed-swing/ keeps its reasoning or, with
-probability 0.5 (random.Random(0)), gets "<Start> to start; at the end: <answer>."; the test files
-are unchanged.
+and F1 x100 and mean response tokens per form. `table`: for testbed-choice-tiny's rows, a markdown
+table: per level the share of responses in the long form (padded at k = 1, full at k > 1), the
+mean over seeds and each seed's, and F1 x100 per form, the seeds pooled. `data`: the first pilot's
+data, before the generator had the task: each training item of data/testbed-swing/ keeps its
+reasoning or, with probability 0.5 (random.Random(0)), gets "<Start> to start; at the end:
+<answer>."; the test files are unchanged.
 """
 
 from __future__ import annotations
@@ -75,9 +78,56 @@ def forms(path: Path) -> None:
         print(f"  {level}: all F1 {100 * statistics.mean(every):.1f} | " + " | ".join(cells))
 
 
+ROWS = {
+    "cot": "CoT (the stand-in)",
+    "base": "Basic R1",
+    "bilateral": "BR",
+    "base-cache": "Basic R1, cache scope",
+    "bilateral-cache": "BR, cache scope",
+    "base-cache-token": "Basic R1, cache scope, token-mean",
+    "bilateral-cache-token": "BR, cache scope, token-mean",
+}
+LONG = {"k1": "padded", "k2": "full", "k3": "full"}
+SHORT = {"k1": "short", "k2": "terse", "k3": "terse"}
+
+
+def table(root: Path) -> None:
+    print(
+        "| run | " + " | ".join(f"{k}: long form % (per seed); F1 short, long" for k in LONG) + " |"
+    )
+    print("| --- |" + " --- |" * len(LONG))
+    for run, label in ROWS.items():
+        seeds = sorted(root.glob(f"{run}-seed*/**/predictions.jsonl"))
+        if not seeds:
+            continue
+        per_seed = []
+        for path in seeds:
+            rows = defaultdict(list)
+            for line in path.read_text().splitlines():
+                r = json.loads(line)
+                level = r["benchmark"].rsplit("-", 1)[-1]
+                rows[level, form_of(r["response"], level)].append(r)
+            per_seed.append(rows)
+        cells = []
+        for level in LONG:
+            shares = [
+                len(s[level, LONG[level]]) / sum(len(s[level, f]) for f in FORMS) for s in per_seed
+            ]
+            f1 = {
+                form: [r["f1"] for s in per_seed for r in s[level, form]]
+                for form in (SHORT[level], LONG[level])
+            }
+            scores = ", ".join(f"{100 * statistics.mean(v):.1f}" if v else "-" for v in f1.values())
+            each = "/".join(f"{100 * x:.0f}" for x in shares)
+            cells.append(f"{100 * statistics.mean(shares):.0f} ({each}); {scores}")
+        print(f"| {label} ({len(seeds)} seeds) | " + " | ".join(cells) + " |")
+
+
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "data":
         make_data(Path(sys.argv[2]))
+    elif len(sys.argv) == 3 and sys.argv[1] == "table":
+        table(Path(sys.argv[2]))
     elif len(sys.argv) >= 3 and sys.argv[1] == "forms":
         for p in sys.argv[2:]:
             forms(Path(p))

@@ -221,7 +221,8 @@ def test_testbed_reward_rows_differ_only_in_the_reward_variant(monkeypatch):
 
 def test_the_length_choice_file_is_the_testbed_file_on_other_data(monkeypatch):
     """testbed-choice-tiny runs testbed-tiny's Basic R1 and BR rows (both scopes) and its
-    evaluation unchanged but for the data: nothing chosen again on the new testbed."""
+    evaluation unchanged but for the data (nothing chosen again on the new testbed), and the cache
+    pair once more with token-mean aggregation."""
     from psyrl.core.config import config_changes
 
     monkeypatch.chdir(REPO)
@@ -236,12 +237,16 @@ def test_the_length_choice_file_is_the_testbed_file_on_other_data(monkeypatch):
         }
 
     ours, theirs = configs(choice), configs(swing)
-    assert set(ours) == {"instruct", "base", "bilateral", "base-cache", "bilateral-cache"}
+    shared = {"instruct", "base", "bilateral", "base-cache", "bilateral-cache"}
+    assert set(ours) == shared | {"base-cache-token", "bilateral-cache-token"}
     for name, cfg in ours.items():
-        changed = set(config_changes(theirs[name], cfg))
+        # the two token-mean rows are the cache rows with DAPO's loss aggregation
+        changed = set(config_changes(theirs[name.removesuffix("-token")], cfg))
         steps = {"run.steps", "checkpoint.every"} if name == "instruct" else set()
-        expected = {"data.train_file", "data.valid_file"} | steps
+        token = {"loss.agg"} if name.endswith("-token") else set()
+        expected = {"data.train_file", "data.valid_file"} | steps | token
         assert changed == expected, name
+        assert cfg.loss.agg == ("token-mean" if token else "seq-mean-token-mean")
         assert cfg.data.train_file == "data/testbed-choice/train.jsonl"
         assert cfg.data.valid_file == "data/testbed-choice/test.jsonl"
     assert ours["instruct"].run.steps == 800 and theirs["instruct"].run.steps == 400
