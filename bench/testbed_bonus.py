@@ -7,7 +7,9 @@ step with its reward components and advantage), per logged step:
 - L-bar, the cache's mean length, from a right answer's `len` and `short` components: where both
   apply len / short = ratio^2 (eq. 13-14), so ratio = sqrt(len / short) and L-bar = L / ratio;
 - the groups, those whose right answers got different bonuses, and those whose advantages differ
-  from Basic R1's (the group z-score of 0.5 F1 + 0.5 format, eq. 11) by more than 1e-3.
+  from Basic R1's (the group z-score of 0.5 F1 + 0.5 format, eq. 11) by more than 1e-3;
+- per level over the logged steps, the groups whose samples all got one final reward (no signal
+  at the group scope).
 Then, of the run's held-out evaluation (eval/predictions.jsonl), the right answers' lengths per
 level and the share eq. 8 would pay as short (< tau- L-bar) or long (> tau+ L-bar) at the mean
 L-bar.
@@ -66,7 +68,7 @@ def metric_means(run: Path) -> None:
 
 
 def steps(run: Path) -> list[float]:
-    means = []
+    means, flat = [], defaultdict(list)
     print(
         f"{run.name}: step | L-bar | groups | right answers with different bonuses"
         " | advantages != Basic R1's"
@@ -84,6 +86,13 @@ def steps(run: Path) -> list[float]:
         mean = _mean_length(rows)
         means.append(mean)
         print(f"  {path.stem} | {mean:.1f} | {len(groups)} | {mixed} | {differ}")
+        for key, g in groups.items():  # per level: the groups, and those without a signal
+            level = key.split("/")[1].rsplit("-", 1)[-1]
+            flat[level] += [len({r["final"] for r in g}) == 1]
+    print(
+        "  logged groups with one final reward for all samples, per level: "
+        + ", ".join(f"{k} {sum(v)} of {len(v)}" for k, v in sorted(flat.items()))
+    )
     return [m for m in means if m is not None]
 
 
