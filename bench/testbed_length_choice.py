@@ -24,6 +24,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from psyrl.eval.benchmarks import read_predictions
+
 SOURCE = Path(__file__).resolve().parent.parent / "data" / "testbed-swing"
 
 
@@ -59,12 +61,18 @@ def form_of(response: str, level: str) -> str:
 FORMS = ("short", "padded", "terse", "full")
 
 
-def forms(path: Path) -> None:
+def by_form(path: Path) -> dict[tuple[str, str], list[dict]]:
+    """A predictions.jsonl's rows grouped by (level, form), the level read from the benchmark
+    name (test-k1 -> k1)."""
     groups = defaultdict(list)
-    for line in path.read_text().splitlines():
-        r = json.loads(line)
+    for r in read_predictions(path)[0]:
         level = r["benchmark"].rsplit("-", 1)[-1]
         groups[level, form_of(r["response"], level)].append(r)
+    return groups
+
+
+def forms(path: Path) -> None:
+    groups = by_form(path)
     print(path)
     for level in ("k1", "k2", "k3"):
         count = sum(len(groups[level, f]) for f in FORMS)
@@ -100,14 +108,7 @@ def table(root: Path) -> None:
         seeds = sorted(root.glob(f"{run}-seed*/**/predictions.jsonl"))
         if not seeds:
             continue
-        per_seed = []
-        for path in seeds:
-            rows = defaultdict(list)
-            for line in path.read_text().splitlines():
-                r = json.loads(line)
-                level = r["benchmark"].rsplit("-", 1)[-1]
-                rows[level, form_of(r["response"], level)].append(r)
-            per_seed.append(rows)
+        per_seed = [by_form(path) for path in seeds]
         cells = []
         for level in LONG:
             shares = [

@@ -134,6 +134,16 @@ def run_config(experiment, unit):
     return load_config(unit.run.config, sets)
 
 
+def trainer_configs(experiment, kinds=("sft", "tgrpo")):
+    """Run name -> its resolved config (run_config) for each run of `kinds`, at seed 0 (or the
+    run's only unit when it has no seeds)."""
+    return {
+        u.run.name: run_config(experiment, u)
+        for u in plan(experiment)
+        if u.run.kind in kinds and u.seed in (0, None)
+    }
+
+
 # tiny SFT runs that stand in for a model the paper starts from, evaluated as it is: table2-tiny's
 # for Qwen2.5-Instruct (its prompting rows); fig6-tiny's and rq4-tiny's start RL or self-training
 STAND_INS = {
@@ -201,11 +211,7 @@ def test_testbed_reward_rows_differ_only_in_the_reward_variant(monkeypatch):
 
     monkeypatch.chdir(REPO)
     experiment = load_experiment(REPO / "experiments" / "testbed-tiny.toml")
-    configs = {
-        unit.run.name: run_config(experiment, unit)
-        for unit in plan(experiment)
-        if unit.run.kind == "tgrpo" and unit.seed == 0
-    }
+    configs = trainer_configs(experiment, ("tgrpo",))
     variants = {"base", "length", "short", "length_rp", "bilateral"}
     assert set(configs) == variants | {"base-cache", "bilateral-cache"}
     base = configs["base"]
@@ -229,14 +235,7 @@ def test_the_length_choice_file_is_the_testbed_file_on_other_data(monkeypatch):
     swing = load_experiment(REPO / "experiments" / "testbed-tiny.toml")
     choice = load_experiment(REPO / "experiments" / "testbed-choice-tiny.toml")
 
-    def configs(experiment):
-        return {
-            u.run.name: run_config(experiment, u)
-            for u in plan(experiment)
-            if u.run.kind in ("sft", "tgrpo") and u.seed in (0, None)
-        }
-
-    ours, theirs = configs(choice), configs(swing)
+    ours, theirs = trainer_configs(choice), trainer_configs(swing)
     shared = {"instruct", "base", "bilateral", "base-cache", "bilateral-cache"}
     assert set(ours) == shared | {"base-cache-token", "bilateral-cache-token"}
     for name, cfg in ours.items():
