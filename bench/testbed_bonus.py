@@ -9,7 +9,8 @@ step with its reward components and advantage), per logged step:
 - the groups, those whose right answers got different bonuses, and those whose advantages differ
   from Basic R1's (the group z-score of 0.5 F1 + 0.5 format, eq. 11) by more than 1e-3;
 - per level over the logged steps, the groups whose samples all got one final reward (no signal
-  at the group scope).
+  at the group scope), the right answers with a positive advantage, and the largest repetition
+  penalty.
 Then, of the run's held-out evaluation (eval/predictions.jsonl), the right answers' lengths per
 level and the share eq. 8 would pay as short (< tau- L-bar) or long (> tau+ L-bar) at the mean
 L-bar.
@@ -63,12 +64,13 @@ def metric_means(run: Path) -> None:
         f" entropy {mean('actor/entropy'):.3f}, format {mean('reward/format'):.3f}"
         f" (lowest {min(r['reward/format'] for r in rows):.4f}),"
         f" paid short {mean('reward/br_short_fraction'):.3f},"
-        f" long {mean('reward/br_long_fraction'):.3f}"
+        f" long {mean('reward/br_long_fraction'):.3f}, grad norm {mean('actor/grad_norm'):.3f},"
+        f" KL to the reference {mean('actor/kl'):.4f}"
     )
 
 
 def steps(run: Path) -> list[float]:
-    means, flat = [], defaultdict(list)
+    means, flat, right, rep = [], defaultdict(list), defaultdict(list), defaultdict(float)
     print(
         f"{run.name}: step | L-bar | groups | right answers with different bonuses"
         " | advantages != Basic R1's"
@@ -89,9 +91,15 @@ def steps(run: Path) -> list[float]:
         for key, g in groups.items():  # per level: the groups, and those without a signal
             level = key.split("/")[1].rsplit("-", 1)[-1]
             flat[level] += [len({r["final"] for r in g}) == 1]
+            right[level] += [r["advantage"] > 0 for r in g if r["f1"] > 0]
+            rep[level] = max([rep[level]] + [r["rep"] for r in g])
     print(
         "  logged groups with one final reward for all samples, per level: "
         + ", ".join(f"{k} {sum(v)} of {len(v)}" for k, v in sorted(flat.items()))
+    )
+    print(
+        "  logged right answers with a positive advantage, and the largest repetition penalty: "
+        + ", ".join(f"{k} {sum(v)} of {len(v)}, {rep[k]:.2f}" for k, v in sorted(right.items()))
     )
     return [m for m in means if m is not None]
 

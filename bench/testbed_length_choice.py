@@ -2,13 +2,16 @@
 
     python bench/testbed_length_choice.py forms PREDICTIONS.jsonl ...
     python bench/testbed_length_choice.py table RUNS    # RUNS: <output-dir>/testbed-choice-tiny
+    python bench/testbed_length_choice.py tokens      # reasoning tokens per level and form
     python bench/testbed_length_choice.py data OUT    # the first pilot's data (below)
 
 `forms`: per level, the share of responses in each reasoning form of `psyrl demo-data --task choice`
 (terse: "; at the end:", padded: "Nothing else happens", else short at k = 1 and full at k > 1),
 and F1 x100 and mean response tokens per form. `table`: for testbed-choice-tiny's rows, a markdown
 table: per level the share of responses in the long form (padded at k = 1, full at k > 1), the
-mean over seeds and each seed's, and F1 x100 per form, the seeds pooled. `data`: the first pilot's
+mean over seeds and each seed's, and F1 x100 per form, the seeds pooled. `tokens`: the reasoning
+texts of `psyrl demo-data --task choice --seed 0` (both splits) in the tiny tokenizer's tokens,
+min / mean / max per level and form. `data`: the first pilot's
 data, before the generator had the task: each training item of data/testbed-swing/ keeps its
 reasoning or, with probability 0.5 (random.Random(0)), gets "<Start> to start; at the end:
 <answer>."; the test files are unchanged.
@@ -124,9 +127,26 @@ def table(root: Path) -> None:
         print(f"| {label} ({len(seeds)} seeds) | " + " | ".join(cells) + " |")
 
 
+def tokens() -> None:
+    from psyrl.core.config import ModelConfig
+    from psyrl.dataset.testbed import FORMS as LEVEL_FORMS
+    from psyrl.dataset.testbed import generate
+    from psyrl.runtime.model import load_tokenizer
+
+    tokenizer = load_tokenizer(ModelConfig(tokenizer="tiny"))
+    items = generate("choice", 0).items
+    for k, level_forms in LEVEL_FORMS.items():
+        for form in level_forms:
+            texts = [i.record.reasoning for i in items if (i.k, i.form) == (k, form)]
+            counts = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+            print(f"k{k} {form}: {min(counts)} / {statistics.mean(counts):.1f} / {max(counts)}")
+
+
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "data":
         make_data(Path(sys.argv[2]))
+    elif len(sys.argv) == 2 and sys.argv[1] == "tokens":
+        tokens()
     elif len(sys.argv) == 3 and sys.argv[1] == "table":
         table(Path(sys.argv[2]))
     elif len(sys.argv) >= 3 and sys.argv[1] == "forms":

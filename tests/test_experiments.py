@@ -205,8 +205,8 @@ def test_every_run_config_loads(path, monkeypatch):
 def test_testbed_reward_rows_differ_only_in_the_reward_variant(monkeypatch):
     """Issue 43 item 4: on the testbed, every T-GRPO row shares all but its reward variant (and the
     advantage scope of the eq. 2 pair), so what was chosen on the Basic R1 row (the rollout
-    temperature) holds for every row, and the reward's constants are the tiny config's (the
-    paper's δ, τ−, τ+, τ_rep)."""
+    temperature) holds for every row, and the reward's constants are the tiny config's (SPEC's
+    δ, τ−, τ+, τ_rep; the paper gives no values)."""
     from psyrl.core.config import config_changes, load_config
 
     monkeypatch.chdir(REPO)
