@@ -5,12 +5,24 @@ Each item is one POST of `{base_url}/chat/completions` with the chat messages ps
 (`psyrl.core.prompts.messages`; the server applies its own chat template), the item's seed (`seed`),
 `temperature`, `top_p` and `max_tokens`. Requests run on a pool of threads; a 429, a 5xx, a
 malformed answer, a refused connection or a timeout is retried with exponential backoff and jitter
-(a `Retry-After` header is honoured), any other 4xx fails at once. The API key is read from an
-environment variable and only ever sent in the `Authorization` header: it is never returned,
-recorded or printed (error messages have it masked). The LLM judge (psyrl.signals.judge) sends its
-rubric through the same client: its `accept` retries an answer without a score like a malformed
-one, and `complete_all`'s `deadline` and `keep_failures` give it a step timeout and a fallback per
-response.
+(a `Retry-After` header is honoured), any other 4xx fails at once; a 401 or 403 (a wrong key) and
+a request that cannot be sent are `fatal`: `complete_all` raises them even where it keeps failures.
+
+The API key is read from an environment variable and only ever sent in the `Authorization` header:
+it is never returned, recorded or printed. A key or URL that a request cannot carry (anything but
+printable ASCII) is refused when the client is made, and so is a URL holding a user name or password
+(it would be printed and recorded with the URL). Error messages mask the key in every form a server
+may echo it: as sent, JSON-escaped (`\\/`, `\\u002f`) or percent-encoded. Requests go straight to
+the endpoint: the environment's http_proxy/https_proxy are not used, since they would carry the key
+through a proxy named for other traffic; `ApiOptions.proxy` names one for this endpoint alone.
+
+The LLM judge (psyrl.signals.judge) sends its rubric through the same client: its `accept` refuses
+an answer without a score, and `complete_all`'s `deadline` and `keep_failures` give it a step
+timeout and a fallback per response. A refused answer to a temperature-0 request is not asked
+again: a server answers the same request the same way, so an unchanged retry only spends time
+(a body that is not a chat completion at all, a transport fault, is still retried). Requests
+still in flight when `complete_all` ends (a deadline, a failure) have their connections shut, so
+their threads end at once instead of waiting out `timeout`.
 
 The standard library only (urllib, threads): `evaluate --help` imports this module and must stay
 instant.
@@ -23,13 +35,17 @@ import json
 import os
 import queue
 import random
+import re
+import socket
 import threading
 import time
+import unicodedata
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from weakref import WeakSet
 
 from psyrl.core.errors import PsyrlError
 
@@ -40,7 +56,12 @@ BODY_SHOWN = 200  # characters of an error response shown in the message
 
 class ApiError(PsyrlError):
     """A request that failed for good: the message names the URL, the HTTP status and the start of
-    the response body (or the connection error)."""
+    the response body (or the connection error). `fatal`: no other request can fare better (a 401
+    or 403, a request that cannot be sent), so the caller stops instead of falling back."""
+
+    def __init__(self, message: str, fatal: bool = False):
+        super().__init__(message)
+        self.fatal = fatal
 
 
 @dataclass(frozen=True)
@@ -61,6 +82,9 @@ class ApiOptions:
     """Further attempts after a retryable failure."""
     retry_wait: float
     """The first backoff in seconds; it doubles per attempt (up to RETRY_WAIT_MAX), with jitter."""
+    proxy: str = ""
+    """An http(s) proxy URL for this endpoint alone; empty: none (http_proxy and https_proxy in the
+    environment are not used)."""
 
     @property
     def url(self) -> str:
@@ -86,9 +110,39 @@ class _Retryable(Exception):
         self.retry_after = retry_after
 
 
+class _Refused(_Retryable):
+    """An answer that `accept` refused: the model's own answer, not a transport fault."""
+
+
+def unsendable(text: str) -> str | None:
+    """The first character of `text` that an HTTP request line or header cannot carry (anything but
+    printable ASCII), as `U+2011 NON-BREAKING HYPHEN at character 7`; None if there is none."""
+    for i, c in enumerate(text):
+        if not " " < c < "\x7f":
+            name = unicodedata.name(c, "")
+            return f"U+{ord(c):04X}{' ' + name if name else ''} at character {i + 1}"
+    return None
+
+
 def url_problem(base_url: str) -> str | None:
-    """Why --base-url is not usable (None if it is): an http(s) URL with a host."""
-    parts = urllib.parse.urlsplit(base_url)
+    """Why --base-url is not usable (None if it is): an http(s) URL with a host, in printable ASCII,
+    with no user name or password (the message never shows them)."""
+    try:
+        parts = urllib.parse.urlsplit(base_url)
+        parts.port  # noqa: B018 -- a port that is not a number raises here, not at the first request
+    except ValueError as e:
+        return f"--base-url is not a URL ({e}): {_without_credentials(base_url)!r}"
+    if "@" in parts.netloc:
+        return (
+            "--base-url holds a user name or password (user:password@host): they would be printed "
+            "and recorded with the URL; remove them and give the key by its environment variable, "
+            f"got {_without_credentials(base_url)!r}"
+        )
+    if where := unsendable(base_url):
+        return (
+            f"--base-url holds {where}: a request cannot be sent to it (percent-encode the path, "
+            f"write a host in its xn-- form), got {base_url!r}"
+        )
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return (
             f"--base-url must be an http(s) URL such as https://api.openai.com/v1 or "
@@ -151,6 +205,49 @@ def backoff(attempt: int, first: float, after: float | None, rng: random.Random)
     return max(wait_s, after or 0.0)
 
 
+def key_pattern(key: str) -> str:
+    """A regular expression matching `key` as sent and as a server may echo it, each character
+    alone: JSON-escaped (`\\/`, `\\u002F`, escaped again inside a JSON string) or percent-encoded
+    (`%2F`, `%252F`), hex digits in either case. The key is printable ASCII (the client refuses any
+    other)."""
+    forms = []
+    for c in key:
+        digits = "".join(f"[{d}{d.upper()}]" if d.isalpha() else d for d in f"{ord(c):02x}")
+        form = rf"\\*{re.escape(c)}|\\+[uU]00{digits}|%(?:25)*{digits}"
+        forms.append(f"(?:{form}{'|[+]' if c == ' ' else ''})")
+    return "".join(forms)
+
+
+class _Sockets:
+    """The connections a client has open, so that `stop` can shut them: a thread blocked reading an
+    answer then ends at once instead of after `timeout`."""
+
+    def __init__(self):
+        self._open: WeakSet[socket.socket] = WeakSet()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def add(self, sock: socket.socket) -> None:
+        with self._lock:
+            if not self._closed:
+                self._open.add(sock)
+                return
+        _shut(sock)  # stopped while it connected
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed, shut = True, list(self._open)
+        for sock in shut:
+            _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:  # socket.socket's own shutdown: an SSLSocket's would unwrap TLS under a reading thread
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:  # already closed
+        pass
+
+
 class Client:
     """POSTs chat completions to one endpoint, with the retry rule above."""
 
@@ -167,9 +264,26 @@ class Client:
         key = (environ.get(options.key_env) or "").strip()  # a CRLF .env file leaves a \r
         if any(ord(c) < 32 or ord(c) == 127 for c in key):
             raise ApiError(f"${options.key_env} holds control characters: not a usable key")
+        if where := unsendable(key):  # http.client would raise UnicodeEncodeError at the first send
+            raise ApiError(
+                f"${options.key_env} holds {where}: an API key is printable ASCII without "
+                "spaces (a hyphen or quote pasted from a formatted page?); not a usable key"
+            )
+        for url in (options.base_url, options.proxy):
+            if url and (problem := url_problem(url)):
+                raise ApiError(problem, fatal=True)
         self._key = key or None
-        # a redirect would re-send the Authorization header to the host it names: refused
-        self._opener = urllib.request.build_opener(_NoRedirect)
+        self._mask = re.compile(key_pattern(key)) if key else None
+        self._mask_bytes = re.compile(key_pattern(key).encode("ascii")) if key else None
+        self._sockets = _Sockets()
+        proxies = {"http": options.proxy, "https": options.proxy} if options.proxy else {}
+        # no proxy from the environment; a redirect would re-send the key to the host it names
+        self._opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler(proxies),
+            _NoRedirect,
+            _TrackedHTTP(self._sockets),
+            _TrackedHTTPS(self._sockets),
+        )
         self._stop = threading.Event()  # set on the first failure: the other threads give up
         self._rng = random.Random()
 
@@ -178,7 +292,9 @@ class Client:
         return self._key is not None
 
     def stop(self) -> None:
+        """No new attempt starts, and the connections open now are shut (their threads end)."""
         self._stop.set()
+        self._sockets.close()
 
     def complete(self, body: dict):
         """One item's answer (a Completion, or what `accept` made of it); an ApiError once the
@@ -205,14 +321,31 @@ class Client:
                     ) from None
                 problem = f"HTTP {e.code}: {_shown(self._masked_text(_read(e)))}"
                 if e.code != 429 and not 500 <= e.code < 600:
-                    raise ApiError(self._masked(f"{opts.url}: {problem}")) from None
+                    # a wrong key or a forbidden model: every other request gets the same
+                    fatal = e.code in (401, 403)
+                    raise ApiError(self._masked(f"{opts.url}: {problem}"), fatal=fatal) from None
                 failure = _Retryable(problem, retry_after(e.headers.get("Retry-After")))
+            except _Refused as e:
+                if body.get("temperature") == 0:
+                    raise ApiError(
+                        self._masked(
+                            f"{opts.url}: {e} (a temperature-0 request: not asked again unchanged)"
+                        )
+                    ) from None
+                failure = e
             except _Retryable as e:
                 failure = e
             except urllib.error.URLError as e:
                 failure = _Retryable(f"no connection ({e.reason})")
             except (http.client.HTTPException, OSError) as e:  # a timeout, a reset connection
                 failure = _Retryable(f"{type(e).__name__}: {str(e) or 'no detail'}")
+            except (UnicodeError, ValueError) as e:  # what no retry can send
+                raise ApiError(
+                    self._masked(
+                        f"{opts.url}: the request cannot be sent ({type(e).__name__}: {e})"
+                    ),
+                    fatal=True,
+                ) from None
             if failure.retry_after is not None and failure.retry_after > RETRY_AFTER_MAX:
                 raise ApiError(
                     self._masked(
@@ -233,16 +366,16 @@ class Client:
             return self._accept(answer)
         except ValueError as e:
             text = _shown(self._masked_text(answer.text.encode("utf-8")))
-            raise _Retryable(f"answer refused ({e}): {text}") from None
+            raise _Refused(f"answer refused ({e}): {text}") from None
 
     def _masked_text(self, payload: bytes) -> bytes:
-        """The body with the key masked before it is cut to BODY_SHOWN characters (a cut key would
-        print its prefix)."""
-        return payload.replace(self._key.encode(), b"***") if self._key else payload
+        """The body with the key masked (in every form of `key_pattern`) before it is cut to
+        BODY_SHOWN characters (a cut key would print its prefix)."""
+        return self._mask_bytes.sub(b"***", payload) if self._mask_bytes else payload
 
     def _masked(self, message: str) -> str:
         """An error body may echo the key (a proxy, a debug server): never print it."""
-        return message.replace(self._key, "***") if self._key else message
+        return self._mask.sub("***", message) if self._mask else message
 
 
 def complete_all(
@@ -262,9 +395,10 @@ def complete_all(
     the message or the exit back.
 
     `keep_failures`: a request that failed for good is yielded as (job, its ApiError) instead, and
-    the others go on. `deadline` (a time.monotonic() value): once it passes, no request starts and
-    none is awaited; the generator ends, the requests still in flight are stopped and not
-    yielded."""
+    the others go on; a `fatal` ApiError (a 401 or 403) is raised all the same. `deadline` (a
+    time.monotonic() value): once it passes, no request starts and none is awaited; the generator
+    ends, the requests still in flight are stopped (their connections shut, so their threads end)
+    and not yielded."""
     jobs, finished = iter(jobs), queue.SimpleQueue()
     running = 0
 
@@ -295,7 +429,7 @@ def complete_all(
             except queue.Empty:
                 return  # the deadline passed: the finally stops those in flight
             running -= 1
-            if isinstance(error, ApiError) and keep_failures:
+            if isinstance(error, ApiError) and keep_failures and not error.fatal:
                 answer, error = error, None
             if error is not None:
                 client.stop()  # the threads still retrying give up
@@ -313,6 +447,50 @@ def complete_all(
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args, **kwargs):
         return None  # the 3xx then surfaces as an HTTPError
+
+
+def _tracked(connection: type, sockets: _Sockets):
+    """`connection` (http.client's HTTP(S)Connection) whose socket joins `sockets` once open."""
+
+    def make(*args, **kwargs):
+        conn = connection(*args, **kwargs)
+        connect = conn.connect
+
+        def tracked_connect():
+            connect()
+            sockets.add(conn.sock)
+
+        conn.connect = tracked_connect
+        return conn
+
+    return make
+
+
+class _TrackedHTTP(urllib.request.HTTPHandler):
+    def __init__(self, sockets: _Sockets):
+        super().__init__()
+        self._sockets = sockets
+
+    def do_open(self, http_class, req, **kwargs):
+        return super().do_open(_tracked(http_class, self._sockets), req, **kwargs)
+
+
+class _TrackedHTTPS(urllib.request.HTTPSHandler):
+    def __init__(self, sockets: _Sockets):
+        super().__init__()
+        self._sockets = sockets
+
+    def do_open(self, http_class, req, **kwargs):
+        return super().do_open(_tracked(http_class, self._sockets), req, **kwargs)
+
+
+def _without_credentials(url: str) -> str:
+    """`url` with anything before an `@` in its host part shown as ***."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    netloc, slash, path = rest.partition("/")
+    return f"{scheme}://{'***@' if '@' in netloc else ''}{netloc.rpartition('@')[2]}{slash}{path}"
 
 
 def _read(error: urllib.error.HTTPError) -> bytes:
