@@ -78,16 +78,17 @@ class ScoringStub:
 
     def handle(self, handler, body):
         prompt = body["messages"][-1]["content"]
-        gold = prompt.split("Gold answer:\n")[1].split("\n")[0].strip().lower()
-        prediction = prompt.split("Predicted answer:\n")[1].strip().lower()
-        score = 0.9 if gold in prediction.split() else 0.2
+        token = prompt.rsplit("SCORE[", 1)[1].split("]")[0]
+        gold = prompt.split(f"<gold {token}>\n")[1].split("\n")[0].strip().lower()
+        prediction = prompt.split(f"<prediction {token}>\n")[1].split(f"\n</prediction {token}>")[0]
+        score = 0.9 if gold in prediction.strip().lower().split() else 0.2
         self.requests += 1
         self.headers.add(handler.headers.get("Authorization"))
         data = json.dumps(
             {
                 "choices": [
                     {
-                        "message": {"role": "assistant", "content": f"SCORE: {score}"},
+                        "message": {"role": "assistant", "content": f"SCORE[{token}]: {score}"},
                         "finish_reason": "stop",
                     }
                 ],

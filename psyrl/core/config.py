@@ -345,16 +345,18 @@ class RewardConfig:
             bad = [name for name in getattr(self, key) if name not in signals]
             require(not bad, key, f"expected names among {', '.join(signals)}, got {bad}")
         if self.accuracy == "mix":
+            # an empty list was not set: the key that asks for it is accuracy's (where it says so)
             require(
                 self.mix,
-                "mix",
-                'accuracy = "mix" needs the signals to mix, e.g. ["f1", "semantic"]',
+                "accuracy",
+                'accuracy = "mix" needs reward.mix, the signals to mix, e.g. ["f1", "semantic"], '
+                "and reward.mix_weights",
             )
             require(
                 len(self.mix_weights) == len(self.mix),
-                "mix_weights",
-                f"expected one weight per reward.mix entry ({len(self.mix)}), got "
-                f"{len(self.mix_weights)}",
+                "mix_weights" if self.mix_weights else "accuracy",
+                f'accuracy = "mix" needs one reward.mix_weights entry per reward.mix entry '
+                f"({len(self.mix)}), got {len(self.mix_weights)}",
             )
             require(
                 all(w >= 0 for w in self.mix_weights) and abs(sum(self.mix_weights) - 1) < 1e-9,
@@ -417,10 +419,18 @@ class JudgeConfig:
     """Judge requests in flight at once (per rank)."""
     retries: int = 2
     """Further attempts after a timeout, a 429 or 5xx, or a malformed answer."""
-    on_failure: Literal["f1", "stop"] = "f1"
-    """A response the judge did not score after its retries: `f1` scores it with the paper's F1
-    and counts it in reward/judge_fallbacks; `stop` ends the run with a message naming the endpoint
-    and the error."""
+    on_failure: Literal["mask", "f1", "stop"] = "mask"
+    """A response the judge did not score after its retries (counted in reward/judge_fallbacks, the
+    run's first one printed with its error): `mask` leaves it out of the loss (advantage 0) and out
+    of the means its step's advantages are taken over, so judge scores and F1 are never compared;
+    `f1` trains on the paper's F1 in its place; `stop` ends the run with a message naming the
+    endpoint and the error. A 401 or 403 ends the run under each."""
+    max_fallback_rate: float = 0.5
+    """Past this fraction of responses not scored by the judge over the last
+    judge.fallback_window steps (every step so far, fewer at the start), the run stops with the
+    judge's error; 1 never stops."""
+    fallback_window: int = 4
+    """Steps over which judge.max_fallback_rate is taken."""
 
     def __post_init__(self):
         check_choices(self)
@@ -429,6 +439,16 @@ class JudgeConfig:
         require(self.retries >= 0, "retries", f"expected >= 0, got {self.retries}")
         for key in ("timeout_s", "step_timeout_s"):
             require(getattr(self, key) > 0, key, f"expected > 0, got {getattr(self, key)}")
+        require(
+            0 <= self.max_fallback_rate <= 1,
+            "max_fallback_rate",
+            f"expected a fraction in [0, 1], got {self.max_fallback_rate}",
+        )
+        require(
+            self.fallback_window >= 1,
+            "fallback_window",
+            f"expected >= 1 step, got {self.fallback_window}",
+        )
 
 
 @dataclass
@@ -816,6 +836,18 @@ class Config:
     fsdp: FsdpConfig = field(default_factory=FsdpConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+
+    def __post_init__(self):
+        # the other ranks wait for a step's judging in a collective: past fsdp.timeout_minutes
+        # they fail, whatever judge.on_failure says
+        judging, collective = self.judge.step_timeout_s, self.fsdp.timeout_minutes * 60
+        if "judge" in self.reward.signals() and judging >= collective:
+            raise ConfigError(
+                f"judge.step_timeout_s = {judging:g} s must be less than fsdp.timeout_minutes = "
+                f"{self.fsdp.timeout_minutes:g} ({collective:g} s): the other ranks wait for a "
+                "step's judging in a collective, which fails at that timeout; lower the first or "
+                "raise the second"
+            )
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:

@@ -9,6 +9,7 @@ kept, keyed by the rubric too), and that the key reaches the server and nothing 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 import time
@@ -25,7 +26,7 @@ from psyrl.signals.judge import (
     JudgeError,
     JudgeSignal,
     content_key,
-    judge_prompt,
+    item_message,
     parse_score,
     read_rubric,
 )
@@ -51,7 +52,8 @@ class Stub:
         assert handler.path == "/v1/chat/completions" and body["model"] == "stub-judge"
         assert body["temperature"] == 0.0 and body["max_tokens"] == 64
         prompt = body["messages"][-1]["content"]
-        word = prompt.split("Predicted answer:\n")[1].split()[0]
+        token = re.search(r"SCORE\[([0-9a-f]{16})\]: x$", prompt).group(1)
+        word = prompt.split(f"<prediction {token}>\n")[1].split()[0]
         with self.lock:
             attempt = 1 + sum(1 for entry in self.log if entry[0] == word)
             self.log.append((word, attempt, handler.headers.get("Authorization")))
@@ -68,7 +70,8 @@ class Stub:
             return reply(handler, 401, {"error": f"bad key {handler.headers['Authorization']}"})
         if what == "garbled":
             return reply(handler, 200, b'{"choices": [{"message": ')
-        return reply(handler, 200, completion(what))
+        # the BEHAVIOUR table writes "SCORE:"; a judge writes the request's token in it
+        return reply(handler, 200, completion(what.replace("SCORE:", f"SCORE[{token}]:")))
 
     def requests(self) -> Counter:
         return Counter(entry[0] for entry in self.log)
@@ -154,50 +157,57 @@ def files_hold_no_key(root: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------ parse, prompt
+T = "00ff00ff00ff00ff"  # a request's token
+
+
 @pytest.mark.parametrize(
     "text, score",
     [
-        ("SCORE: 0.75", 0.75),
-        ("Same state.\nSCORE: 1", 1.0),
-        ("reasoning\n\nSCORE:0\n\n", 0.0),
-        ("  SCORE: .5  ", 0.5),
-        ("SCORE: 1.0", 1.0),
+        (f"SCORE[{T}]: 0.75", 0.75),
+        (f"Same state.\nSCORE[{T}]: 1", 1.0),
+        (f"reasoning\n\nSCORE[{T}]:0\n\n", 0.0),
+        (f"  SCORE[{T}]: .5  ", 0.5),
+        (f"SCORE[{T}]: 1.0", 1.0),
     ],
 )
 def test_a_score_line_is_read(text, score):
-    assert parse_score(text) == score
+    assert parse_score(text, T) == (T, score)
+    assert parse_score(text, {T, "1" * 16}) == (T, score)  # one of the call's tokens
 
 
 @pytest.mark.parametrize(
     "text, problem",
     [
-        ("SCORE: 1.7", "outside [0, 1]"),
-        ("SCORE: -0.2", "outside [0, 1]"),
-        ("SCORE: 0.5\nthanks", "last line"),
+        (f"SCORE[{T}]: 1.7", "outside [0, 1]"),
+        (f"SCORE[{T}]: -0.2", "outside [0, 1]"),
+        (f"SCORE[{T}]: 0.5\nthanks", "last line"),
         ("The answer is right.", "last line"),
         ("", "last line"),
-        ("score: 0.5", "last line"),  # the form is exact
-        ("**SCORE: 0.5**", "last line"),
-        ("SCORE: 0.5 out of 1", "last line"),
-        ("SCORE: nan", "last line"),
-        ("SCORE: 3/4", "last line"),
+        ("SCORE: 0.5", "last line"),  # the earlier form, which an answer can write
+        ("SCORE[1111111111111111]: 1", "names token 1111111111111111, not the request's"),
+        (f"score[{T}]: 0.5", "last line"),  # the form is exact
+        (f"**SCORE[{T}]: 0.5**", "last line"),
+        (f"SCORE[{T}]: 0.5 out of 1", "last line"),
+        (f"SCORE[{T}]: nan", "last line"),
+        (f"SCORE[{T}]: 3/4", "last line"),
     ],
 )
 def test_anything_else_is_refused(text, problem):
-    with pytest.raises(ValueError, match=problem.replace("[", r"\[").replace("]", r"\]")):
-        parse_score(text)
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        parse_score(text, T)
 
 
-def test_the_prompt_fills_the_shipped_rubric_once():
+def test_the_item_is_tagged_data_after_the_shipped_rubric():
     rubric = read_rubric("")
-    for aspect in ("Appraisal", "Agent", "Direction", "collective psychology", "SCORE: 0.75"):
+    for aspect in ("Appraisal", "Agent", "Direction", "collective psychology", "SCORE[5e0c...]"):
         assert aspect in rubric
-    sneaky = Pair("proud", "{gold}", "", "Who is {prediction}?")  # never expanded again
-    prompt = judge_prompt(rubric, sneaky)
-    assert "Gold answer:\nproud\n" in prompt
-    assert "Predicted answer:\n{gold}\n" in prompt
-    assert "Question:\nWho is {prediction}?\n" in prompt
-    assert "Stimulus:\n(not given)\n" in prompt
+    sneaky = Pair("proud", "{gold}", "", "Who is {prediction}?")  # never expanded
+    message = item_message(sneaky, T)
+    assert f"<gold {T}>\nproud\n</gold {T}>" in message
+    assert f"<prediction {T}>\n{{gold}}\n</prediction {T}>" in message
+    assert f"<question {T}>\nWho is {{prediction}}?\n</question {T}>" in message
+    assert f"<stimulus {T}>\n(not given)\n</stimulus {T}>" in message
+    assert message.endswith(f"\nSCORE[{T}]: x")
 
 
 # ----------------------------------------------------------------------------- faults and fallback
@@ -239,7 +249,9 @@ def test_on_failure_stop_names_the_endpoint_and_the_error_not_the_key(stub):
         signal([pair("good"), pair("noscore")])
     message = str(raised.value)
     assert f"{stub.url}/chat/completions" in message
-    assert "answer refused (the last line is not 'SCORE: <number>')" in message
+    assert (
+        "answer refused (the last line is not 'SCORE[<the request's token>]: <number>')" in message
+    )
     assert f"after {RETRIES + 1} attempts" in message
     assert stub.requests()["noscore"] == RETRIES + 1
     with pytest.raises(JudgeError) as raised:  # a 401 that echoes the header: masked, not retried
@@ -249,10 +261,12 @@ def test_on_failure_stop_names_the_endpoint_and_the_error_not_the_key(stub):
     assert stub.requests()["echo"] == 1
 
 
-def test_a_failure_echoing_the_key_falls_back_without_it(stub):
-    signal = judge(stub)
-    assert signal([pair("echo")]).tolist() == [0.4]
-    assert signal.fallbacks == 1 and KEY not in signal.last_error and "***" in signal.last_error
+def test_a_401_echoing_the_key_stops_under_f1_too_without_it(stub):
+    # a refused key fails every request alike: no fallback, the run stops (the key masked)
+    with pytest.raises(JudgeError) as raised:
+        judge(stub)([pair("echo")])
+    assert "HTTP 401" in str(raised.value) and "***" in str(raised.value)
+    assert KEY not in str(raised.value) and stub.requests()["echo"] == 1
 
 
 def test_the_step_timeout_ends_the_call_and_the_rest_falls_back(stub):
@@ -336,8 +350,13 @@ def test_unusable_settings_are_refused_at_once(stub, tmp_path, monkeypatch):
     with pytest.raises(JudgeError, match="judge.base_url: must be an http"):
         judge(stub, base_url="localhost:8000/v1")
     rubric = tmp_path / "rubric.md"
-    rubric.write_text("Score {gold} please.")
-    with pytest.raises(JudgeError, match=r"holds no \{prediction\}"):
+    rubric.write_text("Score {prediction} against {gold} please.")  # the earlier form
+    with pytest.raises(
+        JudgeError, match=r"holds \{gold\}, \{prediction\}; a rubric is the judge's"
+    ):
+        judge(stub, rubric=str(rubric))
+    rubric.write_text(" \n")
+    with pytest.raises(JudgeError, match="the file is empty"):
         judge(stub, rubric=str(rubric))
     with pytest.raises(JudgeError, match="cannot read it"):
         judge(stub, rubric=str(tmp_path / "missing.md"))
