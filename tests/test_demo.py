@@ -178,13 +178,13 @@ def test_demo_skips_finished_stages_and_resumes_an_interrupted_run(tmp_path, mon
         "report",
     ]
     tgrpo = commands[1]
-    assert tgrpo[-1] == "--resume" and tgrpo[tgrpo.index("--config") + 1] == "tgrpo/tiny"
+    assert tgrpo[-2:] == ["--resume", "auto"] and tgrpo[tgrpo.index("--config") + 1] == "tgrpo/tiny"
     assert "model.path=runs/tiny-sft/checkpoints/step-200/hf" in tgrpo
-    # a checkpoint cut short is no start: the run starts over
+    # a checkpoint cut short: the trainer's --resume auto skips it or refuses; never --overwrite
     (checkpoint / "state" / "model.pt").write_bytes(b"xy")
     commands.clear()
     demo_module.run_demo(demo)
-    assert commands[1][-1] == "--overwrite"
+    assert commands[1][-2:] == ["--resume", "auto"] and "--overwrite" not in commands[1]
     # --quick: its own run names and shortened stages
     commands.clear()
     demo_module.run_demo(

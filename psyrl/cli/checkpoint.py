@@ -1,5 +1,6 @@
 """`psyrl checkpoint verify DIR`: every file of a checkpoint, an HF export or a whole run directory
-read back and compared with its manifest (sizes and checksums), as a resume compares them."""
+read back and compared with its manifest (sizes and checksums), as a resume compares them; a
+malformed or edited manifest is a damaged directory, reported, and the next one is checked."""
 
 from __future__ import annotations
 
@@ -19,13 +20,7 @@ def verify_command(directory):
     """Read every file of DIR (a checkpoints/step-N, an hf/ export, or a run directory: all its
     checkpoints and its final export) and compare its size and checksum with the manifest; exit
     status 1 when one differs."""
-    from psyrl.core.checkpoints import (
-        CHECKSUM,
-        check,
-        has_checksums,
-        read_manifest,
-        verified_dirs,
-    )
+    from psyrl.core.checkpoints import CHECKSUM, check, read_manifest, verified_dirs
     from psyrl.core.errors import PsyrlError
 
     with reported("psyrl checkpoint verify", also=(OSError, ValueError)):
@@ -42,8 +37,9 @@ def verify_command(directory):
             if problem:
                 click.echo(f"damaged  {d}: {problem}")
                 continue
-            files = read_manifest(d)["files"]
-            how = CHECKSUM if has_checksums(d) else "sizes only: written before checksums"
+            manifest = read_manifest(d)
+            files = manifest["files"]
+            how = CHECKSUM if "checksums" in manifest else "sizes only: written before checksums"
             click.echo(
                 f"ok       {d} ({len(files)} files, {sum(files.values()) / 2**20:.1f} MiB, {how})"
             )

@@ -39,11 +39,13 @@ window_option = click.option(
 )
 def select_checkpoint_command(run_dir, rule):
     """Print the HF directory of the chosen SFT checkpoint (by validation F1) of a train_sft.py
-    run."""
-    from psyrl.core.checkpoints import select_checkpoint
+    run, once its files match its manifest (PSYRL_NO_VERIFY=1 skips that check, saying so on
+    stderr); a damaged one is refused with exit status 1."""
+    from psyrl.core.checkpoints import select_checkpoint, verify_before_load
 
     with reported("psyrl select-checkpoint", also=(FileNotFoundError, ValueError)):
         step, score, path = select_checkpoint(run_dir, rule)
+        verify_before_load(path / "hf", note=lambda line: click.echo(line, err=True))
     click.echo(f"step {step}: valid F1 {score:.4f}", err=True)
     click.echo(path / "hf")
 

@@ -6,14 +6,37 @@ report` and `psyrl experiment` only read, so they never import torch.
 
 The checksum is XXH3-64 (`CHECKSUM`, the xxhash package), chosen by measurement (docs/
 measurements.md, "what the checkpoint checksums cost"): each rank computes it over the bytes it
-writes as it writes them, and `verify_checksums` recomputes it. A manifest written before psyrl
-recorded checksums has sizes only: such a checkpoint is complete but its contents cannot be
-checked.
+writes as it writes them, and `verify_checksums` recomputes it.
+
+A manifest fails closed. `read_manifest` checks its schema (an object; `files`: relative path ->
+byte count; `resumable`: true/false; `checksums`: name -> rank and 16 hex digits, one for every
+listed file and none for a file not listed), so a malformed manifest is a damaged checkpoint, never
+a crash, and an edit that drops a checksum cannot switch that file's check off. Its `version`
+says what it must hold: version 2 (written now) has checksums and its own checksum beside it;
+without a version field it is psyrl's earlier format, sizes only (written before checksums, the
+one form allowed to have none) or with checksums.
+
+The manifest's own checksum lives in a file of its own, `manifest.json.xxh3`, written atomically
+after the manifest. Not inside the manifest: an edit of the manifest could rewrite it in the same
+stroke. Not in the run's trainer state or an index above the checkpoint: a checkpoint or an export
+copied on its own must still carry it, and a step-N's export (`hf/`) is covered twice, its manifest
+and that file being files of step-N's manifest. So a damaged manifest, or an edit of the manifest
+alone (a checksum rewritten to match changed bytes, an entry or the version dropped to pass for an
+older format), no longer matches and the checkpoint is refused; while that file exists the
+manifest is checked against it whatever its version says. The limit: this detects damage and
+edits, not forgery. Whoever rewrites the files, the manifest and its checksum file consistently
+(or deletes the version and the checksum file together) passes, as they could with any checksum
+psyrl computes without a secret.
+
+`verify_before_load` is the one check before a model directory is loaded (T-GRPO's and evaluate's
+model.path, the export `psyrl select-checkpoint` hands on); `PSYRL_NO_VERIFY=1` skips it, saying so.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import statistics
 from collections.abc import Callable, Iterable
@@ -22,12 +45,21 @@ from pathlib import Path
 import xxhash
 
 from psyrl.core.atomic import write_text
+from psyrl.core.errors import PsyrlError
 
 CHECKPOINT_GLOB = "step-*"
 MANIFEST = "manifest.json"
+MANIFEST_SUM = "manifest.json.xxh3"  # the manifest's own checksum, written after it
+MANIFEST_VERSION = 2  # 2: checksums and MANIFEST_SUM; none (1): sizes, checksums optional
+MANIFEST_KEYS = {"version", "files", "resumable", "checksum", "checksums"}
+SKIP_VERIFY = "PSYRL_NO_VERIFY"  # =1: load a model directory without `verify_before_load`
 STATE_PARTS = ("state", "rng")  # what `keep_state` prunes from older checkpoints
 CHECKSUM = "xxh3_64"  # the manifest's name for `new_checksum`'s digest
 CHUNK = 8 << 20  # bytes read at a time when a file is hashed from disk
+
+
+class DamagedCheckpoint(PsyrlError, ValueError):
+    """A checkpoint or export whose manifest or files fail their checks."""
 
 
 def new_checksum() -> xxhash.xxh3_64:
@@ -59,22 +91,124 @@ def _sizes(directory: Path) -> dict[str, int]:
     return {
         str(p.relative_to(directory)): p.stat().st_size
         for p in sorted(directory.rglob("*"))
-        if p.is_file() and p != directory / MANIFEST
+        if p.is_file() and p not in (directory / MANIFEST, directory / MANIFEST_SUM)
     }
 
 
+def _is_count(value) -> bool:
+    return type(value) is int and value >= 0  # bool is an int: excluded
+
+
+def _inside(name) -> bool:
+    """A relative path that stays inside the checkpoint (no `..`, not absolute)."""
+    return (
+        isinstance(name, str)
+        and name != ""
+        and not Path(name).is_absolute()
+        and (".." not in Path(name).parts)
+    )
+
+
+def _schema_problem(manifest) -> str | None:
+    """What makes `manifest` (parsed JSON) other than a manifest psyrl writes, else None."""
+    if not isinstance(manifest, dict):
+        return f"is a JSON {type(manifest).__name__}, not an object"
+    unknown = sorted(set(manifest) - MANIFEST_KEYS)
+    if unknown:
+        return f"has unknown key(s) {', '.join(map(repr, unknown))}"
+    version = manifest.get("version", 1)
+    if not _is_count(version) or version not in (1, MANIFEST_VERSION):
+        return f"has version {version!r}; this psyrl reads 1 (no version field) and 2"
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return 'has no "files" object (file name -> size)'
+    for name, size in files.items():
+        if not _inside(name):
+            return f"lists {name!r}, not a path inside the directory"
+        if not _is_count(size):
+            return f"gives {name} the size {size!r}, not a byte count"
+    if type(manifest.get("resumable")) is not bool:
+        return 'has no true/false "resumable"'
+    if "checksums" not in manifest:
+        if version >= 2:
+            return f'of version {version} has no "checksums"'
+        if "checksum" in manifest:
+            return 'names a "checksum" kind but has no "checksums"'
+        return None  # version 1 as written before checksums: sizes only
+    if manifest.get("checksum") != CHECKSUM:
+        return (
+            f"has checksums of an unknown kind {manifest.get('checksum')!r}, {CHECKSUM!r} expected"
+        )
+    sums = manifest["checksums"]
+    if not isinstance(sums, dict):
+        return 'has "checksums" that is not an object (file name -> rank and value)'
+    for name, entry in sums.items():
+        if name not in files:
+            return f"has a checksum for {name!r}, a file it does not list"
+        if not (isinstance(entry, dict) and entry.keys() == {"rank", "value"}):
+            return f'gives {name} the checksum entry {entry!r}, not {{"rank", "value"}}'
+        if not _is_count(entry["rank"]):
+            return f"gives {name} the rank {entry['rank']!r}, not a rank number"
+        if not (isinstance(entry["value"], str) and re.fullmatch("[0-9a-f]{16}", entry["value"])):
+            return f"gives {name} the checksum {entry['value']!r}, not 16 hex digits"
+    missing = sorted(set(files) - set(sums))
+    if missing:
+        return f"lists {missing[0]} but {missing[0]} has no checksum (they must cover every file)"
+    return None
+
+
+def _own_checksum_problem(directory: Path, raw: bytes, version: int) -> str | None:
+    """Whether the manifest's bytes `raw` match MANIFEST_SUM beside it (required from version 2
+    on; checked whenever it exists)."""
+    path = directory / MANIFEST_SUM
+    if not path.is_file():
+        if version >= 2:
+            return f"of version {version} has no {MANIFEST_SUM} (the manifest's own checksum)"
+        return None
+    try:
+        recorded = re.fullmatch(f"{CHECKSUM} ([0-9a-f]{{16}})\n?", path.read_text(encoding="ascii"))
+    except (OSError, ValueError) as e:
+        return f"cannot be checked: {MANIFEST_SUM} is unreadable ({type(e).__name__})"
+    if recorded is None:
+        return f"cannot be checked: {MANIFEST_SUM} holds no {CHECKSUM} line"
+    digest = new_checksum()
+    digest.update(raw)
+    if digest.hexdigest() != recorded[1]:
+        return (
+            f"does not match its checksum in {MANIFEST_SUM} ({digest.hexdigest()}, "
+            f"{recorded[1]} recorded): edited or damaged after it was written"
+        )
+    return None
+
+
 def read_manifest(directory: str | Path) -> dict:
-    return json.loads((Path(directory) / MANIFEST).read_text(encoding="utf-8"))
+    """`directory`'s manifest, checked: DamagedCheckpoint("manifest.json ...") when it is
+    unreadable, not psyrl's schema (`_schema_problem`) or not the bytes its checksum file
+    recorded."""
+    directory = Path(directory)
+    try:
+        raw = (directory / MANIFEST).read_bytes()
+        manifest = json.loads(raw)
+    except (OSError, ValueError) as e:  # a UnicodeDecodeError is a ValueError
+        raise DamagedCheckpoint(
+            f"{MANIFEST} is missing or unreadable ({type(e).__name__})"
+        ) from None
+    problem = _schema_problem(manifest) or _own_checksum_problem(
+        directory, raw, manifest.get("version", 1)
+    )
+    if problem:
+        raise DamagedCheckpoint(f"{MANIFEST} {problem}")
+    return manifest
 
 
 def verify(directory: str | Path) -> str | None:
-    """None if `directory` is a complete checkpoint, else what is wrong with it (missing manifest or
-    file, wrong size)."""
+    """None if `directory` is a complete checkpoint, else what is wrong with it (its manifest,
+    a missing file, a wrong size)."""
     directory = Path(directory)
     try:
         manifest = read_manifest(directory)
-    except (OSError, ValueError) as e:
-        return f"no readable {MANIFEST} ({type(e).__name__})"
+    except DamagedCheckpoint as e:
+        return str(e)
     for name, size in manifest["files"].items():
         path = directory / name
         if not path.is_file():
@@ -86,17 +220,20 @@ def verify(directory: str | Path) -> str | None:
 
 def verify_checksums(directory: str | Path, names: Iterable[str] | None = None) -> str | None:
     """Recompute the checksums of the manifest's files `names` (all by default): None if every one
-    matches (or the manifest has no checksums: see `has_checksums`), else what is wrong, naming the
-    first file that differs."""
+    matches (or the manifest predates checksums: see `has_checksums`), else what is wrong, naming
+    the first file that differs."""
     directory = Path(directory)
-    manifest = read_manifest(directory)
+    try:
+        manifest = read_manifest(directory)
+    except DamagedCheckpoint as e:
+        return str(e)
     sums = manifest.get("checksums")
     if sums is None:
         return None
-    if manifest.get("checksum") != CHECKSUM:
-        return f"checksums of an unknown kind {manifest.get('checksum')!r}, {CHECKSUM!r} expected"
     for name in sorted(sums) if names is None else names:
         path = directory / name
+        if name not in sums:
+            return f"{name} has no checksum in {MANIFEST}"
         if not path.is_file():
             return f"{name} is missing"
         try:
@@ -134,10 +271,11 @@ def write_manifest(
     manifest: dict | None = None,
     checksums: dict[str, tuple[int, str]] | None = None,
 ) -> dict:
-    """Atomically (temporary file, then rename) write `manifest`, by default: the size of every file
-    now there, whether a training state is among them, and the checksum of each with the rank that
-    computed it: `checksums` (name -> (rank, digest)) as the ranks computed them while writing, the
-    others read back here by this process (rank 0). Returns the manifest."""
+    """Atomically (temporary file, then rename) write `manifest`, then its own checksum
+    (MANIFEST_SUM), by default: the version, the size of every file now there, whether a training
+    state is among them, and the checksum of each with the rank that computed it: `checksums`
+    (name -> (rank, digest)) as the ranks computed them while writing, the others read back here by
+    this process (rank 0). Returns the manifest."""
     if manifest is None:
         sizes, checksums = _sizes(directory), checksums or {}
         sums = {}
@@ -145,12 +283,17 @@ def write_manifest(
             rank, value = checksums.get(name) or (0, file_checksum(directory / name))
             sums[name] = {"rank": rank, "value": value}
         manifest = {
+            "version": MANIFEST_VERSION,
             "files": sizes,
             "resumable": (directory / "state").is_dir(),
             "checksum": CHECKSUM,
             "checksums": sums,
         }
-    write_text(directory / MANIFEST, json_text(manifest))
+    text = json_text(manifest)
+    write_text(directory / MANIFEST, text)
+    digest = new_checksum()
+    digest.update(text.encode("utf-8"))
+    write_text(directory / MANIFEST_SUM, f"{CHECKSUM} {digest.hexdigest()}\n")
     return manifest
 
 
@@ -169,13 +312,14 @@ def _resumable(directory: Path) -> bool:
     first)."""
     if verify(directory) is not None:
         return False
-    return read_manifest(directory).get("resumable", False)
+    return read_manifest(directory)["resumable"]
 
 
 def prune_states(checkpoints: Path, keep: int) -> None:
     """Drop `state/` and `rng/` from all but the `keep` newest resumable checkpoints (0: keep all);
     their HF exports and scores stay. The manifest is rewritten first, so a crash in between leaves
-    a checkpoint that is complete but no longer offered for resume."""
+    a checkpoint that is complete but no longer offered for resume (a crash between the manifest
+    and its checksum file leaves it refused as damaged: fail closed)."""
     if keep <= 0:
         return
     resumable = [d for _, d in checkpoint_dirs(checkpoints.parent) if _resumable(d)]
@@ -192,7 +336,7 @@ def prune_states(checkpoints: Path, keep: int) -> None:
                         if k.split("/")[0] not in STATE_PARTS
                     }
             write_manifest(d, {**manifest, "resumable": False})
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError):
             continue
         for part in STATE_PARTS:
             shutil.rmtree(d / part, ignore_errors=True)
@@ -202,18 +346,100 @@ def find_resumable(
     run_dir: str | Path, warn: Callable[[str], None], skip: Iterable[Path] = ()
 ) -> Path | None:
     """The newest complete checkpoint holding a training state, not among `skip` (those whose
-    checksums failed); incomplete ones are reported through `warn` and skipped (the previous one is
-    used). Sizes only: the checksums are `verify_checksums`'s, read by every rank."""
+    checksums failed); damaged ones (manifest, missing file, size) are reported through `warn` and
+    skipped (the previous one is used). Sizes only: the checksums are `verify_checksums`'s, read by
+    every rank."""
     skip = set(skip)
     for _, d in reversed(checkpoint_dirs(run_dir)):
         if d in skip:
             continue
         problem = verify(d)
         if problem:
-            warn(f"warning: skipping {d}: incomplete checkpoint ({problem})")
+            warn(f"warning: skipping {d}: damaged checkpoint ({problem})")
         elif _resumable(d):
             return d
     return None
+
+
+def checkpoint_problems(
+    run_dir: str | Path, corrupted: dict[Path, str], after: Path | None = None
+) -> list[tuple[Path, str]]:
+    """Why each checkpoint of `run_dir` newer than `after` (all when None) cannot be resumed, by
+    step: its checksum problem in `corrupted`, `verify`'s, or no training state."""
+    first = -1 if after is None else int(after.name.split("-", 1)[1])
+    return [
+        (d, corrupted.get(d) or verify(d) or "no training state (checkpoint.keep_state pruned it)")
+        for step, d in checkpoint_dirs(run_dir)
+        if step > first
+    ]
+
+
+def _run_export(directory: Path) -> bool:
+    """An HF export psyrl wrote inside a run: `hf/` of a checkpoint or of a run directory."""
+    parent = directory.parent
+    return directory.name == "hf" and (
+        (parent / MANIFEST).is_file() or (parent / "config.resolved.toml").is_file()
+    )
+
+
+def _state(directory: Path) -> tuple:
+    """What changes when a file of `directory` (or its checkpoint's manifest) is rewritten."""
+    paths = [p for p in sorted(directory.rglob("*")) if p.is_file()]
+    paths += [directory.parent / name for name in (MANIFEST, MANIFEST_SUM)]
+    return tuple(
+        (str(p), st.st_size, st.st_mtime_ns) for p in paths if p.is_file() and (st := p.stat())
+    )
+
+
+_VERIFIED: set[tuple] = set()  # `_state`s this process verified: each export is read once
+
+
+def _export_problem(directory: Path) -> str | None:
+    """`check` of the export, and of its manifest files as its checkpoint's manifest lists them."""
+    if not (directory / MANIFEST).is_file():
+        return f"{MANIFEST} is missing: a psyrl export always has one"
+    problem = check(directory)
+    parent = directory.parent
+    if problem is None and (parent / MANIFEST).is_file():
+        names = [f"{directory.name}/{name}" for name in (MANIFEST, MANIFEST_SUM)]
+        try:
+            listed = read_manifest(parent).get("checksums", {})
+        except DamagedCheckpoint as e:
+            return f"its checkpoint's {e}"
+        problem = verify_checksums(parent, [n for n in names if n in listed])
+        problem = problem and f"its checkpoint {parent.name}: {problem}"
+    return problem
+
+
+def verify_before_load(directory: str | Path, note: Callable[[str], None] = print) -> None:
+    """The check before psyrl loads a model directory (T-GRPO's start model, evaluate --model, the
+    export `psyrl select-checkpoint` and the experiment runner hand on): a directory with a
+    manifest, or an `hf/` export inside a run, must pass `check` (manifest, sizes, checksums) and,
+    as a checkpoint's `hf/`, match its checkpoint's checksums of its manifest; else
+    DamagedCheckpoint. A model psyrl did not write (a downloaded one: no manifest) has nothing to
+    check. Each export is read once per process while its files are unchanged. With
+    PSYRL_NO_VERIFY=1 nothing is read, and `note` says so."""
+    directory = Path(directory)
+    if not ((directory / MANIFEST).is_file() or _run_export(directory)):
+        return
+    if os.environ.get(SKIP_VERIFY, "") not in ("", "0"):
+        note(
+            f"note: {SKIP_VERIFY}={os.environ[SKIP_VERIFY]}: {directory} not verified (its files "
+            "were not compared with its manifest)"
+        )
+        return
+    state = _state(directory)
+    if state in _VERIFIED:
+        return
+    problem = _export_problem(directory)
+    if problem:
+        raise DamagedCheckpoint(
+            f"{directory}: damaged ({problem}); refusing to load it (`psyrl checkpoint verify "
+            f"{directory}` lists every problem; {SKIP_VERIFY}=1 loads it unchecked)"
+        )
+    if "checksums" not in read_manifest(directory):
+        note(f"note: {directory} was written before checksums: only its sizes were checked")
+    _VERIFIED.add(state)
 
 
 def json_text(obj) -> str:

@@ -65,10 +65,13 @@ def resolve(experiment: Experiment, reference: str, seed: int | None, dry: bool)
         return str(directory / "hf")
     if dry and not (directory / "hf" / "config.json").is_file():
         raise Pending(f"$(psyrl select-checkpoint {directory} --rule {rule})")
-    from psyrl.core.checkpoints import select_checkpoint
+    from psyrl.core.checkpoints import select_checkpoint, verify_before_load
 
     try:
-        return str(select_checkpoint(directory, rule)[2] / "hf")
+        chosen = select_checkpoint(directory, rule)[2] / "hf"
+        if not dry:  # handed on to a trainer or evaluate.py, which verify it again as they load
+            verify_before_load(chosen)
+        return str(chosen)
     except (FileNotFoundError, ValueError) as e:
         raise SystemExit(f"psyrl experiment: {experiment.path}: run {name!r}: {e}") from None
 
@@ -172,12 +175,11 @@ def shell_line(argv: list[str]) -> str:
 
 
 def restart_flag(run_dir: Path) -> list[str]:
-    """--resume from the newest complete checkpoint; --overwrite when the run left none."""
-    if not (run_dir / "metrics.jsonl").exists():
-        return []
-    from psyrl.core.checkpoints import find_resumable
-
-    return ["--resume"] if find_resumable(run_dir, lambda line: None) else ["--overwrite"]
+    """--resume auto on a run that was started: the trainer continues from the newest checkpoint
+    that passes its checks (the one before a damaged newest), starts over only a run of the same
+    config with no checkpoint directory, and refuses the rest. Never --overwrite: deleting a run is
+    the user's decision."""
+    return ["--resume", "auto"] if (run_dir / "metrics.jsonl").exists() else []
 
 
 class Runner:

@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from psyrl.core.checkpoints import find_resumable
 from psyrl.core.errors import RunError
 
 DEMO_FILES = ("train.jsonl", "test.jsonl", "mc.jsonl")
@@ -91,10 +90,10 @@ def finished(run_dir: Path) -> bool:
 
 
 def train_flags(run_dir: Path) -> list[str]:
-    """Resume an interrupted run from its newest complete checkpoint, else start it over."""
-    if run_dir.is_dir() and find_resumable(run_dir, lambda line: print(line)) is not None:
-        return ["--resume"]
-    return ["--overwrite"]
+    """--resume auto on an interrupted run: continue from its newest checkpoint that passes its
+    checks, start over one cut short before its first, refuse one whose checkpoints all fail
+    (never deleted here)."""
+    return ["--resume", "auto"] if run_dir.is_dir() else []
 
 
 def sets(values) -> list[str]:

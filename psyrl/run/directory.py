@@ -21,7 +21,12 @@ import torch
 from tqdm import tqdm
 
 from psyrl.core.atomic import tidy
-from psyrl.core.checkpoints import find_resumable, has_checksums, json_text
+from psyrl.core.checkpoints import (
+    checkpoint_problems,
+    find_resumable,
+    has_checksums,
+    json_text,
+)
 from psyrl.core.config import Config, ConfigError, config_changes, dump_config, load_config
 from psyrl.core.errors import Preempted, RunError
 from psyrl.core.runlog import MetricsFile, last_step, read_metrics, step_line, truncate_metrics
@@ -152,6 +157,7 @@ class Run:
             raise RunError("--extend (run.extend) continues a run: pass --resume with it")
         if resume == "on" or (resume == "auto" and exists):
             self.checkpoint = self._resumable(required=resume == "on")
+        # a run that holds checkpoints is never deleted here: `_resumable` refuses when none passes
         if resume == "auto" and exists and self.checkpoint is None:
             self._start_over()
         # torchrun's count of this job's worker restarts (0 outside torchrun), in every row: the
@@ -200,8 +206,12 @@ class Run:
 
     def _resumable(self, required: bool = True) -> Path | None:
         """The checkpoint to resume from, after checking the run's config has not changed in a way
-        that matters; without one: a RunError when `required`, else None."""
-        dist, corrupted = self.dist, []
+        that matters. `required` (--resume): the newest checkpoint, else a RunError. Not required
+        (--resume auto): the newest that passes its checks, the damaged ones skipped with a
+        warning; None only when the run has no checkpoint directory at all; a RunError naming each
+        checkpoint and why when it has some and none passes (nothing is deleted)."""
+        dist = self.dist
+        corrupted: dict[Path, str] = {}  # checkpoint -> the checksum it failed
         while True:
             found = None
             if dist.is_main:
@@ -211,14 +221,33 @@ class Run:
             if checkpoint is None or not (problem := verify_files(checkpoint, dist)):
                 break
             # its files are complete but not the bytes written (bit rot, a bad copy)
-            message = f"{checkpoint}: corrupted checkpoint ({problem})"
+            message = f"{checkpoint}: damaged checkpoint ({problem})"
             if required:
                 raise RunError(
                     f"--resume: {message}; --resume auto would skip it and continue from the "
                     "checkpoint before it"
                 )
             print0(f"warning: skipping {message}", dist)
-            corrupted.append(checkpoint)
+            corrupted[checkpoint] = problem
+        # the checkpoints newer than the one found (all when none was): why each was passed over
+        passed = None
+        if dist.is_main:
+            passed = checkpoint_problems(self.dir, corrupted, after=checkpoint)
+        passed = broadcast_object(passed, dist)
+        if required and passed:
+            newest, why = passed[-1]
+            raise RunError(
+                f"--resume: {newest}: damaged checkpoint ({why}); --resume auto would skip it and "
+                "continue from the checkpoint before it"
+            )
+        if checkpoint is None and passed:
+            reasons = "; ".join(f"{d} ({why})" for d, why in passed)
+            raise RunError(
+                f"--resume{'' if required else ' auto'}: no checkpoint of {self.dir} passes its "
+                f"checks, and nothing was deleted: {reasons}. Repair them (`psyrl checkpoint "
+                "verify` names every problem) or move them away; --overwrite deletes the whole "
+                "run and starts over"
+            )
         if checkpoint is not None and not has_checksums(checkpoint):
             print0(
                 f"note: {checkpoint} was written before psyrl recorded checksums: its files' "
@@ -242,7 +271,7 @@ class Run:
         return checkpoint
 
     def _start_over(self) -> None:
-        """run.resume = auto on a run that holds steps but no checkpoint to resume (cut short
+        """run.resume = auto on a run that holds steps but no checkpoint directory (cut short
         before its first one): start over when the steps are this config's, else refuse."""
         saved = self.dir / "config.resolved.toml"
         # rank 0 reads: one answer for every node

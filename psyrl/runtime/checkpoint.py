@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from psyrl.core.atomic import replace_dir, sync_tree, temporary, write_text
 from psyrl.core.checkpoints import (
+    DamagedCheckpoint,
     new_checksum,
     prune_states,
     read_manifest,
@@ -314,9 +315,12 @@ def verify_files(directory: str | Path, dist: Dist = ONE_PROCESS) -> str | None:
     """Collective: every rank recomputes the checksums of the checkpoint's files it wrote (those of
     rank r go to rank r % world when the rank count changed), and all learn the first problem any
     rank found (None: every file is as written, or the manifest predates checksums)."""
-    sums = read_manifest(directory).get("checksums", {})
-    mine = [name for name, entry in sorted(sums.items()) if entry["rank"] % dist.world == dist.rank]
-    problem = verify_checksums(directory, mine)
+    try:
+        sums = read_manifest(directory).get("checksums", {})
+        mine = [n for n, entry in sorted(sums.items()) if entry["rank"] % dist.world == dist.rank]
+        problem = verify_checksums(directory, mine)
+    except DamagedCheckpoint as e:  # this rank's read of the manifest: still a collective below
+        problem = str(e)
     problems = all_gather_lists([problem] if problem else [], dist)
     return problems[0] if problems else None
 

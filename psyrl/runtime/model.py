@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -33,6 +34,7 @@ from transformers import (
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from psyrl.core.checkpoints import verify_before_load
 from psyrl.core.config import ModelConfig
 
 SHIPPED_TOKENIZERS = ("tiny", "qwen2.5")
@@ -60,10 +62,19 @@ def _model_dir(path: str) -> Path:
             f"no such model directory: {p} (model.path must be a local Hugging Face "
             f"model directory; psyrl never downloads from the hub){made}"
         )
+    # every reader of model.path passes here: the tokenizer, the config, the weights; one check
+    # per node (LOCAL_RANK 0: its ranks read the same files), said once (RANK 0)
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        verify_before_load(p, note=_print_rank0)
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"{p} is not a Hugging Face model directory: it has no config.json")
     refuse_remote_code(p, "config.json")
     return p
+
+
+def _print_rank0(line: str) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        print(line, flush=True)
 
 
 def refuse_remote_code(directory: Path, name: str) -> None:

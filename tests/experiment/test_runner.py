@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from psyrl.cli.experiment import experiment_command
+from psyrl.core.checkpoints import write_manifest
 from psyrl.experiment.read import load_experiment
 from psyrl.experiment.runner import resolve, restart_flag, steps, substitute
 from psyrl.experiment.spec import plan, unit_dir
@@ -315,9 +316,12 @@ def touch(path: Path, text: str = "{}") -> None:
 def checkpoint(
     run_dir: Path, step: int, f1: float | None = None, resumable: bool = True, complete: bool = True
 ) -> Path:
-    """A fake checkpoints/step-N: a manifest (file sizes, resumable) and its files."""
+    """A fake checkpoints/step-N: a manifest (file sizes, resumable), its files and an export with
+    a manifest of its own."""
     directory = run_dir / "checkpoints" / f"step-{step}"
     touch(directory / "state" / "x.distcp", "abc")
+    touch(directory / "hf" / "config.json", "{}")
+    write_manifest(directory / "hf")
     files = {"state/x.distcp": 3 if complete else 4}  # a wrong size: incomplete
     if f1 is not None:
         touch(directory / "validation.json", json.dumps({"valid/f1": f1}))
@@ -374,16 +378,18 @@ def test_fresh_trainer_has_no_restart_flag(small):
     assert "--resume" not in todo[0][1] and "--overwrite" not in todo[0][1]
 
 
-def test_trainer_cut_off_before_a_checkpoint_starts_over(small):
+def test_trainer_cut_off_resumes_with_auto_and_is_never_overwritten(small):
+    # --resume auto decides: start over a run of this config with no checkpoint directory, skip a
+    # damaged checkpoint, refuse when none passes; deleting a run is never the runner's decision
     experiment, units = small
     unit = units[("sft", 0)]
     touch(unit.dir / "metrics.jsonl", '{"step": 1}\n')
-    assert restart_flag(unit.dir) == ["--overwrite"]
-    assert left(experiment, unit)[0][1][-1] == "--overwrite"
-    # a checkpoint that is incomplete, or no longer offers its state, does not count
+    assert restart_flag(unit.dir) == ["--resume", "auto"]
+    assert left(experiment, unit)[0][1][-2:] == ["--resume", "auto"]
     checkpoint(unit.dir, 2, complete=False)
     checkpoint(unit.dir, 1, resumable=False)
-    assert restart_flag(unit.dir) == ["--overwrite"]
+    assert restart_flag(unit.dir) == ["--resume", "auto"]
+    assert "--overwrite" not in left(experiment, unit)[0][1]
 
 
 def test_trainer_with_a_checkpoint_resumes(small):
@@ -392,9 +398,9 @@ def test_trainer_with_a_checkpoint_resumes(small):
     touch(unit.dir / "metrics.jsonl", '{"step": 1}\n')
     checkpoint(unit.dir, 4)
     checkpoint(unit.dir, 6, complete=False)  # cut off while writing: the step-4 one is used
-    assert restart_flag(unit.dir) == ["--resume"]
+    assert restart_flag(unit.dir) == ["--resume", "auto"]
     argv = left(experiment, unit)[0][1]
-    assert argv[-1] == "--resume" and "--overwrite" not in argv
+    assert argv[-2:] == ["--resume", "auto"] and "--overwrite" not in argv
 
 
 def test_evaluate_unit(small):

@@ -87,7 +87,7 @@ def test_a_corrupted_checkpoint_is_skipped_by_auto_and_refused_by_on(tmp_path, c
     data[100] ^= 0x01  # one bit flipped, the size kept
     shard.write_bytes(bytes(data))
     expected = (
-        f"{run / 'checkpoints' / 'step-2'}: corrupted checkpoint (state/__0_0.distcp has xxh3_64"
+        f"{run / 'checkpoints' / 'step-2'}: damaged checkpoint (state/__0_0.distcp has xxh3_64"
     )
     resumed = Run(cfg, ONE_PROCESS, "sft", [], overwrite=False, resume="auto")
     assert resumed.checkpoint == run / "checkpoints" / "step-1"

@@ -165,6 +165,7 @@ def test_save_then_load_restores_model_optimiser_and_rng(tmp_path):
     assert sorted(p.name for p in path.iterdir()) == [
         "hf",
         "manifest.json",
+        "manifest.json.xxh3",
         "rng",
         "state",
         "trainer.json",
@@ -197,9 +198,9 @@ def test_cut_short_checkpoint_is_skipped_with_a_warning(tmp_path):
     assert verify(bad) == (
         f"state/{shard.name} has {shard.stat().st_size} bytes, {shard.stat().st_size + 10} expected"
     )
-    assert len(warnings) == 1 and "step-2" in warnings[0] and "incomplete" in warnings[0]
+    assert len(warnings) == 1 and "step-2" in warnings[0] and "damaged" in warnings[0]
     (bad / "manifest.json").unlink()  # crashed before the manifest: never complete
-    assert "no readable manifest.json" in verify(bad)
+    assert "manifest.json is missing or unreadable" in verify(bad)
     assert find_resumable(tmp_path / "nothing", print) is None
 
 
@@ -225,7 +226,7 @@ def test_keep_state_prunes_old_states_but_keeps_exports(tmp_path):
     for step in (1, 2, 3):
         save_checkpoint(tmp_path, step, policy, optimizer, tokenizer, {}, keep_state=2)
     first = tmp_path / "checkpoints" / "step-1"
-    assert sorted(p.name for p in first.iterdir()) == ["hf", "manifest.json"]
+    assert sorted(p.name for p in first.iterdir()) == ["hf", "manifest.json", "manifest.json.xxh3"]
     assert (
         verify(first) is None
         and json.loads((first / "manifest.json").read_text())["resumable"] is False
@@ -330,4 +331,6 @@ def test_a_checkpoint_without_checksums_is_complete_but_unchecked(tmp_path):
     assert not has_checksums(path) and verify(path) is None and verify_checksums(path) is None
     assert find_resumable(tmp_path, print) == path
     write_manifest(path, {**manifest, "checksum": "md5"})
-    assert verify_checksums(path) == "checksums of an unknown kind 'md5', 'xxh3_64' expected"
+    assert verify_checksums(path) == (
+        "manifest.json has checksums of an unknown kind 'md5', 'xxh3_64' expected"
+    )

@@ -120,6 +120,7 @@ def test_adamw_move_bound_by_hand():
     assert adamw_move_bound([1e-3, 1e-3], 0.9, 0.999) == pytest.approx(2e-3 * (1 + second))
 
 
+@pytest.mark.numerics
 @pytest.mark.slow
 def test_fsdp_losses_equal_one_process(runs):
     """FSDP2 (± CPU offload) against one process, float32, at tolerances that hold on every CPU
@@ -144,6 +145,7 @@ def test_fsdp_losses_equal_one_process(runs):
         assert_adamw_weights_close(weights(runs / name), reference, lrs(runs / "one"))
 
 
+@pytest.mark.numerics
 @pytest.mark.slow
 def test_fsdp_bf16_losses_near_one_process(runs, bf16_attention_fails):
     if bf16_attention_fails:
@@ -159,6 +161,7 @@ def test_fsdp_bf16_losses_near_one_process(runs, bf16_attention_fails):
         assert json.loads((runs / name / "hf" / "config.json").read_text())["dtype"] == "float32"
 
 
+@pytest.mark.numerics
 @pytest.mark.slow
 def test_fsdp_validation_equals_one_process(runs):
     """Validation under FSDP: items split over ranks, generation from each rank's unsharded copy,
@@ -190,7 +193,7 @@ def test_resume_is_bitwise_and_skips_a_cut_short_checkpoint(runs, tmp_path):
     shard.write_bytes(shard.read_bytes()[:100])
     result = sft(tmp_path, "run.name=fsdp", *VALID, resume=True)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "skipping" in result.stdout and "step-4: incomplete checkpoint" in result.stdout
+    assert "skipping" in result.stdout and "step-4: damaged checkpoint" in result.stdout
     assert "resuming after step 2" in result.stdout
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5, 6]
     assert losses(run) == losses(runs / "fsdp")
@@ -199,6 +202,7 @@ def test_resume_is_bitwise_and_skips_a_cut_short_checkpoint(runs, tmp_path):
     assert all(torch.equal(value, expected[key]) for key, value in weights(run).items())
 
 
+@pytest.mark.numerics
 @pytest.mark.slow
 def test_a_two_rank_checkpoint_resumes_in_one_process(runs, tmp_path):
     shutil.copytree(runs / "fsdp", tmp_path / "fsdp")
