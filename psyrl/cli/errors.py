@@ -8,6 +8,17 @@ train file, tokenizer or checkpoint missing on one node): a rank still alive whe
 says its own error, naming its rank and host, and exits, so that its node's torchrun (and, under
 SLURM, `srun --kill-on-bad-exit=1`) ends the job instead of leaving rank 0 waiting in a collective.
 Any other error (a full disk, a broken file) may be one rank's alone: that rank says it at once.
+
+Exit statuses, the same for every psyrl command and entry script (docs/cli.md):
+- 0: done; a check (`psyrl data check`, `psyrl checkpoint verify`) found nothing wrong.
+- 1: failed, with one message saying why: a PsyrlError (a file's contents, a config key, a run
+  directory, a damaged checkpoint, an API that refused), a write that failed, or a check that found
+  something wrong. torchrun also exits 1 when a worker failed, whatever the worker's status.
+- 2: the command line itself is wrong (an unknown option, a bad option value, a missing argument):
+  click's usage errors, raised before anything is read or written.
+- 3: `psyrl plan` and `psyrl experiment --plan`: the plan does not fit (an answer, not an error).
+- 75 (EXIT_PREEMPTED, sysexits' EX_TEMPFAIL): preempted; a checkpoint was written and the same
+  command with --resume continues. `psyrl experiment` passes it on.
 """
 
 from __future__ import annotations
