@@ -2,11 +2,19 @@
 order, how a step is filled at the round limit, and how the kept groups are laid over the ranks.
 Hand-computed cases; the run itself (cursor, seeds, resume) is in tests/test_train_tgrpo.py."""
 
+import json
+import subprocess
+import sys
+
+import pytest
+
 from psyrl.rl import rollout
 from psyrl.rl.rollout import Drawn, choose_groups, keep_groups, rank_positions, varied_groups
 from psyrl.rl.scoring import Sample
 from psyrl.runtime.distributed import ONE_PROCESS, Dist
 from psyrl.runtime.sampler import Completion
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
 
 def sample(position: int, index: int, f1: float) -> Sample:
@@ -81,20 +89,29 @@ def test_on_two_ranks_each_rank_gets_the_kept_groups_of_its_positions(monkeypatc
         for r in (0, 1)
     }
 
-    def gather(mine, dist):  # every rank's list in rank order, as all_gather_lists returns it
-        return [
-            ((k, p), g)
-            for r in (0, 1)
-            for k, d in enumerate(local[r])
-            for p, g in zip(d.positions, d.groups)
-        ]
-
-    monkeypatch.setattr(rollout, "all_gather_lists", gather)
     one, _ = keep_groups(
         [drawn_round([0, 1, 2, 3], f1s, [0, 1, 2, 3], "a"),
          drawn_round([4, 5, 6, 7], again, [0, 1, 2, 3], "b")],
         4, 2, 2, ONE_PROCESS,
     )  # fmt: skip
+    sent = {}  # (sender, receiver) -> what the sender's keep_groups sends
+
+    class Sent(Exception):
+        pass
+
+    def record(outgoing, dist):
+        sent.update({(dist.rank, to): part for to, part in enumerate(outgoing)})
+        raise Sent
+
+    monkeypatch.setattr(rollout, "exchange", record)
+    for r in (0, 1):  # every rank's sends first, as the collective has them all
+        with pytest.raises(Sent):
+            keep_groups(local[r], 4, 2, 2, ranks[r])
+    # what each rank receives: its share from every rank, in rank order
+    deliver = lambda outgoing, dist: [x for r in (0, 1) for x in sent[r, dist.rank]]
+    monkeypatch.setattr(rollout, "exchange", deliver)
+    # the completions of 2 kept groups per rank cross, and nothing of a dropped group
+    assert sum(len(g) for part in sent.values() for _, g in part) == 4 * 2
     assert one.indices == [0, 3, 4, 7]
     for r in (0, 1):
         step, metrics = keep_groups(local[r], 4, 2, 2, ranks[r])
@@ -103,3 +120,24 @@ def test_on_two_ranks_each_rank_gets_the_kept_groups_of_its_positions(monkeypatc
         assert [g[0].text for g in step.groups] == [one.groups[p][0].text for p in step.positions]
         assert metrics["rollout/filter_dropped"] == 4
     assert [g[0].text for g in one.groups] == ["a0.0", "a3.0", "b0.0", "b3.0"]
+
+
+@pytest.mark.slow
+def test_on_two_gloo_ranks_a_rank_receives_only_the_kept_groups_it_trains(tmp_path):
+    """Two rounds of 4 prompts, G = 2, on 2 ranks (tests/workers/keep_groups_exchange.py): the step
+    equals one process's, laid over the ranks, and a rank receives the completions of its own 2
+    kept groups (4), not every round's completions of every rank (16)."""
+    command = [*TORCHRUN, "tests/workers/keep_groups_exchange.py", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    one = json.loads((tmp_path / "one-process.json").read_text())
+    assert one["indices"] == [11, 12, 20, 23]
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+        assert got["indices"] == one["indices"] and got["samples"] == one["samples"]
+        assert got["positions"] == [rank, rank + 2]
+        assert got["groups"] == [one["groups"][p] for p in got["positions"]]
+        assert got["received"] == 2 * 2  # its 2 kept groups of 2 completions
+    # the moved groups: round 0's position 1 (sampled on rank 1) now trains on rank 0, and back
+    assert json.loads((tmp_path / "rank-0.json").read_text())["groups"][0] == ["r0p1.0", "r0p1.1"]
+    assert json.loads((tmp_path / "rank-1.json").read_text())["groups"][0] == ["r0p2.0", "r0p2.1"]
