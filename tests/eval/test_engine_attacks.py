@@ -13,8 +13,10 @@ import time
 import urllib.parse
 
 import pytest
+from click.testing import CliRunner
 from http_stub import serve_posts
 
+from psyrl.cli.evaluate import evaluate as evaluate_command
 from psyrl.core.config import JudgeConfig
 from psyrl.eval.openai_engine import ApiError, ApiOptions, Client, complete_all, url_problem
 from psyrl.rl.accuracy import Pair
@@ -272,3 +274,16 @@ def test_a_body_cut_short_at_temperature_0_is_still_retried(stub):
     server = stub(respond)
     client = Client(options(server.url), {KEY_ENV: KEY}, accept=lambda c: c.text)
     assert client.complete(body()) == "SCORE: 1" and len(server.bodies) == 2
+
+
+def test_evaluate_refuses_a_key_with_a_pasted_hyphen_in_one_message(stub, tmp_path):
+    # before: "Error: 'latin-1' codec can't encode character '\u2011'", after writing the output
+    server = stub(lambda self, handler, body: send(handler, 200, answer("hi")))
+    argv = ["--engine", "openai", "--base-url", server.url, "--api-model", "stub"]
+    argv += ["--benchmarks", "data/demo/mc.jsonl", "--limit", "1", "--out", str(tmp_path / "e")]
+    argv += ["--no-progress"]
+    key = "sk-abc\u2011def-0123"
+    result = CliRunner().invoke(evaluate_command, argv, env={"OPENAI_API_KEY": key})
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "$OPENAI_API_KEY holds U+2011 NON-BREAKING HYPHEN at character 7" in result.output
+    assert "0123" not in result.output and server.bodies == []
