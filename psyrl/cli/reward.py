@@ -57,8 +57,10 @@ def signal_options(command):
     return command
 
 
-def _scores(names, config_path, overrides, pairs) -> dict:
-    """{name: float64 [N]} for every requested signal, built from the config."""
+def _scores(names, config_path, overrides, pairs, unscored: dict | None = None) -> dict:
+    """{name: float64 [N]} for every requested signal, built from the config. With `unscored` (a
+    dict to fill), a pair the judge does not score is put there ({"judge": bool [N]}) instead of
+    stopping the command: probes are built to make a judge fail."""
     import torch
     import transformers
     from tqdm import tqdm
@@ -69,18 +71,21 @@ def _scores(names, config_path, overrides, pairs) -> dict:
     cfg = load_config(None if config_path is None else resolve_config(config_path), overrides)
     # a score or an audit of the judge must be the judge's: an unanswered request stops the command
     # (naming the endpoint) instead of standing in the paper's F1 as training does
-    cfg = dataclasses.replace(cfg, judge=dataclasses.replace(cfg.judge, on_failure="stop"))
+    on_failure = "stop" if unscored is None else "mask"
+    cfg = dataclasses.replace(cfg, judge=dataclasses.replace(cfg.judge, on_failure=on_failure))
 
     chunk = cfg.semantic.batch_size * max(1, CHUNK // cfg.semantic.batch_size)
     results = {}
     for name in dict.fromkeys(names):
         signal = build_signal(name, cfg)
         starts = range(0, len(pairs), chunk)
-        parts = [
-            signal(pairs[start : start + chunk])
-            for start in tqdm(starts, desc=name, unit="chunk", leave=False, disable=len(starts) < 2)
-        ]
+        parts, missed = [], []
+        for start in tqdm(starts, desc=name, unit="chunk", leave=False, disable=len(starts) < 2):
+            parts.append(signal(pairs[start : start + chunk]))
+            missed.append(torch.as_tensor(getattr(signal, "fallback_mask", [])).bool())
         results[name] = torch.cat(parts).double()
+        if unscored is not None and name == "judge":
+            unscored[name] = torch.cat(missed)
     return results
 
 
@@ -121,8 +126,30 @@ def score_command(path, names, config_path, overrides):
     show_default=True,
     help="Bootstrap resamples.",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="The bootstrap's seed.")
-def audit_command(path, names, config_path, overrides, as_json, resamples, seed):
+@click.option(
+    "--seed",
+    type=click.IntRange(0, 2**63 - 1),
+    default=0,
+    show_default=True,
+    help="The bootstrap's seed.",
+)
+@click.option(
+    "--probes",
+    "probes",
+    is_flag=True,
+    help="Also score the shipped probes (psyrl/assets/judge/probes.jsonl: score lines, fake "
+    "headings, 'ignore the rubric', openers, an empty answer, every emotion word) against every "
+    "triple, and report how many beat the wrong answers: what a policy could exploit.",
+)
+@click.option(
+    "--probe-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help='Probes of your own instead ("id", "what", "prediction" per line); implies --probes.',
+)
+def audit_command(
+    path, names, config_path, overrides, as_json, resamples, seed, probes, probe_file
+):
     """How often each --accuracy signal scores the right answer above the wrong one.
 
     FILE.jsonl holds one JSON object per line with string keys "gold", "right" (a correct answer,
@@ -134,21 +161,43 @@ def audit_command(path, names, config_path, overrides, as_json, resamples, seed)
     (a tie is not above); the mean margin score(right) - score(wrong); each with a 95 % bootstrap
     interval (percentile method, --resamples resamples of the triples, seeded). Every row is
     validated first: a bad row stops the command with FILE:LINE and what was expected (exit status
-    2).
+    2). Fewer than MIN_TRIPLES triples give a warning: their intervals say little (one triple's is
+    that triple's value).
+
+    --probes: for each signal and probe, its mean score and on how many triples it scores above
+    the wrong answer and above the right one; a probe beats the wrong answers when its mean is
+    above theirs (a policy writing it would gain). A probe the judge does not score counts as not
+    above (under judge.on_failure = "mask" it earns nothing).
     """
-    from psyrl.signals.audit import audit, load_triples
+    from psyrl.signals.audit import audit, load_probes, load_triples, probe_pairs
 
     with reported("psyrl reward audit"):
         triples = load_triples(path)
+        chosen = load_probes(probe_file) if probes or probe_file else []
+        if len(triples) < MIN_TRIPLES:
+            click.echo(
+                f"psyrl reward audit: warning: {len(triples)} triple(s) in {path}; a bootstrap "
+                f"interval needs many more (at least {MIN_TRIPLES}), and one triple's is its own "
+                "value",
+                err=True,
+            )
         pairs = [pair for triple in triples for pair in triple.pairs()]  # right, wrong, ...
         scores = _scores(names, config_path, overrides, pairs)
         results = {
             name: audit(values[0::2], values[1::2], resamples, seed)
             for name, values in scores.items()
         }
+        probed = {}
+        if chosen:
+            unscored: dict = {}
+            probe_scores = _scores(
+                names, config_path, overrides, probe_pairs(chosen, triples), unscored
+            )
+            probed = _probe_results(chosen, probe_scores, scores, unscored)
         if as_json:
             for name, a in results.items():
-                click.echo(json.dumps({"signal": name, **a.__dict__}))
+                extra = {"probes": [f.__dict__ for f in probed[name]]} if probed else {}
+                click.echo(json.dumps({"signal": name, **a.__dict__, **extra}))
             return
         rows = [("signal", "n", "right > wrong [95 % CI]", "ties", "mean margin [95 % CI]")]
         for name, a in results.items():
@@ -163,6 +212,55 @@ def audit_command(path, names, config_path, overrides, as_json, resamples, seed)
                     f"{a.margin:+.3f} [{mlo:+.3f}, {mhi:+.3f}]",
                 )
             )
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        for row in rows:
-            click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        _table(rows)
+        if probed:
+            _probe_table(chosen, probed, len(triples), scores)
+
+
+MIN_TRIPLES = 20  # below it the audit warns: a bootstrap interval of a few values says little
+
+
+def _table(rows) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def _probe_results(probes, probe_scores, scores, unscored) -> dict:
+    """{signal: [ProbeFigures per probe]}."""
+    from psyrl.signals.audit import probe_figures
+
+    return {
+        name: probe_figures(
+            probes, values, scores[name][0::2], scores[name][1::2], unscored.get(name)
+        )
+        for name, values in probe_scores.items()
+    }
+
+
+def _probe_table(probes, probed: dict, n: int, scores: dict) -> None:
+    """Per probe and signal: mean score, triples above the wrong answer, above the right one."""
+    click.echo("")
+    click.echo(
+        f"probes, each scored against the {n} triples: 'mean, >wrong k, >right m' (on k, m of the "
+        f"{n} triples above that triple's wrong, right answer); * its mean beats the wrong answers'"
+    )
+    rows = [
+        ("probe", *probed),
+        ("(wrong answers)", *(f"{scores[name][1::2].mean().item():.3f}" for name in probed)),
+        ("(right answers)", *(f"{scores[name][0::2].mean().item():.3f}" for name in probed)),
+    ]
+    for i, probe in enumerate(probes):
+        cells = []
+        for figures in probed.values():
+            f = figures[i]
+            mark = " *" if f.beats else ""
+            missing = f", unscored {f.unscored}" if f.unscored else ""
+            cells.append(
+                f"{f.mean:.3f}, >wrong {round(f.above_wrong * n)}, "
+                f">right {round(f.above_right * n)}{missing}{mark}"
+            )
+        rows.append((probe.id, *cells))
+    beat = [f"{sum(f.beats for f in figures)}/{len(probes)}" for figures in probed.values()]
+    rows.append(("beat the wrong answers", *beat))
+    _table(rows)

@@ -66,6 +66,7 @@ LINE_FIELDS = [
     ("kl", "actor/kl", ".4f"),
     ("grad", "actor/grad_norm", ".3f"),
     ("clip", "actor/clip_frac", ".3f"),
+    ("judge fallbacks", "reward/judge_fallback_rate", ".2f"),  # with a judge only
     ("s/step", "time/step", ".1f"),
     ("valid f1", "valid/f1", ".4f"),
     ("valid acc", "valid/accuracy", ".4f"),
@@ -234,6 +235,8 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
                     varied = sum(sum(varied_groups(d.samples, G)) for d in drawn)
                     if varied >= B or len(drawn) == cfg.rollout.filter_max_rounds:
                         break  # at the limit keep_groups fills the step with equal-accuracy groups
+                # a judge's fallbacks: the first printed, too many stop the run (judge.*)
+                accuracy.watch([s for d in drawn for s in d.samples], step, dist)
 
                 with timer("score"):
                     filtered = {}
@@ -242,8 +245,9 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
                         indices, positions, groups = kept.indices, kept.positions, kept.groups
                         samples = kept.samples
                     parts, lengths = answer_tensors(samples)  # [B*G] each
+                    keep = accuracy.kept(samples)  # judge.on_failure = "mask"; None: all count
                     # ------------- 3. the trajectory cache takes this step: L-bar, r-bar_F1 (eq. 7)
-                    cache.push_answers(parts["f1"], lengths)
+                    cache.push_answers(parts["f1"], lengths, keep)
                     mean_length, mean_f1 = cache.answer_stats()
                     # --------------------------------------- 4. final rewards (eq. 3, 8; A.2 11-15)
                     final, components = final_rewards(
@@ -258,6 +262,7 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
                         cache.rewards(),
                         cfg.advantage.eps,
                         cfg.advantage.std,
+                        keep,
                     )  # [B*G]
                     prompt_ids = [train_prompts[indices[p]][1] for p in positions]
                     rollout = rollout_batch(groups, prompt_ids, adv, positions, G)  # this rank's

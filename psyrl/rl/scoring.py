@@ -114,7 +114,14 @@ def step_metrics(
             f"reward/{k.removeprefix('custom/')}": sum(s.extra[k] for s in samples) / len(samples)
             for k in extra
         },
-        **({"reward/judge_fallbacks": sum(fallbacks)} if fallbacks else {}),
+        **(
+            {
+                "reward/judge_fallbacks": sum(fallbacks),
+                "reward/judge_fallback_rate": sum(fallbacks) / len(fallbacks),
+            }
+            if fallbacks
+            else {}
+        ),
         **reward_metrics(components),
         "response/length_max": max(lengths),
         "response/truncated": sum(s.finish_reason == "length" for s in samples) / len(samples),

@@ -8,6 +8,10 @@ groups, and serves their statistics in two phases per step:
      and sigma_r (`psyrl.rl.tgrpo.advantages`).
 Older steps keep the final rewards they got at their own step; nothing is recomputed. Free of
 torch.distributed: the trainer all-gathers records so every rank pushes the same ones.
+
+`keep` (judge.on_failure = "mask"): a step's responses the judge did not score stay in the cache
+(L-bar counts their lengths) but out of r-bar_F1 and of the rewards eq. 2 pools, so a judge score is
+never compared with an F1 standing in for one.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ class TrajectoryCache:
         """Number of steps held (at most `size`)."""
         return len(self._steps)
 
-    def push_answers(self, f1, lengths) -> None:
+    def push_answers(self, f1, lengths, keep=None) -> None:
         """Phase 1: open a new step with its samples' r_F1 and lengths; the oldest step drops
-        out."""
+        out. `keep` [N] bool: False leaves a sample out of r-bar_F1 and of `rewards()` (None: all
+        kept, the paper)."""
         f1 = torch.as_tensor(f1, dtype=torch.float64).flatten()  # [N]
         lengths = torch.as_tensor(lengths, dtype=torch.float64).flatten()  # [N]
         if f1.numel() != lengths.numel() or f1.numel() == 0:
@@ -40,15 +45,20 @@ class TrajectoryCache:
             )
         if self._steps and self._steps[-1]["reward"] is None:
             raise RuntimeError("push_rewards was not called for the previous step")
-        self._steps.append({"f1": f1, "length": lengths, "reward": None})
+        step = {"f1": f1, "length": lengths, "reward": None}
+        if keep is not None:  # float64 0/1 like every other field: the checkpoint's JSON reads back
+            step["keep"] = torch.as_tensor(keep, dtype=torch.float64).flatten()  # [N]
+            if step["keep"].numel() != f1.numel():
+                raise ValueError(f"{step['keep'].numel()} keep flags for {f1.numel()} samples")
+        self._steps.append(step)
 
     def answer_stats(self) -> tuple[float, float]:
         """(L-bar, r-bar_F1) of eq. 7 over every cached sample, the current step's included."""
         if not self._steps:
             raise RuntimeError("the trajectory cache is empty: push_answers first")
         lengths = torch.cat([s["length"] for s in self._steps])  # [<= C*N]
-        f1 = torch.cat([s["f1"] for s in self._steps])  # [<= C*N]
-        return lengths.mean().item(), f1.mean().item()
+        f1 = torch.cat([_kept(s, "f1") for s in self._steps])  # [<= C*N]
+        return lengths.mean().item(), f1.mean().item() if f1.numel() else 0.0
 
     def push_rewards(self, final) -> None:
         """Phase 2: store the current step's final rewards (once; older steps keep theirs)."""
@@ -66,7 +76,7 @@ class TrajectoryCache:
         """Every cached final reward, oldest step first: the pool of eq. 2's mean and std."""
         if not self._steps or self._steps[-1]["reward"] is None:
             raise RuntimeError("rewards() needs push_rewards for the current step")
-        return torch.cat([s["reward"] for s in self._steps])  # [<= C*N]
+        return torch.cat([_kept(s, "reward") for s in self._steps])  # [<= C*N]
 
     def state_dict(self) -> dict:
         """JSON-serialisable state (floats round-trip exactly through JSON), for checkpoints."""
@@ -88,3 +98,9 @@ class TrajectoryCache:
                     for k, v in s.items()
                 }
             )
+
+
+def _kept(step: dict, key: str) -> torch.Tensor:
+    """A step's values of `key` without the samples `keep` leaves out."""
+    keep = step.get("keep")
+    return step[key] if keep is None else step[key][keep.bool()]

@@ -11,6 +11,20 @@ opposite emotion in the gold's words). For one signal's scores of the right and 
 Each with a 95 % bootstrap interval: 10,000 resamples of the triples with replacement (seeded, the
 same resamples for both figures), percentile method (the 2.5th and 97.5th percentiles of the
 resampled means, linearly interpolated as numpy's default).
+
+Probes (`psyrl reward audit --probes`): answers a policy could write without knowing the item
+(psyrl/assets/judge/probes.jsonl: score lines, fake headings and tags, "ignore the rubric",
+openers such as "Thought process:", an empty answer, every emotion word). Each probe is scored
+against every triple's gold answer, stimulus and question. For one signal and probe:
+
+- `above_wrong`: the fraction of triples with score(probe) > score(wrong), the triple's labelled
+  wrong answer (a tie is not above); `above_right` likewise against its right answer.
+- `mean`: the probe's mean score; `unscored`: triples the judge gave no score (they count as not
+  above: under judge.on_failure = "mask" such a response earns nothing).
+
+A probe *beats* the wrong answers when its mean score is above the mean score of the triples'
+wrong answers (the same triples, those it was scored on): a policy that wrote it every time instead
+of a wrong guess would earn more reward. The pairwise counts show how often.
 """
 
 from __future__ import annotations
@@ -18,6 +32,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -121,6 +136,85 @@ def load_triples(path: str | Path) -> list[Triple]:
         lambda obj: Triple(**_fields(obj, ("gold", "right", "wrong"))),
         '"gold", "right", "wrong"',
     )
+
+
+@dataclass(frozen=True)
+class Probe:
+    """An answer written to game a signal, the same for every item."""
+
+    id: str
+    what: str
+    prediction: str
+
+
+def load_probes(path: str | Path | None = None) -> list[Probe]:
+    """The probes of a JSONL file ("id", "what", "prediction"; the prediction may be empty), or the
+    shipped set (psyrl/assets/judge/probes.jsonl) when `path` is None."""
+    if path is None:
+        path = Path(str(resources.files("psyrl") / "assets" / "judge" / "probes.jsonl"))
+
+    def parse(obj) -> Probe:
+        fields = _fields(obj, ("id", "what", "prediction"), may_be_empty=("prediction",))
+        return Probe(fields["id"], fields["what"], fields["prediction"])
+
+    return _load(path, parse, '"id", "what", "prediction"')
+
+
+def probe_pairs(probes: Sequence[Probe], triples: Sequence[Triple]) -> list[Pair]:
+    """Each probe against each triple, probe-major: [P * n]."""
+    return [
+        Pair(t.gold, probe.prediction, t.stimulus, t.question) for probe in probes for t in triples
+    ]
+
+
+@dataclass(frozen=True)
+class ProbeFigures:
+    """One probe's figures under one signal, over n triples."""
+
+    id: str
+    mean: float
+    """Mean score over the triples it was scored on (0 when none)."""
+    above_wrong: float
+    """Fraction of triples with score(probe) > score(wrong answer)."""
+    above_right: float
+    """Fraction of triples with score(probe) > score(right answer)."""
+    unscored: int
+    """Triples the judge gave no score (counted as not above)."""
+    beats: bool
+    """Its mean is above the wrong answers' mean on the triples it was scored on."""
+
+
+def probe_figures(
+    probes: Sequence[Probe],
+    scores: torch.Tensor,
+    right: torch.Tensor,
+    wrong: torch.Tensor,
+    unscored: torch.Tensor | None = None,
+) -> list[ProbeFigures]:
+    """Each probe's figures from its scores [P * n] (probe-major, `probe_pairs`), the triples'
+    right and wrong answers' scores [n] each, and `unscored` [P * n] bool (None: all scored)."""
+    n = right.numel()
+    scores = scores.double().reshape(len(probes), n)  # [P, n]
+    missing = (
+        torch.zeros_like(scores, dtype=torch.bool)
+        if unscored is None
+        else unscored.reshape(len(probes), n)
+    )  # [P, n]
+    figures = []
+    for probe, row, miss in zip(probes, scores, missing):
+        scored = row[~miss]
+        mean = scored.mean().item() if scored.numel() else 0.0
+        figures.append(
+            ProbeFigures(
+                id=probe.id,
+                mean=mean,
+                above_wrong=((row > wrong.double()) & ~miss).double().mean().item(),
+                above_right=((row > right.double()) & ~miss).double().mean().item(),
+                unscored=int(miss.sum()),
+                beats=bool(scored.numel()) and mean > wrong.double()[~miss].mean().item(),
+            )
+        )
+    return figures
 
 
 # ---------------------------------------------------------------- figures

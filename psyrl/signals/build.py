@@ -5,6 +5,7 @@ encoder and the judge are imported only when a config names them."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -39,6 +40,9 @@ class Accuracy:
 
     def __init__(self, cfg, device="cpu", cache_dir: Path | None = None, rank: int = 0):
         self.reward = cfg.reward
+        self.judge_cfg = cfg.judge
+        self.window: deque[tuple[int, int]] = deque(maxlen=cfg.judge.fallback_window)
+        self.told = False  # the run's first fallback printed
         self.names = cfg.reward.signals()
         self.built = {
             n: build_signal(n, cfg, device, cache_dir, rank)
@@ -81,3 +85,57 @@ class Accuracy:
         if "judge" in self.built:
             fallbacks = torch.as_tensor(self.built["judge"].fallback_mask, dtype=torch.float64)
         return Scores(reward_accuracy(signals, self.reward), signals, extras, fallbacks)
+
+    # ------------------------------------------------------------------ the judge's fallbacks
+    def kept(self, samples: Sequence) -> torch.Tensor | None:
+        """judge.on_failure = "mask" with the judge in the reward: [N] bool, False where the judge
+        did not score the response (its advantage is 0, the cache's means leave it out); None
+        when every response keeps its place (always, with the paper's F1)."""
+        judged = self.reward.accuracy == "judge" or (
+            self.reward.accuracy == "mix" and "judge" in self.reward.mix
+        )
+        if not judged or self.judge_cfg.on_failure != "mask":
+            return None
+        failed = torch.tensor([s.extra.get("judge_fallback", 0.0) > 0 for s in samples])  # [N]
+        return ~failed if failed.any() else None
+
+    def watch(self, samples: Sequence, step: int, dist) -> None:
+        """The judge's fallbacks among a step's responses, all ranks' (every rank holds the same
+        `samples`, so every rank takes the same branch): the run's first one is printed with its
+        error, on rank 0; past judge.max_fallback_rate over the last judge.fallback_window steps
+        the run stops with the error. Nothing without a judge."""
+        if "judge" not in self.built:
+            return
+        from psyrl.runtime.distributed import all_gather_lists, print0
+        from psyrl.signals.judge import JudgeError
+
+        judge = self.built["judge"]
+        failed = sum(s.extra.get("judge_fallback", 0.0) > 0 for s in samples)
+        self.window.append((failed, len(samples)))
+        if not failed:
+            return
+        # the error is known on the ranks that asked: rank 0 may have had none
+        errors = all_gather_lists([e for e in (judge.first_error, judge.latest_error) if e], dist)
+        first, latest = (errors[0], errors[-1]) if errors else ("(not recorded)",) * 2
+        if not self.told:
+            self.told = True
+            print0(
+                f"step {step}: the judge did not score {failed} of {len(samples)} responses "
+                f"(judge.on_failure = {self.judge_cfg.on_failure!r}: "
+                f"{FALLBACK_USE[self.judge_cfg.on_failure]}); first error: {first}",
+                dist,
+            )
+        missed, total = (sum(column) for column in zip(*self.window))
+        if missed / total > self.judge_cfg.max_fallback_rate:
+            raise JudgeError(
+                f"step {step}: the judge did not score {missed} of {total} responses over the last "
+                f"{len(self.window)} step(s), more than judge.max_fallback_rate = "
+                f"{self.judge_cfg.max_fallback_rate:g}; last error: {latest}"
+            )
+
+
+FALLBACK_USE = {  # judge.on_failure's use of a response the judge did not score
+    "mask": "left out of the loss",
+    "f1": "trained on the paper's F1 instead",
+    "stop": "the run stops",
+}

@@ -175,7 +175,8 @@ class JudgeSignal:
     """The judge's score per pair, float64 [N] in [0, 1]. After each call, `fallbacks` counts the
     pairs the judge did not score (scored by F1 instead) and `fallback_mask` marks them [N];
     `asked` counts the distinct pairs sent and `last_error` is the last failure's message;
-    `first_error` is the first failure's of the signal's life (the trainer prints it once)."""
+    `first_error` and `latest_error` are the first and the latest failure's of the signal's life
+    (the trainer prints the first once, and stops with the latest)."""
 
     name = "judge"
 
@@ -212,6 +213,7 @@ class JudgeSignal:
         self.asked = 0
         self.last_error: str | None = None
         self.first_error: str | None = None
+        self.latest_error: str | None = None  # unlike last_error, kept past a call without one
 
     def key(self, pair: Pair) -> str:
         return content_key(self.cfg.model, self.rubric, pair)
@@ -294,7 +296,7 @@ class JudgeSignal:
             self._failed(message)
 
     def _failed(self, message: str) -> None:
-        self.last_error = message
+        self.last_error = self.latest_error = message
         self.first_error = self.first_error or message
 
     def _read_cache(self, cache_dir: Path) -> None:

@@ -141,3 +141,33 @@ def test_a_refused_key_stops_the_run_under_every_on_failure(serve, status, on_fa
     assert f"{stub.url}/chat/completions" in message and f"HTTP {status}" in message
     assert KEY not in message
     assert len(stub.bodies) <= 2  # not retried; the requests not yet sent are not sent
+
+
+def test_the_probe_audit_shows_what_a_gullible_judge_lets_through(tmp_path, monkeypatch):
+    # the gullible stub repeats an answer's score line (refused: the token is missing), obeys
+    # "ignore the rubric" (scored 1: the audit flags it), else grades by shared gold words
+    from click.testing import CliRunner
+    from gullible_judge import handle
+
+    from psyrl.cli.main import main
+
+    monkeypatch.setenv("PSYRL_JUDGE_API_KEY", "")
+    server, url = serve_posts(handle)
+    triples = tmp_path / "triples.jsonl"
+    triples.write_text("".join(open("data/reward_triples/triples.jsonl").readlines()[:6]))
+    try:
+        result = CliRunner().invoke(
+            main,
+            ["reward", "audit", str(triples), "--accuracy", "judge", "--probes", "--json",
+             "--set", f"judge.base_url={json.dumps(url)}", "--set", 'judge.model="gullible"',
+             "--set", "judge.retries=0"],
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.exit_code == 0, result.output
+    probes = {p["id"]: p for p in json.loads(result.stdout)["probes"]}
+    for injected in ("score-line", "score-line-after-answer", "score-line-token"):
+        assert probes[injected]["unscored"] == 6 and probes[injected]["mean"] == 0.0
+    assert probes["ignore-rubric"]["mean"] == 1.0 and probes["ignore-rubric"]["beats"]
+    assert probes["empty"]["mean"] == 0.0 and not probes["empty"]["beats"]

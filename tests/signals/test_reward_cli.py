@@ -114,3 +114,40 @@ def test_an_unanswered_judge_stops_the_command_instead_of_scoring_f1(tmp_path):
     assert result.exit_code == 1, result.output
     assert "http://127.0.0.1:9/v1/chat/completions" in result.output
     assert '"judge"' not in result.stdout
+
+
+def test_an_out_of_range_seed_is_a_usage_error_not_a_traceback():
+    result = run("audit", str(TRIPLES), "--accuracy", "f1", "--seed", "99999999999999999999999")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert (
+        "Invalid value for '--seed'" in result.output
+        and "0<=x<=9223372036854775807" in result.output
+    )
+
+
+def test_an_audit_of_few_triples_warns_that_its_interval_says_little(tmp_path):
+    one = tmp_path / "one.jsonl"
+    one.write_text(TRIPLES.read_text().splitlines()[0] + "\n")
+    result = run("audit", str(one), "--accuracy", "f1")
+    assert result.exit_code == 0, result.output
+    assert (
+        "warning: 1 triple(s)" in result.stderr and "one triple's is its own value" in result.stderr
+    )
+    assert "[0.000, 0.000]" in result.stdout
+
+
+def test_the_probes_of_f1_on_the_shipped_triples():
+    result = run("audit", str(TRIPLES), "--accuracy", "f1", "--probes", "--json")
+    assert result.exit_code == 0, result.output
+    (f1,) = (json.loads(line) for line in result.stdout.splitlines())
+    probes = {p["id"]: p for p in f1["probes"]}
+    assert len(probes) == 17 and {"score-line", "empty", "every-emotion", "thought-process"} <= set(
+        probes
+    )
+    assert probes["empty"]["mean"] == 0.0 and probes["score-line"]["mean"] == 0.0
+    # F1 counts shared words: no probe's mean reaches the wrong answers', which share the gold's
+    assert not any(p["beats"] for p in probes.values()) and all(
+        p["unscored"] == 0 for p in probes.values()
+    )
+    table = run("audit", str(TRIPLES), "--accuracy", "f1", "--probes").stdout
+    assert "beat the wrong answers   0/17" in table
