@@ -139,6 +139,7 @@ JUDGE = [
 ]
 
 
+@pytest.mark.slow
 def test_an_unreachable_judge_stops_the_run_with_its_error(start, tmp_path):
     result = run_in_process(start, tmp_path, *JUDGE)
     assert result.exit_code != 0, result.output
@@ -148,6 +149,7 @@ def test_an_unreachable_judge_stops_the_run_with_its_error(start, tmp_path):
     assert "more than judge.max_fallback_rate = 0.5" in out
 
 
+@pytest.mark.slow
 def test_under_mask_an_unscored_step_trains_on_nothing_and_its_rate_is_shown(start, tmp_path):
     result = run_in_process(start, tmp_path, *JUDGE, "judge.max_fallback_rate=1", "log.every=1")
     assert result.exit_code == 0, result.output
