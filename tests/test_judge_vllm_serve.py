@@ -4,10 +4,12 @@ the same tiny random Qwen2, with `--api-key` so that only a request carrying the
 Skipped where vLLM is not installed; `make test-vllm-cpu` runs it.
 
 This checks the transport end to end, not the judge's quality: a random 2-layer model cannot grade
-anything, and it never writes a `SCORE: x` line, so every answer is refused as malformed, retried,
-and falls back to the paper's F1. What is checked: the shipped rubric's prompt fits and reaches the
-server, the server's chat template renders it and answers (HTTP 200 in its access log, one line per
-attempt: distinct pairs x (retries + 1)), each refusal falls back with the right value and count,
+anything, and it never writes a `SCORE[<token>]: x` line, so every answer is refused as malformed
+(at once: the same temperature-0 request is not sent again) and falls back to the paper's F1. What
+is checked: the judge's two messages (a short rubric as the system message: the shipped one, 1,468
+tiny-tokenizer tokens with an item, does not fit the tiny model's 1,024) reach the server, its chat
+template renders them and it answers (HTTP 200 in its access log, one line per distinct pair), each
+refusal falls back with the right value and count,
 a fallback is not cached (the next call asks again), `on_failure = "stop"` names the endpoint, and
 the key works only from its environment variable (without it, or with another value, the server
 answers 401) and is written to no file. The judge's quality cannot be measured here without a real
@@ -15,6 +17,7 @@ instruct model (docs/judge.md).
 """
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -49,12 +52,16 @@ def answered(log) -> dict[str, int]:
     return counts
 
 
+SHORT_RUBRIC = Path(__file__).parent / "signals" / "short_rubric.md"  # fits a 1,024-token model
+
+
 def judge(url: str, cache_dir=None, **cfg) -> JudgeSignal:
     settings = dict(
         base_url=url,
         model="tiny",
         api_key_env=KEY_ENV,
-        max_tokens=16,  # the rubric's prompt is 916 tiny-tokenizer tokens + the item, of 1024
+        max_tokens=16,
+        rubric=str(SHORT_RUBRIC),
         timeout_s=120.0,
         step_timeout_s=300.0,
         concurrency=4,
@@ -76,23 +83,25 @@ def test_the_judge_reaches_vllm_serve_and_falls_back_on_its_answers(
     scores = signal_(PAIRS)
     took = time.monotonic() - t0
     requests = answered(log).get("200", 0) - before
-    # a random model writes no `SCORE: x` line: all 4 distinct pairs refused on each attempt
+    # a random model writes no `SCORE[<token>]: x` line: all 4 distinct pairs refused, once each
     assert signal_.asked == 4
-    assert requests == 4 * (RETRIES + 1), (requests, signal_.last_error)
+    assert requests == 4, (requests, signal_.last_error)
     assert signal_.fallbacks == 5 and signal_.fallback_mask.all()
     assert scores.tolist() == token_f1(PAIRS).tolist()
-    assert "answer refused (the last line is not 'SCORE: <number>')" in signal_.last_error
+    assert "answer refused (the last line is not 'SCORE[<the request's token>]: <number>')" in (
+        signal_.last_error
+    )
     assert signal_.last_error.startswith(f"{url}/chat/completions: ")
     # fallbacks are not cached: a second call asks again
     signal_(PAIRS[:2])
-    assert answered(log)["200"] - before == 6 * (RETRIES + 1) and signal_.fallbacks == 2
+    assert answered(log)["200"] - before == 6 and signal_.fallbacks == 2
     assert sorted(p.name for p in cache.iterdir()) == ["rank-0.jsonl"]
     assert (cache / "rank-0.jsonl").read_text() == ""  # nothing scored, nothing kept
     # on_failure = "stop": the endpoint and the error
     with pytest.raises(JudgeError, match="answer refused") as raised:
         judge(url, on_failure="stop")(PAIRS[:1])
     assert f"{url}/chat/completions" in str(raised.value)
-    print(f"\n4 pairs x {RETRIES + 1} attempts: {took:.1f} s; the last: {signal_.last_error}")
+    print(f"\n4 pairs: {took:.1f} s; the last: {signal_.last_error}")
 
 
 def test_the_key_comes_from_its_variable_only(vllm_server, tmp_path, monkeypatch):
