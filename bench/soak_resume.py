@@ -8,7 +8,7 @@ First a small start model is taught the answer format (as tests/test_train_tgrpo
 then the reference run goes through uninterrupted. The soaked run is launched again and again; each
 launch is killed (SIGKILL to torchrun and both workers at once, as a node failure would) at a moment
 aimed at a step drawn uniformly over the whole run (the N draws sorted, one per launch), of one of
-four kinds taken in turn:
+five kinds taken in turn:
   - time: a random moment inside that step, timed from the reference run's start-up and steps;
   - checkpoint: while the first checkpoint at or after that step is being written (its
     `.step-N.tmp-*` directory exists), after a random 0-300 ms;
@@ -17,9 +17,15 @@ four kinds taken in turn:
   - corrupt: as `time`, then silent corruption of the newest resumable checkpoint: 1-8 random bits
     flipped in its files (a file drawn with probability proportional to its size, the sizes kept),
     as bit rot or a bad copy would leave it. The next launch must skip that checkpoint, naming the
-    file ("corrupted checkpoint"); one that resumes from it is a silent load.
+    file ("damaged checkpoint"); one that resumes from it is a silent load;
+  - manifest: as `time`, then an edit of the newest resumable checkpoint's manifest.json alone, one
+    of: a bit flipped in a file and that file's checksum entry dropped, or rewritten to the new
+    bytes' checksum, or the manifest cut back to the sizes-only form of before checksums; or the
+    manifest replaced by garbage. Detected and silent as for `corrupt`.
 After each kill the run is resumed with --resume auto (a checkpoint: continue from it; none yet:
-start over). After the N kills the last launch runs to the end. Then: the final
+start over). When the damaged checkpoint was the only one, --resume auto refuses (deleting
+nothing): the soak then removes the checkpoints, as a person would, and launches again (a start
+over). After the N kills the last launch runs to the end. Then: the final
 weights, the final checkpoint's optimiser state (every tensor), trajectory cache and trainer state
 (data cursor, step), and every metrics.jsonl row without its timings must equal the reference's.
 Results are in docs/measurements.md.
@@ -234,6 +240,38 @@ def corrupt(run: Path, rng: random.Random) -> tuple[int, str] | None:
     return int(found.name.split("-")[1]), ", ".join(sorted(flipped))
 
 
+EDITS = ("dropped", "rewritten", "sizes only", "garbage")
+
+
+def edit_manifest(run: Path, rng: random.Random) -> tuple[int, str] | None:
+    """One of EDITS to the newest resumable checkpoint's manifest.json (nothing else rewritten but
+    the flipped file); (its step, what was done), or None without a checkpoint."""
+    from psyrl.core.checkpoints import MANIFEST, file_checksum, find_resumable, read_manifest
+
+    found = find_resumable(run, lambda line: None) if run.exists() else None
+    if found is None:
+        return None
+    manifest, how = read_manifest(found), rng.choice(EDITS)
+    sizes = {name: size for name, size in manifest["files"].items() if size}
+    name = rng.choices(list(sizes), weights=list(sizes.values()))[0]
+    if how != "garbage":
+        with open(found / name, "r+b") as f:
+            offset = rng.randrange(sizes[name])
+            f.seek(offset)
+            byte = f.read(1)[0]
+            f.seek(offset)
+            f.write(bytes([byte ^ (1 << rng.randrange(8))]))
+    if how == "dropped":
+        del manifest["checksums"][name]
+    elif how == "rewritten":
+        manifest["checksums"][name]["value"] = file_checksum(found / name)
+    elif how == "sizes only":
+        manifest = {"files": manifest["files"], "resumable": manifest["resumable"]}
+    text = "{garbage" if how == "garbage" else json.dumps(manifest, indent=2)
+    (found / MANIFEST).write_text(text)
+    return int(found.name.split("-")[1]), f"{how} ({name})" if how != "garbage" else how
+
+
 def checkpoint_in_write(run: Path) -> int:
     """The step of a checkpoint being written now (its temporary directory exists), or 0."""
     steps = [
@@ -339,12 +377,12 @@ def main() -> None:
     # ------------------------------------------------------------ the soaked run: kill, resume
     soaked = args.work / "soaked"
     sets = settings(args.trainer, args.work, "soaked", steps)
-    kinds = {"time": 0, "checkpoint": 0, "metrics": 0, "corrupt": 0}
+    kinds = {kind: 0 for kind in KINDS}
     corrupted = None  # (step, files) flipped after the last kill
     detected = silent = flips = 0
     # the moments, spread over the whole run: the step each kill aims at, in order
     targets = sorted(rng.randrange(1, steps + 1) for _ in range(args.kills))
-    kills = launches = cut = 0
+    kills = launches = cut = refused = 0
     while True:
         done = resumable_step(soaked)
         extra = ["--resume", "auto"]
@@ -359,7 +397,7 @@ def main() -> None:
         process = launch(command(args.trainer, args.ranks, sets, extra), log, tear)
         began, killed = time.perf_counter(), False
         while process.poll() is None:
-            if kind in ("time", "corrupt") and time.perf_counter() - began >= deadline:
+            if kind in ("time", "corrupt", "manifest") and time.perf_counter() - began >= deadline:
                 kill(process)
                 killed = True
             elif kind == "checkpoint" and checkpoint_in_write(soaked) >= target:
@@ -372,13 +410,13 @@ def main() -> None:
         killed = killed or (kind == "metrics" and process.returncode == -signal.SIGKILL)
         if corrupted:  # did this launch find the flipped bits, or load them?
             said, step = log.read_text(), corrupted[0]
-            found = f"step-{step}: corrupted checkpoint" in said
+            found = f"step-{step}: damaged checkpoint" in said
             loaded = f"resuming after step {step} " in said
             detected, silent = detected + found, silent + loaded
             if found or loaded:  # else killed before it looked: the next launch will
                 corrupted = None
-        if killed and kind == "corrupt" and not corrupted:
-            corrupted = corrupt(soaked, rng)
+        if killed and kind in ("corrupt", "manifest") and not corrupted:
+            corrupted = (corrupt if kind == "corrupt" else edit_manifest)(soaked, rng)
             flips += corrupted is not None
             if corrupted:
                 print(f"corrupted step-{corrupted[0]}: {corrupted[1]}", flush=True)
@@ -390,6 +428,14 @@ def main() -> None:
                 f"{resumable_step(soaked)}",
                 flush=True,
             )
+            continue
+        if process.returncode and "passes its checks, and nothing was deleted" in log.read_text():
+            # every checkpoint damaged: --resume auto refused; removed by hand, the run starts over
+            refused += 1
+            print(
+                f"launch {launches}: refused, no checkpoint passes; checkpoints removed", flush=True
+            )
+            shutil.rmtree(soaked / "checkpoints")
             continue
         if process.returncode:
             sys.exit(
@@ -406,8 +452,10 @@ def main() -> None:
         f"{kinds['checkpoint']} while a checkpoint was written ({cut} cut it short, the "
         f"others came after its rename), {kinds['metrics']} inside "
         f"metrics.jsonl appends, {kinds['corrupt']} at random times followed by flipped bits "
-        f"in the newest checkpoint ({flips} had one): {detected} detected, {silent} silent "
-        f"loads), {launches - 1} resumes, {len(differences)} differences"
+        f"in the newest checkpoint and {kinds['manifest']} followed by an edit of its manifest "
+        f"({flips} had a checkpoint to damage): {detected} detected, {silent} silent loads, "
+        f"{refused} refusals to resume with every checkpoint damaged), {launches - 1} resumes, "
+        f"{len(differences)} differences"
         f"{': ' + ', '.join(differences[:10]) if differences else ''}; "
         f"{time.perf_counter() - t0:.0f} s in all (work: {args.work})",
         flush=True,
@@ -416,7 +464,7 @@ def main() -> None:
 
 
 WORKER_PATH = Path()
-KINDS = ("time", "checkpoint", "metrics", "corrupt")
+KINDS = ("time", "checkpoint", "metrics", "corrupt", "manifest")
 
 if __name__ == "__main__":
     main()

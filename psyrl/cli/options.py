@@ -110,9 +110,11 @@ def trainer_options(kind: str, state: str) -> Callable[[Callable], Callable]:
             default=None,
             help=f"Continue runs/<name>/ from its newest complete checkpoint ({state}); the config "
             "may differ only in run.name, run.output_dir and the log, checkpoint and fsdp tables. "
-            "--resume auto (run.resume): continue when there is a checkpoint, start afresh when "
-            "there is no run, start over when the run stopped before its first checkpoint; for "
-            "torchrun --max-restarts, whose restarts run the same command.",
+            "--resume auto (run.resume): continue from the newest checkpoint that passes its "
+            "checks, start afresh when there is no run, start over when the run stopped before "
+            "its first checkpoint (no checkpoint directory), refuse, deleting nothing, when every "
+            "checkpoint is damaged; for torchrun --max-restarts, whose restarts run the same "
+            "command.",
         ),
         click.option(
             "--extend",

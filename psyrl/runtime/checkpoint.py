@@ -4,9 +4,11 @@
 `checkpoints/step-N/` holds `hf/` (an HF export: config, safetensors, tokenizer, generation config),
 `state/` (model and optimiser shards, `torch.distributed.checkpoint`), `rng/rank-R.safetensors`
 (every rank's RNG states), the trainer's JSON files (step, data position, trajectory cache, ...) and
-`manifest.json`, the size and checksum of every file. Everything is written under a temporary name
-and renamed into place (`psyrl.core.atomic`), and the manifest is written last: a directory cut
-short (a crash, a full disk, a copy that stopped) fails `verify` and is skipped with a warning. Each
+`manifest.json`, the size and checksum of every file (version 2; its own checksum in
+`manifest.json.xxh3`, why there: `psyrl.core.checkpoints`). Everything is written under a
+temporary name and renamed into place (`psyrl.core.atomic`), and the manifest is written last: a
+directory cut short (a crash, a full disk, a copy that stopped) fails `verify` and is skipped with
+a warning. Each
 rank computes the checksums of the files it writes while writing them (DCP's shards through
 `_HashingFileSystem`, the RNG and text files from memory); only the HF export's files, written by
 transformers and safetensors, are read back; rank 0 gathers them into the manifest, and on resume
