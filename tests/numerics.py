@@ -7,6 +7,19 @@ import math
 
 import torch
 
+FLOAT32_EPS = torch.finfo(torch.float32).eps  # 2^-23: one ulp of 1.0, twice the unit roundoff u
+
+
+def float32_sum_tolerance(total: float, terms: int) -> float:
+    """The most two float32 evaluations of one sum of `terms` terms of one sign, near `total`, can
+    differ when their summation orders differ or their inputs differ in the last bits (another
+    chunking, another kernel set). Each sum is within (n - 1) u sum|x_i| of its exact value in any
+    order (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., eq. 4.4; u = 2^-24),
+    and each term's own rounding (exp, log, a product: within u each) adds up to 3u sum|x_i|; terms
+    of one sign have sum|x_i| = |total|. Two evaluations: within 2 (n + 2) u |total| = (n + 2) eps
+    |total|, about n ulps at the value's magnitude."""
+    return (terms + 2) * FLOAT32_EPS * abs(total)
+
 
 def adamw_move_bound(lrs: list[float], beta1: float, beta2: float) -> float:
     """The most two AdamW runs' weights can differ by, element by element, after the steps taken at

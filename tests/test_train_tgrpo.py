@@ -286,6 +286,7 @@ def test_resume_is_bitwise_identical(start, tmp_path):
     assert rows_without_timing(whole) == rows_without_timing(cut)
 
 
+@pytest.mark.numerics
 def test_a_padded_run_trains_as_the_packed_one(start, tmp_path):
     """model.packing = false (the reference path) and the default, from the same start: step 1
     samples the same responses, so its rewards are equal and its loss and weights agree to float
@@ -306,6 +307,7 @@ def test_a_padded_run_trains_as_the_packed_one(start, tmp_path):
     assert_adamw_weights_close(a, b, update_lrs(tmp_path / "padded" / "rl"))
 
 
+@pytest.mark.numerics
 @pytest.mark.slow
 def test_two_ranks_equal_one_process(start, tmp_path):
     # 2 steps of 8 prompts, 2 updates each; under torchrun each rank samples and trains 2 prompts

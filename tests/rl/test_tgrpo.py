@@ -253,6 +253,7 @@ def grads(logits, gather, logp_old, logp_ref, adv, mask, chunks, agg=AGGS[0]):
     return params.grad
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("agg", AGGS)
 @pytest.mark.parametrize("micro", [1, 2, 3])
 def test_gradient_does_not_depend_on_micro_batch_size(micro, agg):
@@ -264,6 +265,7 @@ def test_gradient_does_not_depend_on_micro_batch_size(micro, agg):
     assert whole.abs().sum() > 0
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("agg", AGGS)
 def test_gradient_does_not_depend_on_world_size(agg):
     # Two "ranks" each hold 3 of 6 responses and divide by the global normaliser;

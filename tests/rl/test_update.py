@@ -57,6 +57,7 @@ def fake_cfg(**optim):
     return cfg
 
 
+@pytest.mark.numerics
 def test_token_budget_gives_the_gradient_of_fixed_micro_batches():
     tokenizer = load_tokenizer(TINY)
     batch = random_batch([(7, 3), (5, 11), (9, 2), (6, 8), (4, 13), (8, 5)])
@@ -82,6 +83,7 @@ def test_token_budget_gives_the_gradient_of_fixed_micro_batches():
         assert float(sums[0][key]) == pytest.approx(float(sums[1][key]), rel=1e-6, abs=1e-9), key
 
 
+@pytest.mark.numerics
 def test_experience_gives_reference_log_probs_to_all_and_old_ones_after_the_first_update():
     tokenizer = load_tokenizer(TINY)
     batch = random_batch([(7, 3), (5, 11), (9, 2), (6, 8), (4, 13), (8, 5)], seed=1)
@@ -125,6 +127,7 @@ def sgd_step(batch: RolloutBatch, divisor: int = 0, **loss) -> tuple[list[torch.
     return [b - p.detach() for b, p in zip(before, policy.parameters())], sums[2]
 
 
+@pytest.mark.numerics
 def test_mask_truncated_trains_as_if_the_cut_responses_were_absent():
     # loss.mask_truncated: the gradient of 4 sequences, 2 of them cut, equals that of the other 2
     # with the same divisor (4 responses: seq-mean modes keep every response in the count)
@@ -138,6 +141,7 @@ def test_mask_truncated_trains_as_if_the_cut_responses_were_absent():
     assert max((a - b).abs().max().item() for a, b in zip(default, masked)) > 1e-4
 
 
+@pytest.mark.numerics
 def test_rollout_correction_is_one_when_sampler_and_trainer_agree():
     # the sampler's log-probs set to the trainer's own: every weight is exactly 1, so the
     # gradient is the uncorrected one, and nothing is capped

@@ -45,6 +45,7 @@ def batch(vocab: int):
     return ids, mask
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_token_logprobs_equal_naive(model, temperature):
     ids, mask = batch(1000)
@@ -55,6 +56,7 @@ def test_token_logprobs_equal_naive(model, temperature):
     assert (got[1, 6:] == 0).all()
 
 
+@pytest.mark.numerics
 def test_token_logprobs_gradients_equal_naive(model):
     ids, mask = batch(1000)
     positions = torch.zeros(3, 10, dtype=torch.bool)
@@ -125,6 +127,7 @@ def test_peak_memory_is_bounded():
     assert result["peak_above_baseline_gib"] < 1.0, result
 
 
+@pytest.mark.numerics
 def test_bf16_autocast_stays_close_to_float32(model):
     ids, mask = batch(1000)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -178,6 +181,7 @@ def _head_weight_gradient(hidden, weight, targets, g, chunk, per_chunk=False):
     return w.grad
 
 
+@pytest.mark.numerics
 def test_lm_head_gradient_is_summed_in_float32_over_chunks():
     """bf16 weights and rows (FSDP2's mixed precision), 128 chunks of 8 rows, against the gradient
     computed in float64 from the same bf16 values: (onehot - softmax) * g, times the rows."""

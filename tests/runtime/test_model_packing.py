@@ -67,6 +67,7 @@ def test_pack_lays_out_one_row_by_hand():
     assert torch.equal(packed.layout, mask)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_packed_log_probs_equal_padded_and_each_sequence_alone(tied, temperature):
@@ -170,6 +171,7 @@ def test_a_packed_row_on_a_padded_model_is_refused():
         token_logprobs(model, pack(ids, prompts), None)
 
 
+@pytest.mark.numerics
 def test_two_fsdp_ranks_packed_equal_padded(tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
     subprocess.run(

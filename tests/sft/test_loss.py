@@ -104,6 +104,7 @@ def test_sft_loss_hand_computed():
     assert sft_loss(logp, mask, normalizer=4).item() == pytest.approx(5.5 / 4)
 
 
+@pytest.mark.numerics
 def test_gradient_does_not_depend_on_micro_batching(qwen):
     cfg = ModelConfig(
         tokenizer="qwen2.5",

@@ -62,6 +62,7 @@ def test_an_encoder_that_does_not_mean_pool_is_refused(tmp_path):
         SemanticSignal(encoder=tmp_path)
 
 
+@pytest.mark.numerics
 def test_equals_sentence_transformers_encode(signal):
     """The five lines of mean pooling + normalisation are sentence-transformers' Pooling and
     Normalize modules (the model's modules.json): the reference-equivalence test."""
@@ -102,6 +103,7 @@ def test_deterministic_whatever_the_gold_cache_holds(signal):
     assert torch.equal(fresh(PAIRS), first)
 
 
+@pytest.mark.numerics
 def test_batch_size_invariant_within_tolerance(signal):
     one = SemanticSignal(batch_size=1)
     three = SemanticSignal(batch_size=3)
