@@ -10,11 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
-import torch.distributed as tdist
 
 from psyrl.core import prompts
 from psyrl.core.config import Config
-from psyrl.runtime.distributed import Dist, rank_share
+from psyrl.runtime.distributed import Dist, rank_share, scatter_lists
 
 
 def sample_seed(seed: int, step: int, position: int) -> int:
@@ -81,16 +80,6 @@ def choose_groups(varied: list[list[bool]], prompts: int) -> tuple[list[tuple[in
     return kept + fill, len(fill)
 
 
-def exchange(outgoing: list[list], dist: Dist) -> list:
-    """What each rank sent this one (`outgoing[r]`: this rank's list for rank r), in rank order."""
-    if not dist.sharded:
-        return list(outgoing[0])
-    parts = [[None] for _ in range(dist.world)]
-    for src, part in enumerate(parts):  # a scatter per sender: a rank receives only its share
-        tdist.scatter_object_list(part, outgoing if dist.rank == src else None, src=src)
-    return [x for (got,) in parts for x in got]
-
-
 def keep_groups(drawn: list[Drawn], prompts: int, global_batch: int, G: int, dist: Dist):
     """rollout.filter_groups: the step's `prompts` groups chosen from every round drawn
     (`choose_groups`), renumbered 0.. in that order and laid over the ranks as `rank_positions`
@@ -104,7 +93,7 @@ def keep_groups(drawn: list[Drawn], prompts: int, global_batch: int, G: int, dis
         rank_positions(prompts, global_batch, replace(dist, rank=r)) for r in range(dist.world)
     ]
     outgoing = [[(k, mine[chosen[k]]) for k in ks if chosen[k] in mine] for ks in ranks]
-    completions = dict(exchange(outgoing, dist))  # this rank's kept groups, by new position
+    completions = dict(scatter_lists(outgoing, dist))  # this rank's kept groups, by new position
     renumber = {key: k for k, key in enumerate(chosen)}
     samples = [
         replace(s, position=renumber[r, s.position])

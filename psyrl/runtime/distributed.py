@@ -441,3 +441,14 @@ def all_gather_lists(local: list, dist: Dist) -> list:
     parts: list = [None] * dist.world
     tdist.all_gather_object(parts, local)
     return [x for part in parts for x in part]
+
+
+def scatter_lists(outgoing: list[list], dist: Dist) -> list:
+    """What every rank sent this one, in rank order (`outgoing[r]`: this rank's list for rank r):
+    a rank receives only its share, where `all_gather_lists` gives every rank everything."""
+    if not dist.sharded:
+        return list(outgoing[0])
+    parts = [[None] for _ in range(dist.world)]
+    for src, part in enumerate(parts):  # a scatter per sender
+        tdist.scatter_object_list(part, outgoing if dist.rank == src else None, src=src)
+    return [x for (got,) in parts for x in got]

@@ -103,13 +103,13 @@ def test_on_two_ranks_each_rank_gets_the_kept_groups_of_its_positions(monkeypatc
         sent.update({(dist.rank, to): part for to, part in enumerate(outgoing)})
         raise Sent
 
-    monkeypatch.setattr(rollout, "exchange", record)
+    monkeypatch.setattr(rollout, "scatter_lists", record)
     for r in (0, 1):  # every rank's sends first, as the collective has them all
         with pytest.raises(Sent):
             keep_groups(local[r], 4, 2, 2, ranks[r])
     # what each rank receives: its share from every rank, in rank order
     deliver = lambda outgoing, dist: [x for r in (0, 1) for x in sent[r, dist.rank]]
-    monkeypatch.setattr(rollout, "exchange", deliver)
+    monkeypatch.setattr(rollout, "scatter_lists", deliver)
     # the completions of 2 kept groups per rank cross, and nothing of a dropped group
     assert sum(len(g) for part in sent.values() for _, g in part) == 4 * 2
     assert one.indices == [0, 3, 4, 7]
