@@ -101,7 +101,7 @@ def score_command(path, names, config_path, overrides):
 
     Writes one JSON object per row to standard output, one float in [0, 1] per signal, e.g.
     {"f1": 0.4, "semantic": 0.71}. Every row is validated first: a bad row stops the command with
-    FILE:LINE and what was expected (exit status 2), and nothing is written.
+    FILE:LINE and what was expected (exit status 1), and nothing is written.
     """
     from psyrl.signals.audit import load_pairs
 

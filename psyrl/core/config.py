@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from psyrl.core import tomlconf
 from psyrl.core.tomlconf import ConfigError, check_choices, require
@@ -64,10 +65,12 @@ class RunConfig:
     resume: Literal["off", "on", "auto"] = "off"
     """What a trainer does with a run directory that already holds a run (the command line's
     `--resume` is `on`, `--resume auto` is `auto`): `off` refuses it (unless --overwrite); `on`
-    continues it from its newest complete checkpoint; `auto` continues it when it has one, starts
-    afresh when it holds no run, starts over when it holds only steps of this same config cut
-    short before their first checkpoint, and refuses, as `on` does, a config that differs. `auto` is
-    for torchrun's `--max-restarts`: every restart of the workers runs the same command."""
+    continues it from its newest complete checkpoint and refuses a damaged one; `auto` continues it
+    from its newest checkpoint that passes its checks, starts afresh when it holds no run, starts
+    over when it holds only steps of this same config and no checkpoint directory, refuses
+    (deleting nothing) when every checkpoint fails its checks, and refuses, as `on` does, a config
+    that differs. Only --overwrite deletes. `auto` is for torchrun's `--max-restarts`: every
+    restart of the workers runs the same command."""
     extend: bool = False
     """On a resume (the command line's `--extend`): let run.steps grow beyond the steps the run was
     planned for, and nothing else change. The data position and the trajectory cache continue. The
@@ -399,7 +402,13 @@ class SemanticConfig:
 class JudgeConfig:
     base_url: str = ""
     """reward.accuracy = "judge": the OpenAI-compatible API root (`/chat/completions` is appended),
-    e.g. http://localhost:8000/v1 for `vllm serve`."""
+    e.g. http://localhost:8000/v1 for `vllm serve`. No credentials in it (`user:password@` is
+    refused: they would be printed and written with the config); the key goes in the variable
+    judge.api_key_env names."""
+    proxy: str = ""
+    """An http(s) proxy for the judge's requests alone, e.g. http://proxy.internal:3128. Empty:
+    none. The environment's http_proxy and https_proxy are never used, so the key goes to no host
+    not named here or in judge.base_url."""
     model: str = ""
     """The `model` field of every judge request."""
     api_key_env: str = "PSYRL_JUDGE_API_KEY"
@@ -418,7 +427,9 @@ class JudgeConfig:
     concurrency: int = 8
     """Judge requests in flight at once (per rank)."""
     retries: int = 2
-    """Further attempts after a timeout, a 429 or 5xx, or a malformed answer."""
+    """Further attempts after a timeout, a 429 or 5xx, or a cut-short answer. An answer without
+    this request's score line is not asked again: the same temperature-0 request gets the same
+    answer."""
     on_failure: Literal["mask", "f1", "stop"] = "mask"
     """A response the judge did not score after its retries (counted in reward/judge_fallbacks, the
     run's first one printed with its error): `mask` leaves it out of the loss (advantage 0) and out
@@ -439,6 +450,13 @@ class JudgeConfig:
         require(self.retries >= 0, "retries", f"expected >= 0, got {self.retries}")
         for key in ("timeout_s", "step_timeout_s"):
             require(getattr(self, key) > 0, key, f"expected > 0, got {getattr(self, key)}")
+        for key in ("base_url", "proxy"):  # the value is not echoed: it may hold a password
+            require(
+                "@" not in urlsplit(getattr(self, key)).netloc,
+                key,
+                "holds credentials (user:password@...); remove them (the judge's key goes in the "
+                "variable judge.api_key_env names)",
+            )
         require(
             0 <= self.max_fallback_rate <= 1,
             "max_fallback_rate",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import textwrap
 import typing
 from collections.abc import Sequence
@@ -33,6 +34,12 @@ class FieldError(ValueError):
     def __init__(self, key: str, message: str):
         super().__init__(f"{key}: {message}")
         self.key, self.message = key, message
+
+
+def hide_credentials(text: str) -> str:
+    """`text` with a URL's user:password@ shown as ***@, so an error never prints a password:
+    "u=http://a:b@host/v1" -> "u=http://***@host/v1"."""
+    return re.sub(r"(://)[^/@\s]*@", r"\1***@", text)
 
 
 def require(ok: bool, key: str, message: str) -> None:
@@ -90,7 +97,7 @@ def load(root: type, path: str | Path | None, overrides: Sequence[str] = ()):
     for override in overrides:
         table, key, value = _parse_override(override)
         raw.setdefault(table, {})[key] = value
-        where[table, key] = f"--set {override}"
+        where[table, key] = "--set " + hide_credentials(override)
     built = {}
     for table, values in raw.items():
         if table not in classes:
@@ -115,13 +122,15 @@ def _parse_override(override: str) -> tuple[str, str, object]:
     table, dot, key = name.strip().partition(".")
     if not sep or not dot or not table or not key or "." in key:
         raise ConfigError(
-            f"--set {override}: expected table.key=value, e.g. --set reward.variant=base"
+            f"--set {hide_credentials(override)}: expected table.key=value, e.g. --set "
+            "reward.variant=base"
         )
     try:  # a TOML value (1, 0.5, true, "text"); anything else is taken as a bare string
         parsed = tomli.loads(f"v = {value}")["v"]
     except tomli.TOMLDecodeError as e:
         if value.strip()[:1] in ("'", '"', "[", "{"):  # meant as TOML, but broken
-            raise ConfigError(f"--set {override}: invalid TOML value: {e.msg}") from None
+            shown = hide_credentials(override)
+            raise ConfigError(f"--set {shown}: invalid TOML value: {e.msg}") from None
         parsed = value
     return table, key.strip(), parsed
 

@@ -48,9 +48,8 @@ OPTIONAL = ("stimulus", "question")
 
 # ---------------------------------------------------------------- rows
 class RowsError(DataError):
-    """A file of rows the reward tools cannot read: a usage error (exit status 2)."""
-
-    exit_code = 2
+    """A file of rows the reward tools cannot read: a file's contents, exit status 1 as for every
+    command (docs/cli.md)."""
 
 
 @dataclass(frozen=True)

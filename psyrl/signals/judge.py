@@ -201,6 +201,7 @@ class JudgeSignal:
             timeout=cfg.timeout_s,
             retries=cfg.retries,
             retry_wait=retry_wait,
+            proxy=cfg.proxy,
         )
         self._client()  # a key with control characters is refused now, not at the first step
         self.cache: dict[str, float] = {}

@@ -128,9 +128,13 @@ def test_credentials_in_the_url_are_refused_without_being_echoed(url):
 
 def test_the_judge_refuses_credentials_in_its_url_without_echoing_them(monkeypatch):
     monkeypatch.setenv(KEY_ENV, KEY)
-    cfg = JudgeConfig(base_url="http://u:s3cretPW@127.0.0.1:9/v1", model="m", api_key_env=KEY_ENV)
+    cfg = JudgeConfig(model="m", api_key_env=KEY_ENV)
+    cfg.base_url = "http://u:s3cretPW@127.0.0.1:9/v1"  # past the config's own check (below)
     with pytest.raises(JudgeError, match="user name or password") as raised:
         JudgeSignal(cfg)
+    assert "s3cretPW" not in str(raised.value)
+    with pytest.raises(ValueError, match="holds credentials") as raised:  # the config's check
+        JudgeConfig(base_url="http://u:s3cretPW@127.0.0.1:9/v1", model="m")
     assert "s3cretPW" not in str(raised.value)
 
 
@@ -145,6 +149,22 @@ def test_the_key_goes_through_no_proxy_the_environment_names(stub, monkeypatch):
     client = Client(options(server.url), {KEY_ENV: KEY})
     assert client.complete(body()).text == "hi"
     assert proxy.headers == [] and server.headers == [f"Bearer {KEY}"]
+
+
+def test_the_judges_proxy_is_the_one_its_config_names(stub, monkeypatch):
+    monkeypatch.setenv(KEY_ENV, KEY)
+    proxy = stub(lambda self, handler, body: send(handler, 500, {"error": "proxy says no"}))
+    cfg = JudgeConfig(
+        base_url="http://judge.invalid/v1",
+        model="stub",
+        api_key_env=KEY_ENV,
+        proxy=proxy.url.removesuffix("/v1"),
+        retries=0,
+        on_failure="f1",
+    )
+    signal = JudgeSignal(cfg, retry_wait=0.01)
+    signal([Pair("proud", "proud")])
+    assert proxy.headers == [f"Bearer {KEY}"] and signal.fallbacks == 1
 
 
 def test_a_proxy_named_for_the_endpoint_is_used(stub):

@@ -112,7 +112,7 @@ def test_bad_pair_rows_name_file_line_and_expectation(tmp_path, lines, message):
     with pytest.raises(RowsError, match=None) as error:
         load_pairs(path)
     assert f"{path}{message}" in str(error.value)
-    assert error.value.exit_code == 2
+    assert error.value.exit_code == 1
 
 
 def test_every_bad_triple_row_is_listed(tmp_path):
