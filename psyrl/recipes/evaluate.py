@@ -307,12 +307,12 @@ def evaluate_api(
         **selection_settings(sources, chosen),
         **(scorers.settings if scorers else {}),
     }
+    client = Client(api)  # a key or URL that cannot be sent is refused before anything is written
     done = start_output(out, settings, items, chosen.overwrite)
     predictions = out / "predictions.jsonl"
     mode = chosen.prompt
     prompt_cfg = PromptConfig(mode=mode)
     pending = [(s, r, prompts.messages(r, prompt_cfg)) for s, r in items if r.id not in done]
-    client = Client(api)
     key = "an API key" if client.has_key else "no API key"
     print(
         f"evaluate: {api.model} at {api.url} ({key} from ${api.key_env}), {api.concurrency} "

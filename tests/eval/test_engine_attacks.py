@@ -307,3 +307,4 @@ def test_evaluate_refuses_a_key_with_a_pasted_hyphen_in_one_message(stub, tmp_pa
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "$OPENAI_API_KEY holds U+2011 NON-BREAKING HYPHEN at character 7" in result.output
     assert "0123" not in result.output and server.bodies == []
+    assert not (tmp_path / "e").exists()  # refused before the output directory was made
