@@ -33,6 +33,7 @@ from psyrl.core.checkpoints import json_text
 from psyrl.core.config import Config
 from psyrl.core.errors import RunError
 from psyrl.core.records import Cursor, DataError, load_stimuliqa, next_indices
+from psyrl.rl.fallbacks import masked_advantages
 from psyrl.rl.rewards import final_rewards
 from psyrl.rl.rollout import (
     Drawn,
@@ -255,15 +256,10 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
                     )
                     cache.push_rewards(final)
                     # -------------------------------- 5. advantages (eq. 2) over the cached rewards
-                    adv = advantages(
-                        final,
-                        cfg.advantage.scope,
-                        G,
-                        cache.rewards(),
-                        cfg.advantage.eps,
-                        cfg.advantage.std,
-                        keep,
-                    )  # [B*G]
+                    a, pool = cfg.advantage, cache.rewards()
+                    adv = advantages(final, a.scope, G, pool, a.eps, a.std)  # [B*G]
+                    if keep is not None:  # judge.on_failure = "mask": unscored responses left out
+                        adv = masked_advantages(final, keep, a.scope, G, pool, a.eps, a.std)
                     prompt_ids = [train_prompts[indices[p]][1] for p in positions]
                     rollout = rollout_batch(groups, prompt_ids, adv, positions, G)  # this rank's
                     scores = step_metrics(samples, components, adv, G)

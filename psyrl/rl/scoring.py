@@ -109,19 +109,14 @@ def step_metrics(
     # a reward plug-in's extra components, and the paper's F1 beside its accuracy
     extra = sorted({k for s in samples for k in s.extra} - {"judge_fallback"})
     fallbacks = [s.extra["judge_fallback"] for s in samples if "judge_fallback" in s.extra]
+    n = max(len(fallbacks), 1)
+    judge = {"judge_fallbacks": sum(fallbacks), "judge_fallback_rate": sum(fallbacks) / n}
     return {
         **{
             f"reward/{k.removeprefix('custom/')}": sum(s.extra[k] for s in samples) / len(samples)
             for k in extra
         },
-        **(
-            {
-                "reward/judge_fallbacks": sum(fallbacks),
-                "reward/judge_fallback_rate": sum(fallbacks) / len(fallbacks),
-            }
-            if fallbacks
-            else {}
-        ),
+        **({f"reward/{k}": v for k, v in judge.items()} if fallbacks else {}),
         **reward_metrics(components),
         "response/length_max": max(lengths),
         "response/truncated": sum(s.finish_reason == "length" for s in samples) / len(samples),

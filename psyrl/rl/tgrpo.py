@@ -24,7 +24,6 @@ def advantages(
     pool: torch.Tensor | None = None,
     eps: float = AdvantageConfig.eps,
     std: bool = True,
-    keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Eq. 2: A_i = (r_i - r-bar) / (sigma_r + eps), one scalar per response ([N] -> [N]); with
     `std` false, Dr. GRPO's A_i = r_i - r-bar (advantage.std; verl's norm_adv_by_std_in_grpo).
@@ -34,13 +33,8 @@ def advantages(
     `group` (standard GRPO: the G responses of each prompt; rewards are laid out prompt by prompt).
     Unbiased std everywhere (verl's GRPO); a pool of fewer than 2 samples gives A = 0 (torch.std of
     one value is NaN).
-
-    `keep` [N] bool (judge.on_failure = "mask"): the responses it marks False get A = 0 and stay
-    out of every pool (their group's, the batch's; the cache's `pool` already leaves them out).
     """
     rewards = _as_float(rewards)  # [N]
-    if keep is not None:
-        return _kept_advantages(rewards, keep, scope, group_size, pool, eps, std)
     if scope == "group":
         if group_size < 2:
             raise ValueError(
@@ -64,22 +58,6 @@ def advantages(
     if pool.numel() < 2:
         return torch.zeros_like(rewards)
     return (rewards - pool.mean()) / (pool.std() + eps if std else 1.0)  # [N]
-
-
-def _kept_advantages(rewards, keep, scope, group_size, pool, eps, std) -> torch.Tensor:
-    """Eq. 2 over the kept responses only ([N] -> [N], 0 where keep is False): a group's or the
-    batch's kept rewards are the pool, as a batch of their own."""
-    keep = torch.as_tensor(keep, dtype=torch.bool)  # [N]
-    adv = torch.zeros_like(rewards)  # [N]
-    if scope == "group":
-        advantages(rewards, scope, group_size)  # the group checks: G >= 2, N a multiple of G
-        for start in range(0, rewards.numel(), group_size):
-            index = torch.arange(start, start + group_size)[keep[start : start + group_size]]
-            adv[index] = advantages(rewards[index], "batch", group_size, None, eps, std)
-        return adv
-    pool = rewards[keep] if scope == "batch" else pool
-    adv[keep] = advantages(rewards[keep], scope, group_size, pool, eps, std)
-    return adv
 
 
 def _as_float(x) -> torch.Tensor:

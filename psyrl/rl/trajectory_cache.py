@@ -33,9 +33,8 @@ class TrajectoryCache:
         return len(self._steps)
 
     def push_answers(self, f1, lengths, keep=None) -> None:
-        """Phase 1: open a new step with its samples' r_F1 and lengths; the oldest step drops
-        out. `keep` [N] bool: False leaves a sample out of r-bar_F1 and of `rewards()` (None: all
-        kept, the paper)."""
+        """Phase 1: open a new step with its samples' r_F1 and lengths (the oldest drops out);
+        `keep` [N] bool: False leaves a sample out of r-bar_F1 and `rewards()` (None: the paper)."""
         f1 = torch.as_tensor(f1, dtype=torch.float64).flatten()  # [N]
         lengths = torch.as_tensor(lengths, dtype=torch.float64).flatten()  # [N]
         if f1.numel() != lengths.numel() or f1.numel() == 0:
@@ -102,5 +101,4 @@ class TrajectoryCache:
 
 def _kept(step: dict, key: str) -> torch.Tensor:
     """A step's values of `key` without the samples `keep` leaves out."""
-    keep = step.get("keep")
-    return step[key] if keep is None else step[key][keep.bool()]
+    return step[key][step["keep"].bool()] if "keep" in step else step[key]

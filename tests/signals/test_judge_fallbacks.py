@@ -17,6 +17,7 @@ from test_train_tgrpo import run_in_process
 from psyrl.core.config import Config, JudgeConfig, RewardConfig, load_config
 from psyrl.core.runlog import read_metrics
 from psyrl.core.tomlconf import ConfigError
+from psyrl.rl.fallbacks import masked_advantages
 from psyrl.rl.tgrpo import advantages
 from psyrl.rl.trajectory_cache import TrajectoryCache
 from psyrl.runtime.distributed import Dist
@@ -31,7 +32,7 @@ EPS = 1e-6
 def test_masked_responses_get_no_advantage_and_leave_the_group_pool():
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.2, 0.3, 0.3, 0.9, 0.1], dtype=torch.float64)
     keep = torch.tensor([True, True, False, True, False, False, False, True])
-    adv = advantages(rewards, "group", 4, eps=EPS, keep=keep)
+    adv = masked_advantages(rewards, keep, "group", 4, eps=EPS)
     # group 1 pools 1, 0, 0.2: mean 0.4, unbiased std sqrt((0.36 + 0.16 + 0.04) / 2) = sqrt(0.28)
     std = math.sqrt(0.28)
     expected = [0.6 / (std + EPS), -0.4 / (std + EPS), 0.0, -0.2 / (std + EPS)]
@@ -40,7 +41,7 @@ def test_masked_responses_get_no_advantage_and_leave_the_group_pool():
     )
     assert adv[4:].tolist() == [0.0] * 4  # group 2 keeps one response: no spread, no advantage
     # the batch pools the same three, and 0.1: mean 0.325
-    batch = advantages(rewards, "batch", 4, eps=EPS, keep=keep)
+    batch = masked_advantages(rewards, keep, "batch", 4, eps=EPS)
     kept = rewards[keep]
     torch.testing.assert_close(
         batch[keep], (kept - kept.mean()) / (kept.std() + EPS), rtol=1e-12, atol=0
@@ -48,16 +49,20 @@ def test_masked_responses_get_no_advantage_and_leave_the_group_pool():
     assert batch[~keep].tolist() == [0.0] * 4
     # the cache scope takes the pool it is given (the cache already left the masked out)
     pool = torch.tensor([0.0, 1.0], dtype=torch.float64)
-    cache = advantages(rewards, "cache", 4, pool, EPS, keep=keep)
+    cache = masked_advantages(rewards, keep, "cache", 4, pool, EPS)
     assert cache[~keep].tolist() == [0.0] * 4
     torch.testing.assert_close(
         cache[keep], (kept - 0.5) / (math.sqrt(0.5) + EPS), rtol=1e-12, atol=0
     )
-    # keep=None is the paper's path, unchanged
-    assert torch.equal(
-        advantages(rewards, "group", 4, eps=EPS),
-        advantages(rewards, "group", 4, eps=EPS, keep=None),
-    )
+    # every response kept: eq. 2 itself, in every scope
+    everyone = torch.ones(8, dtype=torch.bool)
+    for scope in ("group", "batch", "cache"):
+        torch.testing.assert_close(
+            masked_advantages(rewards, everyone, scope, 4, pool, EPS),
+            advantages(rewards, scope, 4, pool, EPS),
+            rtol=0,
+            atol=1e-15,
+        )
 
 
 def test_the_cache_leaves_masked_responses_out_of_its_means_and_reads_them_back():
