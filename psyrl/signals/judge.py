@@ -11,9 +11,10 @@ stimulus and the question, following a rubric (issue 41 item 3; the paper's appe
   another field, or write a score line the parser takes (docs/judge.md, "What the policy can try").
 - Parse: the reply's last non-empty line must be `SCORE[<that request's token>]: <number>` with
   the number in [0, 1]; anything else (`SCORE: 1` quoted from the answer, another token, 1.7,
-  prose after it) is a malformed answer and is retried.
+  prose after it) is a malformed answer, not asked again: the same temperature-0 request would
+  get the same reply.
 - Transport: psyrl.eval.openai_engine's client (`concurrency` requests in flight, retries with
-  backoff on timeouts, 429s, 5xx and malformed answers, the key masked in every message), a
+  backoff on timeouts, 429s, 5xx and cut-short answers, the key masked in every message), a
   per-request timeout (`timeout_s`) and a per-step one (`step_timeout_s`: what is unanswered when
   it passes has failed).
 - Failure: a response the judge did not score is marked (`fallbacks`, `fallback_mask`: the
@@ -80,8 +81,8 @@ class JudgeError(PsyrlError):
 def parse_score(text: str, tokens: str | set[str]) -> tuple[str, float]:
     """(token, score) of a judge's reply whose last non-empty line is exactly
     `SCORE[<token>]: x`, 0 <= x <= 1, with the token one of `tokens` (those of the requests in
-    flight). ValueError otherwise (the client retries the request): a `SCORE: 1` that the reply
-    quotes from the answer is no score.
+    flight). ValueError otherwise (a malformed answer): a `SCORE: 1` that the reply quotes from
+    the answer is no score.
 
     >>> parse_score("Same state.\nSCORE[00ff00ff00ff00ff]: 0.75", "00ff00ff00ff00ff")
     ('00ff00ff00ff00ff', 0.75)
