@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
 
 from psyrl.core import tomlconf
 from psyrl.core.tomlconf import ConfigError, check_choices, require
@@ -450,12 +449,19 @@ class JudgeConfig:
         require(self.retries >= 0, "retries", f"expected >= 0, got {self.retries}")
         for key in ("timeout_s", "step_timeout_s"):
             require(getattr(self, key) > 0, key, f"expected > 0, got {getattr(self, key)}")
-        for key in ("base_url", "proxy"):  # the value is not echoed: it may hold a password
+        for key in ("base_url", "proxy"):  # the value is not echoed: it may hold a password or key
+            value = getattr(self, key)
             require(
-                "@" not in urlsplit(getattr(self, key)).netloc,
+                "@" not in value,
                 key,
                 "holds credentials (user:password@...); remove them (the judge's key goes in the "
-                "variable judge.api_key_env names)",
+                "variable judge.api_key_env names; an @ in a path is written %40)",
+            )
+            require(
+                "?" not in value and "#" not in value,
+                key,
+                "holds a query or fragment (a key in it would be printed and written with the "
+                "config; the judge's key goes in the variable judge.api_key_env names)",
             )
         require(
             0 <= self.max_fallback_rate <= 1,

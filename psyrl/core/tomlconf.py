@@ -37,9 +37,10 @@ class FieldError(ValueError):
 
 
 def hide_credentials(text: str) -> str:
-    """`text` with a URL's user:password@ shown as ***@, so an error never prints a password:
-    "u=http://a:b@host/v1" -> "u=http://***@host/v1"."""
-    return re.sub(r"(://)[^/@\s]*@", r"\1***@", text)
+    """`text` with a URL's user:password@ (to its last @) and its query shown as ***, so an error
+    never prints a password or a key: "u=http://a:b@c@host/v1?key=k" -> "u=http://***@host/v1?***"."""
+    text = re.sub(r"(://)[^\s\"']*@", r"\1***@", text)
+    return re.sub(r"(://[^\s\"']*[?#])[^\s\"']*", r"\1***", text)
 
 
 def require(ok: bool, key: str, message: str) -> None:

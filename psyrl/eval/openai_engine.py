@@ -126,30 +126,31 @@ def unsendable(text: str) -> str | None:
 
 def url_problem(base_url: str) -> str | None:
     """Why --base-url is not usable (None if it is): an http(s) URL with a host, in printable ASCII,
-    with no user name or password (the message never shows them)."""
+    with no user name or password and no query (the message never shows them: `_url_shown`)."""
+    shown = _url_shown(base_url)
+    if "@" in base_url:  # before parsing: a password holding "/" moves the "@" into the path
+        return (
+            "--base-url holds a user name or password (user:password@host): they would be printed "
+            "and recorded with the URL; remove them and give the key by its environment variable "
+            f"(an @ in the path: write it %40), got {shown!r}"
+        )
     try:
         parts = urllib.parse.urlsplit(base_url)
         parts.port  # noqa: B018 -- a port that is not a number raises here, not at the first request
     except ValueError as e:
-        return f"--base-url is not a URL ({e}): {_without_credentials(base_url)!r}"
-    if "@" in parts.netloc:
-        return (
-            "--base-url holds a user name or password (user:password@host): they would be printed "
-            "and recorded with the URL; remove them and give the key by its environment variable, "
-            f"got {_without_credentials(base_url)!r}"
-        )
+        return f"--base-url is not a URL ({e}): {shown!r}"
+    if parts.query or parts.fragment:  # a query may hold a key: never shown
+        return f"--base-url takes no query or fragment (…/chat/completions is appended): {shown}"
     if where := unsendable(base_url):
         return (
             f"--base-url holds {where}: a request cannot be sent to it (percent-encode the path, "
-            f"write a host in its xn-- form), got {base_url!r}"
+            f"write a host in its xn-- form), got {shown!r}"
         )
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return (
             f"--base-url must be an http(s) URL such as https://api.openai.com/v1 or "
-            f"http://127.0.0.1:8000/v1, got {base_url!r}"
+            f"http://127.0.0.1:8000/v1, got {shown!r}"
         )
-    if parts.query or parts.fragment:
-        return f"--base-url takes no query or fragment (…/chat/completions is appended): {base_url}"
     return None
 
 
@@ -279,7 +280,7 @@ class Client:
         proxies = {"http": options.proxy, "https": options.proxy} if options.proxy else {}
         # no proxy from the environment; a redirect would re-send the key to the host it names
         self._opener = urllib.request.build_opener(
-            urllib.request.ProxyHandler(proxies),
+            _NamedProxy(proxies),
             _NoRedirect,
             _TrackedHTTP(self._sockets),
             _TrackedHTTPS(self._sockets),
@@ -444,6 +445,18 @@ def complete_all(
         client.stop()
 
 
+class _NamedProxy(urllib.request.ProxyHandler):
+    """The one proxy named for this endpoint, for every request: urllib's ProxyHandler would skip
+    it for a host the environment's no_proxy lists (proxy_bypass), sending the request direct."""
+
+    def proxy_open(self, req, proxy, type):
+        parts = urllib.parse.urlsplit(proxy)  # url_problem refused credentials in it
+        req.set_proxy(parts.netloc, parts.scheme or type)
+        if req.type in (parts.scheme, "https"):
+            return None  # the HTTP(S) handlers open it through the proxy
+        return self.parent.open(req, timeout=req.timeout)
+
+
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args, **kwargs):
         return None  # the 3xx then surfaces as an HTTPError
@@ -484,13 +497,17 @@ class _TrackedHTTPS(urllib.request.HTTPSHandler):
         return super().do_open(_tracked(http_class, self._sockets), req, **kwargs)
 
 
-def _without_credentials(url: str) -> str:
-    """`url` with anything before an `@` in its host part shown as ***."""
+def _url_shown(url: str) -> str:
+    """`url` as a message may show it: everything between `://` and its last `@` as ***, and a
+    query or fragment as ***. "http://u:p/w@h/v1?key=k" -> "http://***@h/v1?***"."""
     scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    netloc, slash, path = rest.partition("/")
-    return f"{scheme}://{'***@' if '@' in netloc else ''}{netloc.rpartition('@')[2]}{slash}{path}"
+    if sep and "@" in rest:
+        rest = "***@" + rest.rpartition("@")[2]
+    shown = f"{scheme}{sep}{rest}"
+    for mark in "?#":
+        if mark in shown:
+            shown = shown.split(mark, 1)[0] + mark + "***"
+    return shown
 
 
 def _read(error: urllib.error.HTTPError) -> bytes:

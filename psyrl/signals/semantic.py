@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from transformers import AutoModel, AutoTokenizer
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -149,7 +150,7 @@ class SemanticSignal:
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(directory), **local)
             model = AutoModel.from_pretrained(str(directory), **local)
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, SafetensorError) as e:  # damaged weights
             detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise SemanticError(f"{directory}: cannot load the encoder ({detail})") from None
         self.model = model.to(self.device).eval()

@@ -13,7 +13,26 @@ SECRET = "s3cretPW"
 def test_hide_credentials_by_hand():
     assert hide_credentials("u=http://a:b@host/v1") == "u=http://***@host/v1"
     assert hide_credentials('x="https://alice@h:1/v1"') == 'x="https://***@h:1/v1"'
-    assert hide_credentials("http://host/v1?q=a@b") == "http://host/v1?q=a@b"  # not user info
+    assert hide_credentials('x="http://u:p@ss@h/v1"') == 'x="http://***@h/v1"'  # to the last @
+    assert hide_credentials("x=http://u:p/w@h/v1") == "x=http://***@h/v1"  # a / in the password
+    assert hide_credentials('x="https://h/v1?key=sk-1"') == 'x="https://h/v1?***"'  # a query
+    assert hide_credentials("plain text, no URL") == "plain text, no URL"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"http://alice:{SECRET}@localhost:8000/v1",
+        f"http://alice:p@{SECRET}@localhost:8000/v1",
+        f"http://alice:pa/{SECRET}@localhost:8000/v1",
+        f"https://api.example.com/v1?key={SECRET}",
+        f"http://alice:{SECRET}@[::1",
+    ],
+)
+def test_no_spelling_of_a_secret_in_the_judge_url_passes_or_shows(url):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f'judge.base_url="{url}"'])
+    assert SECRET not in str(e.value) and "Traceback" not in str(e.value)
 
 
 @pytest.mark.parametrize("key", ["base_url", "proxy"])

@@ -118,12 +118,20 @@ def test_a_url_that_cannot_be_sent_is_refused(url):
         "https://alice:s3cretPW@api.example.com/v1",
         "ftp://alice:s3cretPW@api.example.com/v1",
         "http://s3cretPW@127.0.0.1:8000/v1?x=1",
+        "http://alice:s3cret/PW@127.0.0.1:8000/v1",  # a "/" moves the "@" into the path
+        "http://alice:s3c@retPW@127.0.0.1:8000/v1",  # two "@"
+        "http://alice:s3cretPW@[::1",  # not a URL at all: still not echoed
     ],
 )
 def test_credentials_in_the_url_are_refused_without_being_echoed(url):
     problem = url_problem(url)
     assert problem is not None and "user name or password" in problem
     assert "s3cretPW" not in problem and "alice" not in problem
+
+
+def test_a_key_in_the_query_is_refused_without_being_echoed():
+    problem = url_problem("https://api.example.com/v1?key=sk-s3cretKEY")
+    assert problem is not None and "query" in problem and "s3cretKEY" not in problem
 
 
 def test_the_judge_refuses_credentials_in_its_url_without_echoing_them(monkeypatch):
@@ -165,6 +173,16 @@ def test_the_judges_proxy_is_the_one_its_config_names(stub, monkeypatch):
     signal = JudgeSignal(cfg, retry_wait=0.01)
     signal([Pair("proud", "proud")])
     assert proxy.headers == [f"Bearer {KEY}"] and signal.fallbacks == 1
+
+
+def test_a_named_proxy_is_used_whatever_no_proxy_says(stub, monkeypatch):
+    # urllib's ProxyHandler skips the proxy for a host no_proxy lists: the request went direct
+    server = stub(lambda self, handler, body: send(handler, 200, answer("direct")))
+    proxy = stub(lambda self, handler, body: send(handler, 200, answer("via proxy")))
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    client = Client(options(server.url, proxy=proxy.url.removesuffix("/v1")), {KEY_ENV: KEY})
+    assert client.complete(body()).text == "via proxy"
+    assert server.headers == [] and proxy.headers == [f"Bearer {KEY}"]
 
 
 def test_a_proxy_named_for_the_endpoint_is_used(stub):

@@ -97,6 +97,18 @@ def test_a_directory_without_weights_is_one_line(encoder, capsys, weights):
     assert capsys.readouterr().out == ""
 
 
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_damaged_weights_are_one_line(encoder, capsys, damage):
+    weights = encoder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(b"\x00" * 64 if damage == "garbage" else data[: len(data) // 2])
+    with pytest.raises(SemanticError) as raised:  # was safetensors' SafetensorError, a traceback
+        SemanticSignal(encoder)
+    message = str(raised.value)
+    assert message.startswith(f"{encoder}: cannot load the encoder") and "\n" not in message
+    assert capsys.readouterr().out == ""
+
+
 @pytest.mark.parametrize(
     "text, problem",
     [
