@@ -297,6 +297,27 @@ def write_manifest(
     return manifest
 
 
+def _temporary(name: str) -> bool:
+    """psyrl's unfinished `.<name>.tmp-<tag>` (`psyrl.core.atomic`), which `tidy` deletes."""
+    return name.startswith(".") and ".tmp-" in name
+
+
+def run_results(run_dir: str | Path) -> list[str]:
+    """What of `run_dir` only a trainer writes and only --overwrite may delete, as paths relative
+    to it: every entry of `checkpoints/`, a checkpoint or not (a renamed or moved one, a stray
+    file), psyrl's unfinished temporaries aside, and the final export `hf/`."""
+    run_dir = Path(run_dir)
+    checkpoints = run_dir / "checkpoints"
+    held = []
+    if checkpoints.is_dir():
+        held += sorted(
+            f"checkpoints/{p.name}" for p in checkpoints.iterdir() if not _temporary(p.name)
+        )
+    elif checkpoints.exists():
+        held.append("checkpoints")
+    return held + (["hf"] if (run_dir / "hf").exists() else [])
+
+
 def checkpoint_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
     """(step, directory) of every `checkpoints/step-N`, by step (complete or not)."""
     found = []

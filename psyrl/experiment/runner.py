@@ -175,11 +175,15 @@ def shell_line(argv: list[str]) -> str:
 
 
 def restart_flag(run_dir: Path) -> list[str]:
-    """--resume auto on a run that was started: the trainer continues from the newest checkpoint
-    that passes its checks (the one before a damaged newest), starts over only a run of the same
-    config with no checkpoint directory, and refuses the rest. Never --overwrite: deleting a run is
-    the user's decision."""
-    return ["--resume", "auto"] if (run_dir / "metrics.jsonl").exists() else []
+    """--resume auto on a run that was started (it holds metrics.jsonl, checkpoints or an export):
+    the trainer continues from the newest checkpoint that passes its checks (the one before a
+    damaged newest), starts over only a run of the same config with nothing in checkpoints/ and no
+    export, and refuses the rest (one without metrics.jsonl too). Never --overwrite: deleting a run
+    is the user's decision."""
+    from psyrl.core.checkpoints import run_results
+
+    started = (run_dir / "metrics.jsonl").exists() or run_results(run_dir)
+    return ["--resume", "auto"] if started else []
 
 
 class Runner:

@@ -26,6 +26,7 @@ from psyrl.core.checkpoints import (
     find_resumable,
     has_checksums,
     json_text,
+    run_results,
 )
 from psyrl.core.config import Config, ConfigError, config_changes, dump_config, load_config
 from psyrl.core.errors import Preempted, RunError
@@ -117,6 +118,12 @@ def _reads(path: Path, nonce: str, wait_s: float) -> bool:
         time.sleep(0.2)
 
 
+def _listing(held: list[str], shown: int = 8) -> str:
+    """`run_results`' entries for a message: the first `shown`, then how many more."""
+    more = f" and {len(held) - shown} more" if len(held) > shown else ""
+    return ", ".join(held[:shown]) + more
+
+
 class Run:
     """One training run's directory, `runs/<name>/`, from the checks before the first write to the
     final export (torchtitan's checkpointer, picotron's CheckpointManager). Used in this order:
@@ -142,7 +149,11 @@ class Run:
         # before any rank reads it: every rank must see the directory rank 0 sees
         check_shared(self.dir, dist)
         # rank 0 looks: the nodes of a job may see a shared filesystem at different moments
-        exists = broadcast_object((self.dir / "metrics.jsonl").exists(), dist)
+        metrics, held = broadcast_object(
+            ((self.dir / "metrics.jsonl").exists(), run_results(self.dir)), dist
+        )
+        # checkpoints or an export without metrics are a run too: never written over as new
+        exists = metrics or bool(held)
         if exists and not (overwrite or resume != "off"):
             raise RunError(
                 f"{self.dir} already holds a run; pass --resume to continue it or "
@@ -150,6 +161,13 @@ class Run:
             )
         if resume == "on" and not exists:
             raise RunError(f"--resume: {self.dir} holds no run")
+        flag = "--resume" if resume == "on" else "--resume auto"
+        if exists and not metrics and not overwrite:
+            raise RunError(
+                f"{flag}: {self.dir} holds {_listing(held)} but no metrics.jsonl, so it cannot "
+                "be continued, and nothing was deleted; put its metrics.jsonl back, or pass "
+                "--overwrite to delete the whole run and start over"
+            )
         self.wipe = overwrite and exists
         self.checkpoint = None
         self.planned = cfg.run.steps  # the run.steps of the checkpoint resumed (less: --extend)
@@ -159,6 +177,13 @@ class Run:
             self.checkpoint = self._resumable(required=resume == "on")
         # a run that holds checkpoints is never deleted here: `_resumable` refuses when none passes
         if resume == "auto" and exists and self.checkpoint is None:
+            if held:  # what no checkpoint check recognises (renamed, moved, a file) or an export
+                raise RunError(
+                    f"--resume auto: {self.dir} holds {_listing(held)} but no checkpoint to "
+                    "resume from (checkpoints/step-N), and nothing was deleted; restore its "
+                    "checkpoints, move what it holds out of the run directory, or pass "
+                    "--overwrite to delete the whole run and start over"
+                )
             self._start_over()
         # torchrun's count of this job's worker restarts (0 outside torchrun), in every row: the
         # maximum over ranks, as each agent counts only its own workers' failures (a restart
@@ -245,8 +270,8 @@ class Run:
             raise RunError(
                 f"--resume{'' if required else ' auto'}: no checkpoint of {self.dir} passes its "
                 f"checks, and nothing was deleted: {reasons}. Repair them (`psyrl checkpoint "
-                "verify` names every problem) or move them away; --overwrite deletes the whole "
-                "run and starts over"
+                "verify` names every problem) or move them out of the run directory; --overwrite "
+                "deletes the whole run and starts over"
             )
         if checkpoint is not None and not has_checksums(checkpoint):
             print0(
@@ -271,8 +296,9 @@ class Run:
         return checkpoint
 
     def _start_over(self) -> None:
-        """run.resume = auto on a run that holds steps but no checkpoint directory (cut short
-        before its first one): start over when the steps are this config's, else refuse."""
+        """run.resume = auto on a run that holds steps but nothing in checkpoints/ and no export
+        (cut short before its first checkpoint): start over when the steps are this config's, else
+        refuse."""
         saved = self.dir / "config.resolved.toml"
         # rank 0 reads: one answer for every node
         readable = broadcast_object(saved.is_file(), self.dist)

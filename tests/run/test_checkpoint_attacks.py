@@ -148,6 +148,92 @@ def test_auto_falls_back_to_the_checkpoint_before_a_corrupted_newest(run, capsys
     assert f"warning: skipping {step(run, 4)}" in capsys.readouterr().out
 
 
+def _renamed(run):  # what "move them away" inside checkpoints/ does
+    for n in (2, 4):
+        step(run, n).rename(step(run, n).with_name(f"step-{n}.damaged"))
+
+
+def _quarantined(run):
+    (run / "checkpoints" / "quarantine").mkdir()
+    for n in (2, 4):
+        step(run, n).rename(run / "checkpoints" / "quarantine" / f"step-{n}")
+
+
+def _a_file(run):
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints").mkdir()
+    step(run, 4).write_text("x")
+
+
+LEFTOVERS = {
+    "renamed step-N.damaged": (_renamed, ["step-2.damaged", "step-4.damaged"]),
+    "moved into a subdirectory": (_quarantined, ["quarantine"]),
+    "a file named step-4": (_a_file, ["step-4"]),
+    "a finished run without checkpoints/": (
+        lambda run: shutil.rmtree(run / "checkpoints"),
+        ["hf"],
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", list(LEFTOVERS))
+def test_auto_never_starts_over_a_run_that_holds_checkpoints_or_an_export(run, fault):
+    mutate, named = LEFTOVERS[fault]
+    mutate(run)
+    with pytest.raises(RunError, match="nothing was deleted") as refused:
+        resume_run(run, "auto")
+    for name in named:
+        assert name in str(refused.value)
+    assert "--overwrite" in str(refused.value)
+
+
+def test_auto_refuses_renamed_checkpoints_end_to_end_and_deletes_nothing(trained, run):
+    _renamed(run)
+    before = snapshot(run)
+    result = train_sft(trained, run.parent, "--resume", "auto")
+    refused_cleanly(result)
+    assert snapshot(run) == before
+    assert "step-4.damaged" in result.output and "starting over" not in result.output
+
+
+def test_auto_starts_over_only_an_empty_checkpoints_directory_without_an_export(run):
+    shutil.rmtree(run / "checkpoints")
+    shutil.rmtree(run / "hf")
+    (run / "checkpoints").mkdir()
+    assert resume_run(run, "auto").wipe
+
+
+def test_the_refusal_does_not_advise_moving_checkpoints_within_the_run(run):
+    for n in (2, 4):
+        flip(step(run, n) / SHARD)
+    with pytest.raises(RunError, match="nothing was deleted") as refused:
+        resume_run(run, "auto")
+    assert "move them away" not in str(refused.value)
+
+
+# ---------------------------------------------------------------- a run without metrics.jsonl
+def test_a_run_without_metrics_but_with_checkpoints_is_never_treated_as_new(run):
+    (run / "metrics.jsonl").unlink()
+    assert restart_flag(run) == ["--resume", "auto"]
+    with pytest.raises(RunError, match="already holds"):
+        resume_run(run, "off")
+    for resume in ("auto", "on"):
+        with pytest.raises(RunError, match="no metrics.jsonl") as refused:
+            resume_run(run, resume)
+        assert "checkpoints/step-2" in str(refused.value) and "--overwrite" in str(refused.value)
+    sets = [f"run.output_dir={json.dumps(str(run.parent))}"]
+    cfg = load_config(run / "config.resolved.toml", sets)
+    assert Run(cfg, ONE_PROCESS, "sft", [], overwrite=True, resume="off").wipe
+
+
+def test_an_export_alone_makes_a_run_that_exists(run):
+    (run / "metrics.jsonl").unlink()
+    shutil.rmtree(run / "checkpoints")
+    assert restart_flag(run) == ["--resume", "auto"]
+    with pytest.raises(RunError, match="already holds"):
+        resume_run(run, "off")
+
+
 # ----------------------------------------------------------------- a manifest that fails closed
 def _rank_as_text(m):
     m["checksums"][SHARD]["rank"] = "0"
