@@ -83,20 +83,25 @@ class Accuracy:
                 self.plugin, self.reward.custom, responses, golds, records
             )
         if "judge" in self.built:
-            fallbacks = torch.as_tensor(self.built["judge"].fallback_mask, dtype=torch.float64)
+            judge = self.built["judge"]
+            fallbacks = torch.as_tensor(judge.fallback_mask, dtype=torch.float64)
+            # the subset the answer caused (scored 0, never masked): reward/judge_refused
+            extras["judge_refused"] = torch.as_tensor(judge.refused_mask, dtype=torch.float64)
         return Scores(reward_accuracy(signals, self.reward), signals, extras, fallbacks)
 
     # ------------------------------------------------------------------ the judge's fallbacks
     def kept(self, samples: Sequence) -> torch.Tensor | None:
         """judge.on_failure = "mask" with the judge in the reward: [N] bool, False where the judge
-        did not score the response (its advantage is 0, the cache's means leave it out); None
-        when every response keeps its place (always, with the paper's F1)."""
+        left the response unanswered (its advantage is 0, the cache's means leave it out); None
+        when every response keeps its place (always, with the paper's F1). A response whose
+        reply held no score line is kept, scored 0: the answer can cause that failure, and
+        masking it would spare the answer a wrong answer's negative advantage."""
         judged = self.reward.accuracy == "judge" or (
             self.reward.accuracy == "mix" and "judge" in self.reward.mix
         )
         if not judged or self.judge_cfg.on_failure != "mask":
             return None
-        failed = torch.tensor([s.extra.get("judge_fallback", 0.0) > 0 for s in samples])  # [N]
+        failed = torch.tensor([unanswered(s) for s in samples])  # [N]
         return ~failed if failed.any() else None
 
     def watch(self, samples: Sequence, step: int, dist) -> None:
@@ -119,10 +124,16 @@ class Accuracy:
         first, latest = (errors[0], errors[-1]) if errors else ("(not recorded)",) * 2
         if not self.told:
             self.told = True
+            lost = sum(unanswered(s) for s in samples)
+            uses = [f"{failed - lost} replied without a score line: scored 0"] * (lost < failed)
+            if lost:
+                use = FALLBACK_USE[self.judge_cfg.on_failure]
+                uses.append(
+                    f"{lost} unanswered: judge.on_failure = {self.judge_cfg.on_failure!r}: {use}"
+                )
             print0(
                 f"step {step}: the judge did not score {failed} of {len(samples)} responses "
-                f"(judge.on_failure = {self.judge_cfg.on_failure!r}: "
-                f"{FALLBACK_USE[self.judge_cfg.on_failure]}); first error: {first}",
+                f"({'; '.join(uses)}); first error: {first}",
                 dist,
             )
         missed, total = (sum(column) for column in zip(*self.window))
@@ -132,6 +143,13 @@ class Accuracy:
                 f"{len(self.window)} step(s), more than judge.max_fallback_rate = "
                 f"{self.judge_cfg.max_fallback_rate:g}; last error: {latest}"
             )
+
+
+def unanswered(sample) -> bool:
+    """The judge did not score the sample for a cause its answer cannot have (a timeout, no
+    connection, a 5xx, a 429, the step's deadline): on_failure applies. A reply without a score
+    line (`judge_refused`) is counted among the fallbacks but scored 0."""
+    return sample.extra.get("judge_fallback", 0.0) > 0 and not sample.extra.get("judge_refused")
 
 
 FALLBACK_USE = {  # judge.on_failure's use of a response the judge did not score

@@ -117,7 +117,7 @@ def score_signals(rows: list[dict], records: dict, scorers: Scorers) -> dict:
     by_benchmark: dict[str, list[dict]] = {}
     for row in rows:
         by_benchmark.setdefault(row["benchmark"], []).append(row)
-    fallbacks = 0
+    fallbacks = refused = 0
     for group in by_benchmark.values():
         pairs = [
             Pair(records[r["id"]].answer, r["extracted"], *stimulus_and_question(records[r["id"]]))
@@ -126,7 +126,8 @@ def score_signals(rows: list[dict], records: dict, scorers: Scorers) -> dict:
         for name, scorer in scorers.accuracy.items():
             for row, score in zip(group, scorer(pairs).tolist()):  # [N]
                 row[SIGNAL_PREFIX + name] = score
-            fallbacks += getattr(scorer, "fallbacks", 0)  # the judge's, scored by F1 instead
+            fallbacks += getattr(scorer, "fallbacks", 0)  # the judge's unscored answers
+            refused += getattr(scorer, "refused", 0)  # of them, replies without a score: 0
         if scorers.similarity is not None:
             chosen = [(r, records[r["id"]]) for r in group if r["option_f1"] is not None]
             option_pairs = [Pair(o, r["extracted"]) for r, record in chosen for o in record.options]
@@ -141,6 +142,8 @@ def score_signals(rows: list[dict], records: dict, scorers: Scorers) -> dict:
         judge = scorers.accuracy["judge"]
         print(
             f"evaluate: the judge did not score {fallbacks} answers (last error: "
-            f"{judge.last_error}); their accuracy/judge is the paper's F1, asked again on a resume"
+            f"{judge.last_error}); {refused} of them it answered without a score line (their "
+            "accuracy/judge is 0), the others' accuracy/judge is the paper's F1; all are asked "
+            "again on a resume"
         )
     return {"judge_fallbacks": fallbacks}

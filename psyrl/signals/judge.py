@@ -10,20 +10,28 @@ stimulus and the question, following a rubric (issue 41 item 3; the paper's appe
   request from os.urandom after the policy has answered, so an answer cannot close its tag, forge
   another field, or write a score line the parser takes (docs/judge.md, "What the policy can try").
 - Parse: the reply's last non-empty line must be `SCORE[<that request's token>]: <number>` with
-  the number in [0, 1]; anything else (`SCORE: 1` quoted from the answer, another token, 1.7,
-  prose after it) is a malformed answer, not asked again: the same temperature-0 request would
-  get the same reply.
+  the number in [0, 1], in ASCII digits and with only ASCII whitespace around; anything else
+  (`SCORE: 1` quoted from the answer, another token, 1.7, `１`, prose after it) is a malformed
+  answer, not asked again: the same temperature-0 request would get the same reply.
 - Transport: psyrl.eval.openai_engine's client (`concurrency` requests in flight, retries with
   backoff on timeouts, 429s, 5xx and cut-short answers, the key masked in every message), a
   per-request timeout (`timeout_s`) and a per-step one (`step_timeout_s`: what is unanswered when
   it passes has failed).
 - Failure: a response the judge did not score is marked (`fallbacks`, `fallback_mask`: the
-  trainer's reward/judge_fallbacks) and scored with the paper's token F1 (eq. 4-5) so that it has
-  a value; `on_failure = "mask"` (the default) then leaves it out of the loss and the cache's
-  means (psyrl.signals.build.Accuracy.kept), `"f1"` trains on the F1 stand-in, `"stop"` raises
-  JudgeError naming the endpoint and the error. A 401 or 403 (a wrong key: every request would
-  fail alike) raises JudgeError under every on_failure. `first_error` keeps the run's first
-  failure for the trainer's message.
+  trainer's reward/judge_fallbacks, its fallback rate and judge.max_fallback_rate). What follows
+  depends on whether the answer being graded can cause the failure (`caused_by_answer`):
+  - a reply without a valid score line (malformed, refused, cut short, the score quoted from the
+    answer), or a 4xx other than 408 and 429 (an answer past the server's context, one a
+    moderation rejects): the answer's doing, so it scores 0 under every on_failure but "stop"
+    (`refused`, `refused_mask`: reward/judge_refused). Neither masked nor given F1: either would
+    spare an answer that breaks the judge's format the negative advantage of a wrong one;
+  - a timeout, no connection, a 5xx, a 429 after the retries, the step deadline (nothing an
+    answer causes): scored with the paper's token F1 (eq. 4-5) so that it has a value;
+    `on_failure = "mask"` (the default) then leaves it out of the loss and the cache's means
+    (psyrl.signals.build.Accuracy.kept), `"f1"` trains on the F1 stand-in.
+  `"stop"` raises JudgeError naming the endpoint and the error for either kind. A 401 or 403 (a
+  wrong key: every request would fail alike) raises JudgeError under every on_failure.
+  `first_error` keeps the run's first failure for the trainer's message.
 - Cache: a score is keyed by sha256 over (model, rubric text, item format, stimulus, question,
   gold, prediction); the token is not in it. The constructor reads every *.jsonl of the run's judge
   cache; each call appends its new scores to rank-{rank}.jsonl (flushed and fsynced: a crash loses
@@ -68,7 +76,10 @@ RETRY_WAIT = 1.0  # seconds: the first backoff, doubled per attempt (evaluate's 
 FIELDS = ("stimulus", "question", "gold", "prediction")
 TOKEN_BYTES = 8  # 64 random bits per request: an answer cannot guess its tag or score line
 ITEM_FORMAT = "item-v2: tagged fields, SCORE[token]"  # in the cache key: a new format asks anew
-_SCORE = re.compile(r"SCORE\[([0-9a-f]{16})\]:[ \t]*([+-]?(?:\d+(?:\.\d*)?|\.\d+))")
+# ASCII only: \d would take a fullwidth or Arabic-Indic digit, which float() reads as a number
+_SCORE = re.compile(r"SCORE\[([0-9a-f]{16})\]:[ \t]*([+-]?(?:\d+(?:\.\d*)?|\.\d+))", re.ASCII)
+_BLANK = " \t\r\f\v"  # str.strip() would also take a no-break space and other Unicode spaces
+_REJECTED = re.compile(r"HTTP (4\d\d)\b")
 _PLACEHOLDER = re.compile(r"\{(stimulus|question|gold|prediction)\}")
 _KEY = re.compile(r"[0-9a-f]{64}")
 
@@ -79,16 +90,17 @@ class JudgeError(PsyrlError):
 
 
 def parse_score(text: str, tokens: str | set[str]) -> tuple[str, float]:
-    """(token, score) of a judge's reply whose last non-empty line is exactly
-    `SCORE[<token>]: x`, 0 <= x <= 1, with the token one of `tokens` (those of the requests in
-    flight). ValueError otherwise (a malformed answer): a `SCORE: 1` that the reply quotes from
-    the answer is no score.
+    """(token, score) of a judge's reply whose last non-empty line (lines end at "\n"; blank means
+    ASCII whitespace) is exactly `SCORE[<token>]: x`, x in ASCII digits, 0 <= x <= 1, with the
+    token one of `tokens` (those of the requests in flight). ValueError otherwise (a malformed
+    answer): a `SCORE: 1` that the reply quotes from the answer is no score, nor is `SCORE[t]: １`
+    or a line with a no-break space after the number.
 
     >>> parse_score("Same state.\nSCORE[00ff00ff00ff00ff]: 0.75", "00ff00ff00ff00ff")
     ('00ff00ff00ff00ff', 0.75)
     """
     tokens = {tokens} if isinstance(tokens, str) else tokens
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    lines = [line.strip(_BLANK) for line in text.split("\n") if line.strip(_BLANK)]
     match = _SCORE.fullmatch(lines[-1]) if lines else None
     if match is None:
         raise ValueError("the last line is not 'SCORE[<the request's token>]: <number>'")
@@ -98,6 +110,22 @@ def parse_score(text: str, tokens: str | set[str]) -> tuple[str, float]:
     if not 0.0 <= score <= 1.0:
         raise ValueError(f"score {match.group(2)} is outside [0, 1]")
     return match.group(1), score
+
+
+def caused_by_answer(error: ApiError, url: str) -> bool:
+    """True for a failure the answer being graded can cause: the judge replied without a valid
+    score line (the client's "answer refused"), or the server rejected the request with a 4xx
+    other than 408 and 429 (an answer past its context, one a provider's moderation rejects).
+    False for what no answer causes: a timeout, no connection, a 5xx, a 429 after the retries.
+    The client's `answered` attribute where it has one, else its message's form."""
+    answered = getattr(error, "answered", None)
+    if answered is not None:
+        return bool(answered)
+    detail = str(error).removeprefix(f"{url}: ")
+    if detail.startswith("answer refused ("):
+        return True
+    rejected = _REJECTED.match(detail)
+    return rejected is not None and rejected.group(1) not in ("408", "429")
 
 
 def read_rubric(path: str) -> str:
@@ -174,7 +202,9 @@ def content_key(model: str, rubric: str, pair: Pair) -> str:
 
 class JudgeSignal:
     """The judge's score per pair, float64 [N] in [0, 1]. After each call, `fallbacks` counts the
-    pairs the judge did not score (scored by F1 instead) and `fallback_mask` marks them [N];
+    pairs the judge did not score and `fallback_mask` marks them [N]; `refused` and
+    `refused_mask` those of them whose failure the answer can cause (`caused_by_answer`: scored
+    0), the others (unanswered: scored by F1 instead, for on_failure to mask or train on);
     `asked` counts the distinct pairs sent and `last_error` is the last failure's message;
     `first_error` and `latest_error` are the first and the latest failure's of the signal's life
     (the trainer prints the first once, and stops with the latest)."""
@@ -210,8 +240,10 @@ class JudgeSignal:
         if cache_dir is not None:
             self.cache_file = Path(cache_dir) / f"rank-{rank}.jsonl"
             self._read_cache(Path(cache_dir))
-        self.fallbacks = 0
+        self.fallbacks = self.refused = 0
         self.fallback_mask = torch.zeros(0, dtype=torch.bool)
+        self.refused_mask = torch.zeros(0, dtype=torch.bool)
+        self._refused: set[str] = set()  # this call's keys whose failure the answer caused
         self.asked = 0
         self.last_error: str | None = None
         self.first_error: str | None = None
@@ -224,16 +256,19 @@ class JudgeSignal:
         pairs = list(pairs)
         keys = [self.key(p) for p in pairs]
         todo = {k: p for k, p in zip(keys, pairs) if k not in self.cache}  # identical: asked once
-        self.asked, self.last_error = len(todo), None
+        self.asked, self.last_error, self._refused = len(todo), None, set()
         if todo:
             self._ask(todo)
         mask = [k not in self.cache for k in keys]
+        refused = [k in self._refused for k in keys]  # the answer's doing: scored 0
+        unanswered = [m and not r for m, r in zip(mask, refused)]
         scores = torch.tensor([self.cache.get(k, 0.0) for k in keys], dtype=torch.float64)  # [N]
-        if any(mask):
-            fell_back = [p for p, m in zip(pairs, mask) if m]
-            scores[torch.tensor(mask)] = token_f1(fell_back)  # the paper's F1 stands in
-        self.fallbacks = sum(mask)
+        if any(unanswered):
+            fell_back = [p for p, m in zip(pairs, unanswered) if m]
+            scores[torch.tensor(unanswered)] = token_f1(fell_back)  # the paper's F1 stands in
+        self.fallbacks, self.refused = sum(mask), sum(refused)
         self.fallback_mask = torch.tensor(mask, dtype=torch.bool)  # [N]
+        self.refused_mask = torch.tensor(refused, dtype=torch.bool)  # [N]
         return scores
 
     # ------------------------------------------------------------------------------------ internals
@@ -269,11 +304,15 @@ class JudgeSignal:
                 if isinstance(answer, ApiError) and getattr(answer, "fatal", False):
                     raise answer  # a wrong key or an unsendable request: no request can succeed
                 if not isinstance(answer, ApiError) and answer[0] != token:  # another's token
-                    answer = ApiError(f"{self.options.url}: the score line names another token")
+                    answer = ApiError(
+                        f"{self.options.url}: answer refused (the score line names another token)"
+                    )
                     if stop:
                         raise answer
-                if isinstance(answer, ApiError):  # this pair falls back
+                if isinstance(answer, ApiError):  # this pair falls back, or scores 0
                     failed.add(key)
+                    if caused_by_answer(answer, self.options.url):
+                        self._refused.add(key)
                     self._failed(str(answer))
                     continue
                 score = answer[1]

@@ -213,18 +213,21 @@ def test_the_item_is_tagged_data_after_the_shipped_rubric():
 # ----------------------------------------------------------------------------- faults and fallback
 def test_faults_are_retried_then_fall_back_to_f1(stub, tmp_path):
     words = ["good", "exact", "wrong", "flaky"]  # scored, one after retries
-    # never scored: a hang or a broken body after every retry; a refused answer (1.7, -0.2, no
-    # score line, prose after it) at once, since the same temperature-0 request gets the same
+    # never scored: a hang or a broken body after every retry (F1 stands in); a refused answer
+    # (1.7, -0.2, no score line, prose after it) at once, since the same temperature-0 request
+    # gets the same, and scored 0: the answer graded can make the judge reply so
     failing = ["hang", "garbled", "high", "low", "noscore", "trailing", "once"]
     signal = judge(stub, tmp_path / "cache")
     pairs = [pair(w) for w in words + failing]
     scores = signal(pairs)
     assert scores.dtype == torch.float64 and scores.shape == (11,)
     assert scores[:4].tolist() == [0.75, 1.0, 0.0, 0.25]
-    assert scores[4:].tolist() == [0.4] * 7  # the paper's F1 (see pair())
-    assert torch.equal(scores[4:], token_f1(pairs[4:]))
-    assert signal.fallbacks == 7 and signal.asked == 11
+    assert scores[4:6].tolist() == [0.4] * 2  # the paper's F1 (see pair())
+    assert torch.equal(scores[4:6], token_f1(pairs[4:6]))
+    assert scores[6:].tolist() == [0.0] * 5
+    assert signal.fallbacks == 7 and signal.asked == 11 and signal.refused == 5
     assert signal.fallback_mask.tolist() == [False] * 4 + [True] * 7
+    assert signal.refused_mask.tolist() == [False] * 6 + [True] * 5
     attempts = stub.requests()
     assert {w: attempts[w] for w in words} == {
         "good": 1,
@@ -295,7 +298,7 @@ def test_the_cache_answers_a_second_call_and_a_new_signal(stub, tmp_path):
     cache = tmp_path / "judge"
     pairs = [pair("good"), pair("flaky"), pair("noscore"), pair("good")]  # a duplicate
     first = judge(stub, cache)(pairs)
-    assert first.tolist() == [0.75, 0.25, 0.4, 0.75]
+    assert first.tolist() == [0.75, 0.25, 0.0, 0.75]  # a reply without a score line: 0
     assert stub.requests() == {"good": 1, "flaky": 3, "noscore": 1}  # the duplicate asked once
     signal = judge(stub, cache)  # a resumed run: reads rank-0.jsonl
     assert len(signal.cache) == 2
@@ -303,7 +306,7 @@ def test_the_cache_answers_a_second_call_and_a_new_signal(stub, tmp_path):
     assert signal(pairs[:2]).tolist() == [0.75, 0.25]
     assert len(stub.log) == n and signal.asked == 0  # no request at all
     # a fallback is not cached: the judge is asked again (and may answer this time)
-    assert signal(pairs).tolist() == [0.75, 0.25, 0.4, 0.75]
+    assert signal(pairs).tolist() == [0.75, 0.25, 0.0, 0.75]
     assert stub.requests()["noscore"] == 2 and signal.asked == 1
     # another rank reads rank 0's file and writes its own
     other = judge(stub, cache, rank=1)

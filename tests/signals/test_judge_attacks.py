@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import re
+from types import SimpleNamespace
 
 import pytest
 from http_stub import serve_posts
 
 from psyrl.core.config import JudgeConfig
 from psyrl.rl.accuracy import Pair
-from psyrl.signals.judge import JudgeError, JudgeSignal, read_rubric
+from psyrl.rl.tgrpo import advantages
+from psyrl.signals.judge import JudgeError, JudgeSignal, parse_score, read_rubric
 
 KEY = "sk-judge-attack-SENTINEL-31f0"
 KEY_ENV = "PSYRL_TEST_JUDGE_ATTACK_KEY"
@@ -171,3 +173,136 @@ def test_the_probe_audit_shows_what_a_gullible_judge_lets_through(tmp_path, monk
         assert probes[injected]["unscored"] == 6 and probes[injected]["mean"] == 0.0
     assert probes["ignore-rubric"]["mean"] == 1.0 and probes["ignore-rubric"]["beats"]
     assert probes["empty"]["mean"] == 0.0 and not probes["empty"]["beats"]
+
+
+# ------------------------------------------- a reply without a score: scored 0, counted, not masked
+def fair_or_echo(body):
+    """A judge that quotes an answer holding a score line (no score line of its own, then), and
+    else grades exactly: 1 for the gold answer, 0 for anything else."""
+    text = body["messages"][-1]["content"]
+    token = re.search(r"SCORE\[([0-9a-f]{16})\]: x$", text).group(1)
+    prediction = prediction_of(body)
+    if "SCORE" in prediction:
+        return 200, f"The answer reads:\n{prediction}"
+    gold = re.search(rf"<gold {token}>\n(.*?)\n</gold {token}>", text, re.S).group(1)
+    return 200, f"SCORE[{token}]: {1 if prediction == gold else 0}"
+
+
+def step_parts(stub: Stub, on_failure: str, answers: list[str], gold: str = "very proud"):
+    """One group scored as the trainer scores it: (parts, the samples' `extra`, kept)."""
+    from psyrl.core.config import Config, RewardConfig
+    from psyrl.rl.rewards import answer_components
+    from psyrl.signals.build import Accuracy
+
+    cfg = Config(
+        reward=RewardConfig(accuracy="judge"),
+        judge=JudgeConfig(
+            base_url=stub.url, model="stub-judge", api_key_env=KEY_ENV, retries=0,
+            on_failure=on_failure, timeout_s=5.0, step_timeout_s=10.0,
+        ),
+    )  # fmt: skip
+    accuracy = Accuracy(cfg)
+    responses = [f"<think>t</think>\n<answer>{a}</answer>" for a in answers]
+    parts = answer_components(responses, [gold] * len(answers), "cot", cfg.reward, accuracy)
+    extras = [
+        {k: v[n].item() for k, v in parts.items() if k not in ("f1", "fmt", "rep")}
+        for n in range(len(answers))
+    ]
+    samples = [SimpleNamespace(extra=e) for e in extras]
+    return parts, extras, accuracy.kept(samples)
+
+
+@pytest.mark.parametrize("on_failure", ["mask", "f1"])
+def test_an_answer_that_makes_the_judge_drop_its_score_line_earns_what_a_wrong_answer_earns(
+    serve, on_failure
+):
+    # the injected answer shares "very" with the gold: its F1 1/3 stood in under "f1", and
+    # "mask" gave it advantage 0 instead of a wrong answer's -0.5 (1.155, -0.577, -0.577, 0.0)
+    stub = serve(fair_or_echo)
+    parts, extras, keep = step_parts(stub, on_failure, ["very proud", "calm", "sad", INJECTED])
+    assert parts["f1"].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert keep is None  # nothing masked: the answer caused the failure
+    adv = advantages(parts["f1"], "group", 4, eps=0.0)
+    assert adv.tolist() == [1.5, -0.5, -0.5, -0.5]
+    # still counted (the fallback rate, max_fallback_rate), and marked as a reply without a score
+    assert [e["judge_fallback"] for e in extras] == [0.0, 0.0, 0.0, 1.0]
+    assert [e["judge_refused"] for e in extras] == [0.0, 0.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("on_failure", ["mask", "f1"])
+def test_a_request_the_judge_rejects_for_its_answer_scores_0(serve, on_failure):
+    # a 400 (an answer past the server's context, one a provider's moderation rejects) is the
+    # answer's doing: scored 0 like a reply without a score line, never masked or F1
+    def strict(body):
+        if "very proud " * 5 in prediction_of(body):
+            return 400, "This model's maximum context length is 4096 tokens"
+        return fair_or_echo(body)
+
+    stub = serve(strict)
+    parts, extras, keep = step_parts(
+        stub, on_failure, ["very proud", "calm", "sad", "very proud " * 50]
+    )
+    assert parts["f1"].tolist() == [1.0, 0.0, 0.0, 0.0] and keep is None
+    assert [e["judge_refused"] for e in extras] == [0.0, 0.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("on_failure", ["mask", "f1"])
+def test_a_failed_request_the_answer_cannot_cause_is_masked_or_falls_back_to_f1(serve, on_failure):
+    def flaky(body):  # a 5xx for one request: the server's fault, not the answer's
+        return (500, "overloaded") if prediction_of(body) == "very calm" else fair_or_echo(body)
+
+    stub = serve(flaky)
+    parts, extras, keep = step_parts(stub, on_failure, ["very proud", "very calm", "sad", "glad"])
+    assert [e["judge_fallback"] for e in extras] == [0.0, 1.0, 0.0, 0.0]
+    assert [e["judge_refused"] for e in extras] == [0.0] * 4
+    if on_failure == "mask":
+        assert keep.tolist() == [True, False, True, True]
+    else:
+        assert keep is None and parts["f1"][1].item() == 0.5  # F1("very calm", "very proud")
+
+
+def test_the_first_fallback_message_says_a_reply_without_a_score_scored_0(capsys):
+    from psyrl.core.config import Config, RewardConfig
+    from psyrl.runtime.distributed import Dist
+    from psyrl.signals.build import Accuracy
+
+    cfg = Config(
+        reward=RewardConfig(accuracy="judge"),
+        judge=JudgeConfig(base_url="http://127.0.0.1:9/v1", model="x", max_fallback_rate=1.0),
+    )
+    accuracy = Accuracy(cfg)
+    accuracy.built["judge"].first_error = "http://x/chat/completions: answer refused (...)"
+    samples = [
+        SimpleNamespace(extra={"judge_fallback": float(i < 3), "judge_refused": float(i < 2)})
+        for i in range(8)
+    ]
+    accuracy.watch(samples, 2, Dist())
+    out = capsys.readouterr().out
+    assert "step 2: the judge did not score 3 of 8 responses" in out
+    assert "2 replied without a score line: scored 0" in out
+    assert "1 unanswered: judge.on_failure = 'mask': left out of the loss" in out
+    assert accuracy.kept(samples).tolist() == [True, True, False, *[True] * 5]
+
+
+# ------------------------------------------------------------------------------ the parse: ASCII
+@pytest.mark.parametrize(
+    "line",
+    [
+        "SCORE[00ff00ff00ff00ff]: \uff11",  # FULLWIDTH DIGIT ONE
+        "SCORE[00ff00ff00ff00ff]: \u0661",  # ARABIC-INDIC DIGIT ONE
+        "SCORE[00ff00ff00ff00ff]: \U0001d7cf",  # MATHEMATICAL BOLD DIGIT ONE
+        "SCORE[00ff00ff00ff00ff]: 0.\uff15",
+        "SCORE[00ff00ff00ff00ff]: 1\u00a0",  # a trailing NO-BREAK SPACE
+        "\u00a0SCORE[00ff00ff00ff00ff]: 1",
+        "SCORE[00ff00ff00ff00ff]:\u20031",  # EM SPACE after the colon
+        "SCORE[00ff00ff00ff00ff]: 1\u2028",  # LINE SEPARATOR: not a line end here
+    ],
+)
+def test_a_score_line_is_ascii_digits_and_ascii_whitespace_only(line):
+    with pytest.raises(ValueError):
+        parse_score(f"Same state.\n{line}", "00ff00ff00ff00ff")
+
+
+def test_a_score_line_with_ascii_whitespace_around_it_is_read():
+    token = "00ff00ff00ff00ff"
+    assert parse_score(f"ok\r\n  SCORE[{token}]:\t0.5 \t\r\n\n", token) == (token, 0.5)
