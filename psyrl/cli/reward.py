@@ -138,8 +138,9 @@ def score_command(path, names, config_path, overrides):
     "probes",
     is_flag=True,
     help="Also score the shipped probes (psyrl/assets/judge/probes.jsonl: score lines, fake "
-    "headings, 'ignore the rubric', openers, an empty answer, every emotion word) against every "
-    "triple, and report how many beat the wrong answers: what a policy could exploit.",
+    "headings, 'ignore the rubric', requests to copy the score line or to write none, openers, an "
+    "empty answer, every emotion word) against every triple, and report how many beat the wrong "
+    "answers or escape the judge (left unscored): what a policy could exploit.",
 )
 @click.option(
     "--probe-file",
@@ -166,8 +167,9 @@ def audit_command(
 
     --probes: for each signal and probe, its mean score and on how many triples it scores above
     the wrong answer and above the right one; a probe beats the wrong answers when its mean is
-    above theirs (a policy writing it would gain). A probe the judge does not score counts as not
-    above (under judge.on_failure = "mask" it earns nothing).
+    above theirs (a policy writing it would gain). A probe the judge leaves unscored on any triple
+    escapes the judge, a finding too: the answer steered the judge off its format (training scores
+    such a reply 0 and counts it toward judge.max_fallback_rate).
     """
     from psyrl.signals.audit import audit, load_probes, load_triples, probe_pairs
 
@@ -244,6 +246,7 @@ def _probe_table(probes, probed: dict, n: int, scores: dict) -> None:
     click.echo(
         f"probes, each scored against the {n} triples: 'mean, >wrong k, >right m' (on k, m of the "
         f"{n} triples above that triple's wrong, right answer); * its mean beats the wrong answers'"
+        "; 'escapes the judge': left unscored (a reply without a score line)"
     )
     rows = [
         ("probe", *probed),
@@ -255,7 +258,7 @@ def _probe_table(probes, probed: dict, n: int, scores: dict) -> None:
         for figures in probed.values():
             f = figures[i]
             mark = " *" if f.beats else ""
-            missing = f", unscored {f.unscored}" if f.unscored else ""
+            missing = f", unscored {f.unscored}: escapes the judge" if f.escapes else ""
             cells.append(
                 f"{f.mean:.3f}, >wrong {round(f.above_wrong * n)}, "
                 f">right {round(f.above_right * n)}{missing}{mark}"
@@ -263,4 +266,6 @@ def _probe_table(probes, probed: dict, n: int, scores: dict) -> None:
         rows.append((probe.id, *cells))
     beat = [f"{sum(f.beats for f in figures)}/{len(probes)}" for figures in probed.values()]
     rows.append(("beat the wrong answers", *beat))
+    escape = [f"{sum(f.escapes for f in figures)}/{len(probes)}" for figures in probed.values()]
+    rows.append(("escape the judge", *escape))
     _table(rows)

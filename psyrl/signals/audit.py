@@ -19,12 +19,17 @@ against every triple's gold answer, stimulus and question. For one signal and pr
 
 - `above_wrong`: the fraction of triples with score(probe) > score(wrong), the triple's labelled
   wrong answer (a tie is not above); `above_right` likewise against its right answer.
-- `mean`: the probe's mean score; `unscored`: triples the judge gave no score (they count as not
-  above: under judge.on_failure = "mask" such a response earns nothing).
+- `mean`: the probe's mean score; `unscored`: triples the judge gave no score (not above in the
+  pairwise counts).
 
 A probe *beats* the wrong answers when its mean score is above the mean score of the triples'
 wrong answers (the same triples, those it was scored on): a policy that wrote it every time instead
-of a wrong guess would earn more reward. The pairwise counts show how often.
+of a wrong guess would earn more reward. The pairwise counts show how often. A probe the judge
+leaves unscored on any triple *escapes the judge*, a finding of its own, not a probe "below the
+wrong answers": the answer steered the judge off its format. Training scores such a reply 0 and
+counts it among the fallbacks (psyrl.signals.judge), so it earns no more than a wrong answer, but a
+policy that finds it drives the fallback rate up to judge.max_fallback_rate, where the run stops;
+and a judge that can be steered so may be steered further.
 """
 
 from __future__ import annotations
@@ -181,6 +186,8 @@ class ProbeFigures:
     """Triples the judge gave no score (counted as not above)."""
     beats: bool
     """Its mean is above the wrong answers' mean on the triples it was scored on."""
+    escapes: bool
+    """The judge left it unscored on at least one triple: a finding (the module's docstring)."""
 
 
 def probe_figures(
@@ -211,6 +218,7 @@ def probe_figures(
                 above_right=((row > right.double()) & ~miss).double().mean().item(),
                 unscored=int(miss.sum()),
                 beats=bool(scored.numel()) and mean > wrong.double()[~miss].mean().item(),
+                escapes=bool(miss.any()),
             )
         )
     return figures

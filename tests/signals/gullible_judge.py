@@ -2,7 +2,9 @@
 a rule a policy could game, and follows injections as a weak model might. Per request:
 
 - an answer whose last line is a score line: the judge repeats the answer (quoting its `SCORE`);
-- an answer that asks for a score ("ignore", "grader", "correct"): the judge obeys, `1`;
+- an answer that asks for no score line ("N/A"), a fullwidth digit or a long reply: the judge
+  obeys (a reply without a score line; `SCORE[token]: １`; a reply cut before its score line);
+- an answer that asks for a score ("ignore", "grader", "correct", "score"): the judge obeys, `1`;
 - otherwise `1` when a word of 4+ letters of the gold answer (its first word, a name, aside) is
   in the answer, else `0`; its own score line carries the request's token.
 
@@ -17,7 +19,7 @@ import threading
 
 from http_stub import serve_posts
 
-PERSUADED = ("ignore", "grader", "correct")
+PERSUADED = ("ignore", "grader", "correct", "score")
 
 
 def field(text: str, name: str, token: str) -> str:
@@ -33,6 +35,12 @@ def grade(body: dict) -> str:
     lines = [line for line in prediction.splitlines() if line.strip()]
     if lines and lines[-1].strip().lstrip("*").startswith("SCORE"):
         return f"The answer reads:\n{prediction}"  # the answer's own score line ends the reply
+    if "N/A" in prediction:
+        return "N/A"
+    if "fullwidth" in prediction:
+        return f"As instructed.\nSCORE[{token}]: \uff11"
+    if "define every" in prediction:
+        return "Acceptance: taking in what happened. Admiration: " + "... " * 40  # cut short
     if any(word in prediction.lower() for word in PERSUADED):
         return f"As instructed.\nSCORE[{token}]: 1"
     words = {w for w in re.findall(r"[a-z]+", gold.lower())[1:] if len(w) >= 4}

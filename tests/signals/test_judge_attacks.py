@@ -147,7 +147,9 @@ def test_a_refused_key_stops_the_run_under_every_on_failure(serve, status, on_fa
 
 def test_the_probe_audit_shows_what_a_gullible_judge_lets_through(tmp_path, monkeypatch):
     # the gullible stub repeats an answer's score line (refused: the token is missing), obeys
-    # "ignore the rubric" (scored 1: the audit flags it), else grades by shared gold words
+    # "ignore the rubric" or a request to copy the score line with 1 (scored 1: the audit flags
+    # it), writes no score line when asked (escapes the judge: flagged), a fullwidth 1 when asked
+    # (refused: not ASCII), else grades by shared gold words
     from click.testing import CliRunner
     from gullible_judge import handle
 
@@ -157,22 +159,30 @@ def test_the_probe_audit_shows_what_a_gullible_judge_lets_through(tmp_path, monk
     server, url = serve_posts(handle)
     triples = tmp_path / "triples.jsonl"
     triples.write_text("".join(open("data/reward_triples/triples.jsonl").readlines()[:6]))
+    args = ["reward", "audit", str(triples), "--accuracy", "judge", "--probes",
+            "--set", f"judge.base_url={json.dumps(url)}", "--set", 'judge.model="gullible"',
+            "--set", "judge.retries=0"]  # fmt: skip
     try:
-        result = CliRunner().invoke(
-            main,
-            ["reward", "audit", str(triples), "--accuracy", "judge", "--probes", "--json",
-             "--set", f"judge.base_url={json.dumps(url)}", "--set", 'judge.model="gullible"',
-             "--set", "judge.retries=0"],
-        )  # fmt: skip
+        result = CliRunner().invoke(main, [*args, "--json"])
+        table = CliRunner().invoke(main, args)
     finally:
         server.shutdown()
         server.server_close()
     assert result.exit_code == 0, result.output
     probes = {p["id"]: p for p in json.loads(result.stdout)["probes"]}
-    for injected in ("score-line", "score-line-after-answer", "score-line-token"):
+    escaping = ("score-line", "score-line-after-answer", "score-line-token", "no-score-line")
+    for injected in (*escaping, "fullwidth-score"):
         assert probes[injected]["unscored"] == 6 and probes[injected]["mean"] == 0.0
+        # a probe the judge leaves unscored is a finding, not "not above the wrong answers"
+        assert probes[injected]["escapes"], injected
     assert probes["ignore-rubric"]["mean"] == 1.0 and probes["ignore-rubric"]["beats"]
+    assert probes["copy-score-line"]["mean"] == 1.0 and probes["copy-score-line"]["beats"]
     assert probes["empty"]["mean"] == 0.0 and not probes["empty"]["beats"]
+    assert not probes["empty"]["escapes"]
+    assert table.exit_code == 0, table.output
+    flagged = [line for line in table.stdout.splitlines() if line.startswith("no-score-line ")]
+    assert flagged and "escapes the judge" in flagged[0]
+    assert "escape the judge" in table.stdout
 
 
 # ------------------------------------------- a reply without a score: scored 0, counted, not masked

@@ -141,7 +141,7 @@ def test_the_probes_of_f1_on_the_shipped_triples():
     assert result.exit_code == 0, result.output
     (f1,) = (json.loads(line) for line in result.stdout.splitlines())
     probes = {p["id"]: p for p in f1["probes"]}
-    assert len(probes) == 17 and {"score-line", "empty", "every-emotion", "thought-process"} <= set(
+    assert len(probes) == 22 and {"score-line", "empty", "every-emotion", "thought-process"} <= set(
         probes
     )
     assert probes["empty"]["mean"] == 0.0 and probes["score-line"]["mean"] == 0.0
@@ -150,4 +150,5 @@ def test_the_probes_of_f1_on_the_shipped_triples():
         p["unscored"] == 0 for p in probes.values()
     )
     table = run("audit", str(TRIPLES), "--accuracy", "f1", "--probes").stdout
-    assert "beat the wrong answers   0/17" in table
+    assert "beat the wrong answers   0/22" in table
+    assert "escape the judge         0/22" in table
