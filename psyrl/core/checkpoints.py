@@ -215,7 +215,21 @@ def verify(directory: str | Path) -> str | None:
             return f"{name} is missing"
         if path.stat().st_size != size:
             return f"{name} has {path.stat().st_size} bytes, {size} expected"
+    # a file the manifest does not list is read by no check but may be loaded (a shard dropped
+    # from "files" and "checksums" together)
+    for name in _sizes(directory):
+        if name not in manifest["files"] and not _may_be_unlisted(name, manifest):
+            return f"holds {name}, which its manifest does not list"
     return None
+
+
+def _may_be_unlisted(name: str, manifest: dict) -> bool:
+    """psyrl's unfinished temporaries (`tidy` deletes them), and the training state `prune_states`
+    deletes after it withdrew the manifest's promise of one (a crash in between leaves it)."""
+    parts = name.split("/")
+    if any(_temporary(part) for part in parts):
+        return True
+    return parts[0] in STATE_PARTS and not manifest["resumable"]
 
 
 def verify_checksums(directory: str | Path, names: Iterable[str] | None = None) -> str | None:
@@ -471,11 +485,24 @@ def json_text(obj) -> str:
 def checkpoint_scores(
     run_dir: str | Path, metric: str = "valid/f1"
 ) -> list[tuple[int, float, Path]]:
-    """(step, score, directory) of every complete checkpoint with a validation.json, by step."""
+    """(step, score, directory) of every checkpoint with a validation.json, by step. Every
+    checkpoint must pass `verify` and its validation.json its checksum, else DamagedCheckpoint: a
+    choice among the others, or by a changed score, would be another choice, made silently."""
     found = []
     for step, d in checkpoint_dirs(run_dir):
         scores = d / "validation.json"
-        if scores.is_file() and verify(d) is None:
+        if not (scores.is_file() or (d / MANIFEST).is_file()):
+            continue  # neither a score nor a manifest: nothing there could be chosen
+        problem = verify(d)
+        if problem is None and scores.is_file():
+            problem = verify_checksums(d, ["validation.json"])
+        if problem:
+            raise DamagedCheckpoint(
+                f"{d}: damaged checkpoint ({problem}); no checkpoint of {run_dir} is chosen while "
+                f"one is damaged (`psyrl checkpoint verify {d}` lists every problem; move it out "
+                "of the run directory to choose among the others)"
+            )
+        if scores.is_file():
             held_out = json.loads(scores.read_text())
             if metric not in held_out:  # e.g. a run validated on data.valid_files alone
                 keys = ", ".join(k for k in held_out if k.endswith("/f1")) or "none"

@@ -62,10 +62,10 @@ def _model_dir(path: str) -> Path:
             f"no such model directory: {p} (model.path must be a local Hugging Face "
             f"model directory; psyrl never downloads from the hub){made}"
         )
-    # every reader of model.path passes here: the tokenizer, the config, the weights; one check
-    # per node (LOCAL_RANK 0: its ranks read the same files), said once (RANK 0)
-    if os.environ.get("LOCAL_RANK", "0") == "0":
-        verify_before_load(p, note=_print_rank0)
+    # every reader of model.path passes here: the tokenizer, the config, the weights; every rank
+    # checks (a refusal on one rank alone would leave the others waiting in a collective), said
+    # once (RANK 0)
+    verify_before_load(p, note=_print_rank0)
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"{p} is not a Hugging Face model directory: it has no config.json")
     refuse_remote_code(p, "config.json")

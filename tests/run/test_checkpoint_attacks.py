@@ -5,6 +5,7 @@ replaced by garbage or edited to switch its own checks off, an export damaged be
 `select-checkpoint`, `evaluate --model`, T-GRPO's start model or the experiment runner reads it."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from click.testing import CliRunner
 import evaluate as evaluate_script
 from psyrl.cli import train as cli_train
 from psyrl.cli.main import main as psyrl_main
-from psyrl.core.checkpoints import file_checksum, write_manifest
+from psyrl.core.checkpoints import file_checksum, select_checkpoint, write_manifest
 from psyrl.core.config import ModelConfig, load_config
 from psyrl.core.errors import PsyrlError, RunError
 from psyrl.experiment.runner import restart_flag
@@ -345,6 +346,33 @@ def test_manifests_psyrl_wrote_before_keep_loading(run):
     assert resume_run(run, "on").checkpoint == step(run, 4)
 
 
+def test_a_file_the_manifest_does_not_list_is_damage(run, capsys):
+    # a manifest without version or checksum file (psyrl's earlier format) that drops a corrupted
+    # shard from both "files" and "checksums": the shard is still on disk, and loaded
+    d = step(run, 4)
+    flip(d / SHARD)
+
+    def drop_shard(m):
+        del m["version"], m["files"][SHARD], m["checksums"][SHARD]
+        return m
+
+    edit_manifest(d, drop_shard)
+    (d / "manifest.json.xxh3").unlink()
+    result = verify(d)
+    assert result.exit_code == 1, result.output
+    assert f"holds {SHARD}, which its manifest does not list" in result.output
+    with pytest.raises(RunError, match="which its manifest does not list"):
+        resume_run(run, "on")
+    assert resume_run(run, "auto").checkpoint == step(run, 2)
+    assert f"warning: skipping {step(run, 4)}" in capsys.readouterr().out
+
+
+def test_an_export_holding_a_file_its_manifest_does_not_list_is_refused(run):
+    (run / "hf" / "added.safetensors").write_bytes(b"x" * 10)
+    with pytest.raises(PsyrlError, match="holds added.safetensors, which its manifest does not"):
+        load_tokenizer(ModelConfig(path=str(run / "hf")))
+
+
 # ---------------------------------------------------------------------- exports verified on load
 def chosen(run: Path, rule: str) -> Path:
     from psyrl.core.checkpoints import checkpoint_scores
@@ -444,3 +472,27 @@ def test_the_experiment_runner_refuses_a_damaged_selected_checkpoint(run, monkey
     monkeypatch.setattr(runner, "partner_seed", lambda spec, seed: seed)
     with pytest.raises(SystemExit, match=f"{damaged / 'hf'}: damaged"):
         runner.resolve(Experiment(), "sft@median", None, dry=False)
+
+
+def test_a_corrupted_validation_score_never_chooses(run):
+    # the score's digits raised to 9s, the file's size kept: only its checksum tells
+    scores = step(run, 2) / "validation.json"
+    text = scores.read_text()
+    number = re.search(r'"valid/f1": ([0-9.]+)', text)
+    raised = re.sub("[0-8]", "9", number[1])
+    scores.write_text(text[: number.start(1)] + raised + text[number.end(1) :])
+    result = CliRunner().invoke(psyrl_main, ["select-checkpoint", str(run), "--rule", "best"])
+    refused_cleanly(result)
+    assert str(step(run, 2)) in result.output and "validation.json" in result.output
+    for rule in ("median", "last"):  # the SFT run's own median choice and the experiment tables
+        with pytest.raises(PsyrlError, match="validation.json"):
+            select_checkpoint(run, rule)
+
+
+def test_every_rank_verifies_an_export_before_loading_it(run, monkeypatch):
+    # a rank other than a node's first must refuse too, not go on into the collectives
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("RANK", "1")
+    flip(run / "hf" / "model.safetensors", offset=4096)
+    with pytest.raises(PsyrlError, match=f"{run / 'hf'}: damaged"):
+        load_tokenizer(ModelConfig(path=str(run / "hf")))

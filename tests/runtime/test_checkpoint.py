@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from psyrl.core.atomic import tidy
 from psyrl.core.checkpoints import (
     CHECKSUM,
+    DamagedCheckpoint,
     check,
     file_checksum,
     find_resumable,
@@ -55,12 +56,16 @@ def make_run(tmp_path, scores):
             json_text({"valid/f1": f1})
         )
         write_manifest(tmp_path / "checkpoints" / f"step-{step}")
-    (tmp_path / "checkpoints" / "step-99").mkdir()  # no validation.json: not a candidate
-    (tmp_path / "checkpoints" / "step-98").mkdir()  # no manifest (cut short): not a candidate
-    (tmp_path / "checkpoints" / "step-98" / "validation.json").write_text(
-        json_text({"valid/f1": 0.9})
-    )
+    (tmp_path / "checkpoints" / "step-99").mkdir()  # no validation.json, no manifest: skipped
     return tmp_path
+
+
+def test_a_score_without_its_manifest_chooses_nothing(tmp_path):
+    run = make_run(tmp_path, {10: 0.30, 20: 0.10})
+    (run / "checkpoints" / "step-98").mkdir()  # a score no manifest vouches for
+    (run / "checkpoints" / "step-98" / "validation.json").write_text(json_text({"valid/f1": 0.9}))
+    with pytest.raises(DamagedCheckpoint, match="step-98: damaged checkpoint .*manifest.json"):
+        select_checkpoint(run, "best")
 
 
 def test_median_best_last(tmp_path):
