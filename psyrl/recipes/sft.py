@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from psyrl.core.checkpoints import select_checkpoint
+from psyrl.core.checkpoints import DamagedCheckpoint, select_checkpoint
 from psyrl.core.config import Config
 from psyrl.core.errors import RunError
 from psyrl.core.records import Cursor, DataError, load_stimuliqa, next_indices
@@ -191,9 +191,13 @@ def train(cfg: Config, dist: Dist, overwrite: bool, resume: str) -> None:
         run.finish(policy, tokenizer)
     # appendix B's choice reads data.valid_file's valid/f1
     if cfg.data.valid_file and cfg.checkpoint.every and dist.is_main:
-        step, score, path = select_checkpoint(run.dir, "median")
-        print0(
-            f"sft: median-F1 checkpoint (appendix B): step {step}, valid F1 {score:.4f}, "
-            f"{path / 'hf'}",
-            dist,
-        )
+        try:
+            step, score, path = select_checkpoint(run.dir, "median")
+        except DamagedCheckpoint as e:  # the run is complete: say why nothing is chosen
+            print0(f"warning: sft: no median-F1 checkpoint chosen: {e}", dist)
+        else:
+            print0(
+                f"sft: median-F1 checkpoint (appendix B): step {step}, valid F1 {score:.4f}, "
+                f"{path / 'hf'}",
+                dist,
+            )

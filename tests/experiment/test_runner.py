@@ -5,6 +5,7 @@ CLI's bad options, and what a unit still has to run given what is on disk (skip,
 import json
 import re
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -322,9 +323,14 @@ def checkpoint(
     touch(directory / "state" / "x.distcp", "abc")
     touch(directory / "hf" / "config.json", "{}")
     write_manifest(directory / "hf")
-    files = {"state/x.distcp": 3 if complete else 4}  # a wrong size: incomplete
     if f1 is not None:
         touch(directory / "validation.json", json.dumps({"valid/f1": f1}))
+    files = {
+        str(p.relative_to(directory)): p.stat().st_size
+        for p in directory.rglob("*")
+        if p.is_file() and p != directory / "manifest.json"
+    }
+    files["state/x.distcp"] += 0 if complete else 1  # a wrong size: incomplete
     touch(directory / "manifest.json", json.dumps({"files": files, "resumable": resumable}))
     return directory
 
@@ -445,11 +451,15 @@ def test_finished_rule_reference_resolves_to_the_selected_checkpoint(small):
     experiment, units = small
     sft = units[("sft", 0)].dir
     touch(sft / "hf" / "config.json")
-    # valid F1 by step: 2 -> 0.3, 4 -> 0.5, 6 -> 0.4, 8 -> 0.9 but incomplete (not a candidate)
-    # median (lower) of [0.3, 0.4, 0.5] = 0.4 -> step 6; best 0.5 -> step 4; last -> step 6
+    # valid F1 by step: 2 -> 0.3, 4 -> 0.5, 6 -> 0.4, 8 -> 0.9 but damaged: nothing is chosen
+    # while it is there; without it the median (lower) of [0.3, 0.4, 0.5] = 0.4 -> step 6; best
+    # 0.5 -> step 4; last -> step 6
     for step, f1 in ((2, 0.3), (4, 0.5), (6, 0.4)):
         checkpoint(sft, step, f1)
-    checkpoint(sft, 8, 0.9, complete=False)
+    damaged = checkpoint(sft, 8, 0.9, complete=False)
+    with pytest.raises(SystemExit, match="step-8: damaged checkpoint"):
+        resolve(experiment, "sft@best", 0, dry=False)
+    shutil.rmtree(damaged)
     chosen = sft / "checkpoints"
     assert resolve(experiment, "sft@median", 0, dry=False) == str(chosen / "step-6" / "hf")
     assert resolve(experiment, "sft@best", 0, dry=True) == str(chosen / "step-4" / "hf")

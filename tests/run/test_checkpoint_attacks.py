@@ -496,3 +496,25 @@ def test_every_rank_verifies_an_export_before_loading_it(run, monkeypatch):
     flip(run / "hf" / "model.safetensors", offset=4096)
     with pytest.raises(PsyrlError, match=f"{run / 'hf'}: damaged"):
         load_tokenizer(ModelConfig(path=str(run / "hf")))
+
+
+def test_the_sft_runs_median_choice_names_a_damaged_checkpoint_and_chooses_none(
+    trained, tmp_path, monkeypatch
+):
+    # the run itself is complete: a warning instead of a choice, not a failed run
+    from psyrl.core.checkpoints import DamagedCheckpoint
+    from psyrl.recipes import sft
+
+    def damaged(run_dir, rule):
+        raise DamagedCheckpoint(
+            f"{run_dir}/checkpoints/step-2: damaged checkpoint (validation.json)"
+        )
+
+    monkeypatch.setattr(sft, "select_checkpoint", damaged)
+    result = train_sft(trained, tmp_path / "runs")
+    assert result.exit_code == 0, result.output[-2000:]
+    assert "warning: sft: no median-F1 checkpoint chosen" in result.output
+    assert (
+        "step-2: damaged checkpoint" in result.output
+        and "median-F1 checkpoint (" not in result.output
+    )
