@@ -117,15 +117,16 @@ def caused_by_answer(error: ApiError, url: str) -> bool:
     score line (the client's "answer refused"), or the server rejected the request with a 4xx
     other than 408 and 429 (an answer past its context, one a provider's moderation rejects).
     False for what no answer causes: a timeout, no connection, a 5xx, a 429 after the retries.
-    The client's `answered` attribute where it has one, else its message's form."""
-    answered = getattr(error, "answered", None)
-    if answered is not None:
-        return bool(answered)
-    detail = str(error).removeprefix(f"{url}: ")
-    if detail.startswith("answer refused ("):
-        return True
-    rejected = _REJECTED.match(detail)
-    return rejected is not None and rejected.group(1) not in ("408", "429")
+    Read from the error's `refused` and `status` where the client sets them, else its message."""
+    refused, status = getattr(error, "refused", None), getattr(error, "status", None)
+    if refused is None:
+        detail = str(error).removeprefix(f"{url}: ")
+        refused = detail.startswith("answer refused (")
+        rejected = _REJECTED.match(detail)
+        status = int(rejected.group(1)) if rejected else status
+    return bool(refused) or (
+        status is not None and 400 <= status < 500 and status not in (408, 429)
+    )
 
 
 def read_rubric(path: str) -> str:
@@ -307,6 +308,7 @@ class JudgeSignal:
                     answer = ApiError(
                         f"{self.options.url}: answer refused (the score line names another token)"
                     )
+                    answer.refused = True  # the judge replied: as the client marks a refusal
                     if stop:
                         raise answer
                 if isinstance(answer, ApiError):  # this pair falls back, or scores 0

@@ -316,3 +316,33 @@ def test_a_score_line_is_ascii_digits_and_ascii_whitespace_only(line):
 def test_a_score_line_with_ascii_whitespace_around_it_is_read():
     token = "00ff00ff00ff00ff"
     assert parse_score(f"ok\r\n  SCORE[{token}]:\t0.5 \t\r\n\n", token) == (token, 0.5)
+
+
+def test_which_failures_the_answer_can_cause():
+    from psyrl.eval.openai_engine import ApiError
+    from psyrl.signals.judge import caused_by_answer
+
+    url = "http://x/v1/chat/completions"
+    answer_s = [
+        f"{url}: answer refused (the last line is not ...): SCORE: 1 (a temperature-0 request)",
+        f"{url}: HTTP 400: maximum context length",
+        f"{url}: HTTP 404: no such model",
+    ]
+    not_answer_s = [
+        f"{url}: HTTP 429: slow down (after 3 attempts)",
+        f"{url}: HTTP 408: request timeout",
+        f"{url}: HTTP 503: overloaded (after 3 attempts)",
+        f"{url}: no connection (refused) (after 3 attempts)",
+        f"{url}: TimeoutError: timed out (after 3 attempts)",
+        f"{url}: not a chat completion (KeyError): answer refused (x) (after 3 attempts)",
+    ]
+    assert [caused_by_answer(ApiError(m), url) for m in answer_s] == [True] * 3
+    assert [caused_by_answer(ApiError(m), url) for m in not_answer_s] == [False] * 6
+    # the client's own attributes, where it sets them, over the message
+    marked = ApiError(f"{url}: anything")
+    marked.refused, marked.status = False, 400
+    assert caused_by_answer(marked, url)
+    marked.refused, marked.status = False, 500
+    assert not caused_by_answer(marked, url)
+    marked.refused, marked.status = True, None
+    assert caused_by_answer(marked, url)
