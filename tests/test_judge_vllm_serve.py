@@ -5,11 +5,12 @@ Skipped where vLLM is not installed; `make test-vllm-cpu` runs it.
 
 This checks the transport end to end, not the judge's quality: a random 2-layer model cannot grade
 anything, and it never writes a `SCORE[<token>]: x` line, so every answer is refused as malformed
-(at once: the same temperature-0 request is not sent again) and falls back to the paper's F1. What
+(at once: the same temperature-0 request is not sent again) and scores 0 (a reply without a score
+line may be the answer's doing, so it is neither masked nor given F1). What
 is checked: the judge's two messages (a short rubric as the system message: the shipped one, 1,468
 tiny-tokenizer tokens with an item, does not fit the tiny model's 1,024) reach the server, its chat
 template renders them and it answers (HTTP 200 in its access log, one line per distinct pair), each
-refusal falls back with the right value and count,
+refusal is counted and scored 0,
 a fallback is not cached (the next call asks again), `on_failure = "stop"` names the endpoint, and
 the key works only from its environment variable (without it, or with another value, the server
 answers 401) and is written to no file. The judge's quality cannot be measured here without a real
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from psyrl.core.config import JudgeConfig
-from psyrl.rl.accuracy import Pair, token_f1
+from psyrl.rl.accuracy import Pair
 from psyrl.signals.judge import JudgeError, JudgeSignal
 
 pytest.importorskip("vllm")
@@ -87,7 +88,7 @@ def test_the_judge_reaches_vllm_serve_and_falls_back_on_its_answers(
     assert signal_.asked == 4
     assert requests == 4, (requests, signal_.last_error)
     assert signal_.fallbacks == 5 and signal_.fallback_mask.all()
-    assert scores.tolist() == token_f1(PAIRS).tolist()
+    assert scores.tolist() == [0.0] * len(PAIRS) and signal_.refused == 5
     assert "answer refused (the last line is not 'SCORE[<the request's token>]: <number>')" in (
         signal_.last_error
     )

@@ -401,9 +401,9 @@ class SemanticConfig:
 class JudgeConfig:
     base_url: str = ""
     """reward.accuracy = "judge": the OpenAI-compatible API root (`/chat/completions` is appended),
-    e.g. http://localhost:8000/v1 for `vllm serve`. No credentials in it (`user:password@` is
-    refused: they would be printed and written with the config); the key goes in the variable
-    judge.api_key_env names."""
+    e.g. http://localhost:8000/v1 for `vllm serve`. No credentials or query in it (refused: they
+    would be printed and written with the config); the key goes in the variable judge.api_key_env
+    names."""
     proxy: str = ""
     """An http(s) proxy for the judge's requests alone, e.g. http://proxy.internal:3128. Empty:
     none. The environment's http_proxy and https_proxy are never used, so the key goes to no host
@@ -414,8 +414,9 @@ class JudgeConfig:
     """The environment variable holding the API key (unset: no Authorization header). The key
     itself is never put in a config, checkpoint, log or report."""
     rubric: str = ""
-    """A rubric file (the judge's instructions; {stimulus}, {question}, {gold}, {prediction} are
-    filled in). Empty: the shipped rubric, psyrl/assets/judge/rubric.md."""
+    """A rubric file: the judge's instructions, sent as the system message; the item follows as
+    data in the user message, so a rubric with {gold} or {prediction} placeholders is refused.
+    Empty: the shipped rubric, psyrl/assets/judge/rubric.md."""
     max_tokens: int = 256
     """Tokens the judge may answer with."""
     timeout_s: float = 60.0
@@ -430,11 +431,16 @@ class JudgeConfig:
     this request's score line is not asked again: the same temperature-0 request gets the same
     answer."""
     on_failure: Literal["mask", "f1", "stop"] = "mask"
-    """A response the judge did not score after its retries (counted in reward/judge_fallbacks, the
-    run's first one printed with its error): `mask` leaves it out of the loss (advantage 0) and out
-    of the means its step's advantages are taken over, so judge scores and F1 are never compared;
-    `f1` trains on the paper's F1 in its place; `stop` ends the run with a message naming the
-    endpoint and the error. A 401 or 403 ends the run under each."""
+    """A response the judge did not score (counted in reward/judge_fallbacks and its rate, which
+    judge.max_fallback_rate watches; the run's first one printed with its error). A request left
+    unanswered, which no answer causes (a timeout, no connection, a 5xx or a 429 after the
+    retries, judge.step_timeout_s): `mask` leaves it out of the loss (advantage 0) and out of the
+    means its step's advantages are taken over, so judge scores and F1 are never compared; `f1`
+    trains on the paper's F1 in its place; `stop` ends the run with a message naming the endpoint
+    and the error. A reply without a valid score line, or a 4xx other than 408 and 429, which the
+    answer itself can cause (reward/judge_refused): scored 0 under `mask` and `f1` (masking it
+    would spare the answer a wrong answer's negative advantage), the run ended under `stop`. A 401
+    or 403 ends the run under each."""
     max_fallback_rate: float = 0.5
     """Past this fraction of responses not scored by the judge over the last
     judge.fallback_window steps (every step so far, fewer at the start), the run stops with the

@@ -57,11 +57,15 @@ BODY_SHOWN = 200  # characters of an error response shown in the message
 class ApiError(PsyrlError):
     """A request that failed for good: the message names the URL, the HTTP status and the start of
     the response body (or the connection error). `fatal`: no other request can fare better (a 401
-    or 403, a request that cannot be sent), so the caller stops instead of falling back."""
+    or 403, a request that cannot be sent), so the caller stops instead of falling back.
+    `refused`: the server answered and `accept` refused the answer; `status`: the last attempt's
+    HTTP status (None without one)."""
 
-    def __init__(self, message: str, fatal: bool = False):
+    def __init__(
+        self, message: str, fatal: bool = False, refused: bool = False, status: int | None = None
+    ):
         super().__init__(message)
-        self.fatal = fatal
+        self.fatal, self.refused, self.status = fatal, refused, status
 
 
 @dataclass(frozen=True)
@@ -306,6 +310,7 @@ class Client:
         if self._key:
             headers["Authorization"] = f"Bearer {self._key}"
         for attempt in range(opts.retries + 1):
+            status = None  # this attempt's HTTP status
             if self._stop.is_set():
                 raise ApiError(f"{opts.url}: stopped after another request failed")
             request = urllib.request.Request(opts.url, data=data, headers=headers, method="POST")
@@ -314,6 +319,7 @@ class Client:
                     answer = parse_completion(response.read(), self._masked_text)
                 return answer if self._accept is None else self._refused_unless(answer)
             except urllib.error.HTTPError as e:  # before URLError: it is one
+                status = e.code
                 if 300 <= e.code < 400:
                     raise ApiError(
                         f"{opts.url}: HTTP {e.code} redirect to "
@@ -324,14 +330,17 @@ class Client:
                 if e.code != 429 and not 500 <= e.code < 600:
                     # a wrong key or a forbidden model: every other request gets the same
                     fatal = e.code in (401, 403)
-                    raise ApiError(self._masked(f"{opts.url}: {problem}"), fatal=fatal) from None
+                    raise ApiError(
+                        self._masked(f"{opts.url}: {problem}"), fatal=fatal, status=e.code
+                    ) from None
                 failure = _Retryable(problem, retry_after(e.headers.get("Retry-After")))
             except _Refused as e:
                 if body.get("temperature") == 0:
                     raise ApiError(
                         self._masked(
                             f"{opts.url}: {e} (a temperature-0 request: not asked again unchanged)"
-                        )
+                        ),
+                        refused=True,
                     ) from None
                 failure = e
             except _Retryable as e:
@@ -356,7 +365,9 @@ class Client:
                 )
             if attempt == opts.retries:
                 raise ApiError(
-                    self._masked(f"{opts.url}: {failure} (after {opts.retries + 1} attempts)")
+                    self._masked(f"{opts.url}: {failure} (after {opts.retries + 1} attempts)"),
+                    refused=isinstance(failure, _Refused),
+                    status=status,
                 )
             if self._stop.wait(backoff(attempt, opts.retry_wait, failure.retry_after, self._rng)):
                 raise ApiError(f"{opts.url}: stopped after another request failed")

@@ -46,8 +46,8 @@ class Sample:
     """p_rep of eq. 9, the repetition penalty in [0, reward.tau_rep] (subtracted in eq. 3)."""
     extra: dict[str, float]
     """Beyond the paper's F1 alone (reward.accuracy, .mix, .log_accuracy): `accuracy/<name>` per
-    signal computed, `custom/<name>` per plug-in component, `judge_fallback` 1 where the judge's
-    score fell back to F1; else empty."""
+    signal computed, `custom/<name>` per plug-in component, `judge_fallback` 1 where the judge
+    gave no score, `judge_refused` 1 where its reply held none (scored 0); else empty."""
 
 
 def score_responses(

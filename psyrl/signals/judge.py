@@ -79,7 +79,6 @@ ITEM_FORMAT = "item-v2: tagged fields, SCORE[token]"  # in the cache key: a new 
 # ASCII only: \d would take a fullwidth or Arabic-Indic digit, which float() reads as a number
 _SCORE = re.compile(r"SCORE\[([0-9a-f]{16})\]:[ \t]*([+-]?(?:\d+(?:\.\d*)?|\.\d+))", re.ASCII)
 _BLANK = " \t\r\f\v"  # str.strip() would also take a no-break space and other Unicode spaces
-_REJECTED = re.compile(r"HTTP (4\d\d)\b")
 _PLACEHOLDER = re.compile(r"\{(stimulus|question|gold|prediction)\}")
 _KEY = re.compile(r"[0-9a-f]{64}")
 
@@ -112,19 +111,13 @@ def parse_score(text: str, tokens: str | set[str]) -> tuple[str, float]:
     return match.group(1), score
 
 
-def caused_by_answer(error: ApiError, url: str) -> bool:
+def caused_by_answer(error: ApiError) -> bool:
     """True for a failure the answer being graded can cause: the judge replied without a valid
-    score line (the client's "answer refused"), or the server rejected the request with a 4xx
-    other than 408 and 429 (an answer past its context, one a provider's moderation rejects).
-    False for what no answer causes: a timeout, no connection, a 5xx, a 429 after the retries.
-    Read from the error's `refused` and `status` where the client sets them, else its message."""
-    refused, status = getattr(error, "refused", None), getattr(error, "status", None)
-    if refused is None:
-        detail = str(error).removeprefix(f"{url}: ")
-        refused = detail.startswith("answer refused (")
-        rejected = _REJECTED.match(detail)
-        status = int(rejected.group(1)) if rejected else status
-    return bool(refused) or (
+    score line (the client's `refused`), or the server rejected the request with a 4xx other than
+    408 and 429 (an answer past its context, one a provider's moderation rejects). False for what
+    no answer causes: a timeout, no connection, a 5xx, a 429 after the retries."""
+    status = error.status
+    return error.refused or (
         status is not None and 400 <= status < 500 and status not in (408, 429)
     )
 
@@ -313,7 +306,7 @@ class JudgeSignal:
                         raise answer
                 if isinstance(answer, ApiError):  # this pair falls back, or scores 0
                     failed.add(key)
-                    if caused_by_answer(answer, self.options.url):
+                    if caused_by_answer(answer):
                         self._refused.add(key)
                     self._failed(str(answer))
                     continue

@@ -295,6 +295,23 @@ def test_a_refused_answer_to_a_temperature_0_request_is_not_asked_again(stub):
     assert len(server.bodies) == 1
 
 
+@pytest.mark.parametrize(
+    "temperature, status, refused",
+    [(0.0, 200, True), (0.7, 200, True), (0.0, 400, False), (0.0, 503, False)],
+)
+def test_a_failure_says_whether_the_answer_was_refused_and_its_status(
+    stub, temperature, status, refused
+):
+    # the judge tells failures an answer can cause (a refused reply, a 4xx) from the others by these
+    reply = answer("no score here") if status == 200 else {"error": "no"}
+    server = stub(lambda self, handler, body: send(handler, status, reply))
+    client = Client(options(server.url, retries=1), {KEY_ENV: KEY}, accept=refuse)
+    with pytest.raises(ApiError) as raised:
+        client.complete(body(temperature=temperature))
+    assert raised.value.refused is refused
+    assert raised.value.status == (None if status == 200 else status)
+
+
 def test_a_refused_sampled_answer_is_still_retried(stub):
     server = stub(lambda self, handler, body: send(handler, 200, answer("no score here")))
     client = Client(options(server.url), {KEY_ENV: KEY}, accept=refuse)

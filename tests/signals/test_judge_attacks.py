@@ -11,12 +11,19 @@ import re
 from types import SimpleNamespace
 
 import pytest
+from click.testing import CliRunner
+from gullible_judge import handle
 from http_stub import serve_posts
 
-from psyrl.core.config import JudgeConfig
+from psyrl.cli.main import main
+from psyrl.core.config import Config, JudgeConfig, RewardConfig
+from psyrl.eval.openai_engine import ApiError
 from psyrl.rl.accuracy import Pair
+from psyrl.rl.rewards import answer_components
 from psyrl.rl.tgrpo import advantages
-from psyrl.signals.judge import JudgeError, JudgeSignal, parse_score, read_rubric
+from psyrl.runtime.distributed import Dist
+from psyrl.signals.build import Accuracy
+from psyrl.signals.judge import JudgeError, JudgeSignal, caused_by_answer, parse_score, read_rubric
 
 KEY = "sk-judge-attack-SENTINEL-31f0"
 KEY_ENV = "PSYRL_TEST_JUDGE_ATTACK_KEY"
@@ -150,10 +157,6 @@ def test_the_probe_audit_shows_what_a_gullible_judge_lets_through(tmp_path, monk
     # "ignore the rubric" or a request to copy the score line with 1 (scored 1: the audit flags
     # it), writes no score line when asked (escapes the judge: flagged), a fullwidth 1 when asked
     # (refused: not ASCII), else grades by shared gold words
-    from click.testing import CliRunner
-    from gullible_judge import handle
-
-    from psyrl.cli.main import main
 
     monkeypatch.setenv("PSYRL_JUDGE_API_KEY", "")
     server, url = serve_posts(handle)
@@ -200,9 +203,6 @@ def fair_or_echo(body):
 
 def step_parts(stub: Stub, on_failure: str, answers: list[str], gold: str = "very proud"):
     """One group scored as the trainer scores it: (parts, the samples' `extra`, kept)."""
-    from psyrl.core.config import Config, RewardConfig
-    from psyrl.rl.rewards import answer_components
-    from psyrl.signals.build import Accuracy
 
     cfg = Config(
         reward=RewardConfig(accuracy="judge"),
@@ -272,9 +272,6 @@ def test_a_failed_request_the_answer_cannot_cause_is_masked_or_falls_back_to_f1(
 
 
 def test_the_first_fallback_message_says_a_reply_without_a_score_scored_0(capsys):
-    from psyrl.core.config import Config, RewardConfig
-    from psyrl.runtime.distributed import Dist
-    from psyrl.signals.build import Accuracy
 
     cfg = Config(
         reward=RewardConfig(accuracy="judge"),
@@ -319,30 +316,14 @@ def test_a_score_line_with_ascii_whitespace_around_it_is_read():
 
 
 def test_which_failures_the_answer_can_cause():
-    from psyrl.eval.openai_engine import ApiError
-    from psyrl.signals.judge import caused_by_answer
 
-    url = "http://x/v1/chat/completions"
-    answer_s = [
-        f"{url}: answer refused (the last line is not ...): SCORE: 1 (a temperature-0 request)",
-        f"{url}: HTTP 400: maximum context length",
-        f"{url}: HTTP 404: no such model",
-    ]
+    # the client's marks: a refused reply, a 4xx that is not a timeout or a rate limit
+    answer_s = [ApiError("m", refused=True), ApiError("m", status=400), ApiError("m", status=404)]
     not_answer_s = [
-        f"{url}: HTTP 429: slow down (after 3 attempts)",
-        f"{url}: HTTP 408: request timeout",
-        f"{url}: HTTP 503: overloaded (after 3 attempts)",
-        f"{url}: no connection (refused) (after 3 attempts)",
-        f"{url}: TimeoutError: timed out (after 3 attempts)",
-        f"{url}: not a chat completion (KeyError): answer refused (x) (after 3 attempts)",
+        ApiError("m", status=429),  # rate limited after the retries
+        ApiError("m", status=408),  # request timeout
+        ApiError("m", status=503),  # overloaded
+        ApiError("m"),  # no connection, a timeout: no status
     ]
-    assert [caused_by_answer(ApiError(m), url) for m in answer_s] == [True] * 3
-    assert [caused_by_answer(ApiError(m), url) for m in not_answer_s] == [False] * 6
-    # the client's own attributes, where it sets them, over the message
-    marked = ApiError(f"{url}: anything")
-    marked.refused, marked.status = False, 400
-    assert caused_by_answer(marked, url)
-    marked.refused, marked.status = False, 500
-    assert not caused_by_answer(marked, url)
-    marked.refused, marked.status = True, None
-    assert caused_by_answer(marked, url)
+    assert [caused_by_answer(e) for e in answer_s] == [True] * 3
+    assert [caused_by_answer(e) for e in not_answer_s] == [False] * 4
