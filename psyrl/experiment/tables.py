@@ -229,8 +229,9 @@ def evaluates(experiment: Experiment, name: str) -> str:
 
 def chosen_checkpoints(experiment: Experiment, name: str, units: Sequence[Unit]) -> list[dict]:
     """For a row of `run@rule`: the checkpoint the rule chose for each seed that has one on disk
-    ({seed, step, valid_f1})."""
-    from psyrl.core.checkpoints import select_checkpoint
+    ({seed, step, valid_f1}), or why it chose none where a checkpoint is damaged ({seed,
+    damaged})."""
+    from psyrl.core.checkpoints import DamagedCheckpoint, select_checkpoint
 
     run = experiment.runs[name]
     target, _, rule = run.model.partition("@")
@@ -242,6 +243,9 @@ def chosen_checkpoints(experiment: Experiment, name: str, units: Sequence[Unit])
         directory = unit_dir(experiment, origin, partner_seed(origin, unit.seed))
         try:
             step, score, _ = select_checkpoint(directory, rule)
+        except DamagedCheckpoint as e:  # a damaged score chooses nothing, and says so
+            chosen.append({"seed": unit.seed, "damaged": str(e)})
+            continue
         except (FileNotFoundError, OSError, ValueError, KeyError):
             continue  # not trained yet
         chosen.append({"seed": unit.seed, "step": step, "valid_f1": score})
@@ -381,7 +385,11 @@ def _steps(row: dict) -> str:
         return ""
     chosen = [
         ("" if c["seed"] is None else f"seed {c['seed']}: ")
-        + f"step {c['step']}, valid F1 {c['valid_f1']:.4f}"
+        + (
+            f"none, {c['damaged']}"
+            if "damaged" in c
+            else f"step {c['step']}, valid F1 {c['valid_f1']:.4f}"
+        )
         for c in row["checkpoints"]
     ]
     return " (" + "; ".join(chosen) + ")"

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from psyrl.cli.experiment import experiment_command
+from psyrl.core.checkpoints import write_manifest
 from psyrl.experiment.read import load_experiment
 from psyrl.experiment.runner import collect
 from psyrl.experiment.spec import plan
@@ -490,6 +491,19 @@ def test_a_rule_row_states_the_checkpoint_it_chose(tmp_path, monkeypatch):
         "- SFT: the median-F1 checkpoint (appendix B) of SFT run sft (seed 0: step 3, valid F1 "
         "0.2000; seed 1: step 2, valid F1 0.4000)"
     ) in table_markdown(table).splitlines()
+    # a validation.json edited after its checksum: seed 1 chooses nothing, and the table says so
+    step = units[("sft", 1)].dir / "checkpoints" / "step-1"
+    (step / "manifest.json").unlink()
+    write_manifest(step)  # with checksums, as a trainer writes it
+    (step / "validation.json").write_text((step / "validation.json").read_text().replace("5", "9"))
+    sft = build_table(experiment, experiment.tables[0], plan(experiment))["rows"][0]
+    assert sft["checkpoints"][0] == {"seed": 0, "step": 3, "valid_f1": 0.2}
+    assert (
+        sft["checkpoints"][1]["seed"] == 1 and "validation.json" in sft["checkpoints"][1]["damaged"]
+    )
+    assert "seed 1: none, " in table_markdown(
+        build_table(experiment, experiment.tables[0], plan(experiment))
+    )
 
 
 TOKENS_FILE = (
