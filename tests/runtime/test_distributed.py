@@ -51,7 +51,7 @@ def sft(
     output_dir: Path,
     *extra: str,
     ranks: int = 2,
-    resume: bool = False,
+    resume: bool | str = False,
     limit_file_bytes: int = 0,
     gradient_to: Path | None = None,
 ):
@@ -65,7 +65,7 @@ def sft(
     args = [*launcher, *script, "--config", "configs/sft/tiny.toml"] + [
         a for s in sets for a in ("--set", s)
     ]
-    args += ["--resume"] if resume else []
+    args += ["--resume"] if resume is True else ["--resume", resume] if resume else []
     limit = None  # writes past the limit fail with EFBIG (Python ignores SIGXFSZ)
     if limit_file_bytes:
         size = (limit_file_bytes, limit_file_bytes)
@@ -189,9 +189,10 @@ def test_resume_is_bitwise_and_skips_a_cut_short_checkpoint(runs, tmp_path):
     shutil.rmtree(run / "checkpoints" / "step-6")
     shutil.rmtree(run / "hf")
     shard = next((run / "checkpoints" / "step-4" / "state").glob("*.distcp"))
-    # ... and it was cut short: resume must fall back to step-2
+    # ... and it was cut short: `--resume auto` must fall back to step-2 (plain --resume refuses
+    # a damaged newest checkpoint: tests/run/test_checkpoint_attacks.py)
     shard.write_bytes(shard.read_bytes()[:100])
-    result = sft(tmp_path, "run.name=fsdp", *VALID, resume=True)
+    result = sft(tmp_path, "run.name=fsdp", *VALID, resume="auto")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "skipping" in result.stdout and "step-4: damaged checkpoint" in result.stdout
     assert "resuming after step 2" in result.stdout
