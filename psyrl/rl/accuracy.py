@@ -56,7 +56,7 @@ class Scores:
     signals: dict[str, torch.Tensor]
     """Each computed signal by name, float64 [N] (the paper's F1 always among them)."""
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
-    """The plug-in's components, "custom/<name>" -> [N]; a judge's "judge_refused" [N] (scored 0)."""
+    """A plug-in's components, "custom/<name>" -> [N]; a judge's "judge_refused" [N] (scored 0)."""
     judge_fallbacks: torch.Tensor | None = None
     """1 where the judge gave no score (judge.on_failure says what stood in), else 0."""
 
