@@ -230,14 +230,19 @@ def corrupt(run: Path, rng: random.Random) -> tuple[int, str] | None:
     flipped = set()
     for _ in range(rng.randint(1, 8)):
         name = rng.choices(names, weights=[sizes[n] for n in names])[0]
-        with open(found / name, "r+b") as f:
-            offset = rng.randrange(sizes[name])
-            f.seek(offset)
-            byte = f.read(1)[0]
-            f.seek(offset)
-            f.write(bytes([byte ^ (1 << rng.randrange(8))]))
+        flip_bit(found / name, sizes[name], rng)
         flipped.add(name)
     return int(found.name.split("-")[1]), ", ".join(sorted(flipped))
+
+
+def flip_bit(path: Path, size: int, rng: random.Random) -> None:
+    """One random bit of `path` (of `size` bytes) flipped in place."""
+    with open(path, "r+b") as f:
+        offset = rng.randrange(size)
+        f.seek(offset)
+        byte = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([byte ^ (1 << rng.randrange(8))]))
 
 
 EDITS = ("dropped", "rewritten", "sizes only", "garbage")
@@ -255,12 +260,7 @@ def edit_manifest(run: Path, rng: random.Random) -> tuple[int, str] | None:
     sizes = {name: size for name, size in manifest["files"].items() if size}
     name = rng.choices(list(sizes), weights=list(sizes.values()))[0]
     if how != "garbage":
-        with open(found / name, "r+b") as f:
-            offset = rng.randrange(sizes[name])
-            f.seek(offset)
-            byte = f.read(1)[0]
-            f.seek(offset)
-            f.write(bytes([byte ^ (1 << rng.randrange(8))]))
+        flip_bit(found / name, sizes[name], rng)
     if how == "dropped":
         del manifest["checksums"][name]
     elif how == "rewritten":

@@ -490,7 +490,9 @@ def _tracked(connection: type, sockets: _Sockets):
     return make
 
 
-class _TrackedHTTP(urllib.request.HTTPHandler):
+class _Tracked:
+    """An HTTP(S) handler whose connections join `sockets` once open (`Client.stop` shuts them)."""
+
     def __init__(self, sockets: _Sockets):
         super().__init__()
         self._sockets = sockets
@@ -499,13 +501,12 @@ class _TrackedHTTP(urllib.request.HTTPHandler):
         return super().do_open(_tracked(http_class, self._sockets), req, **kwargs)
 
 
-class _TrackedHTTPS(urllib.request.HTTPSHandler):
-    def __init__(self, sockets: _Sockets):
-        super().__init__()
-        self._sockets = sockets
+class _TrackedHTTP(_Tracked, urllib.request.HTTPHandler):
+    pass
 
-    def do_open(self, http_class, req, **kwargs):
-        return super().do_open(_tracked(http_class, self._sockets), req, **kwargs)
+
+class _TrackedHTTPS(_Tracked, urllib.request.HTTPSHandler):
+    pass
 
 
 def _url_shown(url: str) -> str:
